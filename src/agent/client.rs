@@ -1,0 +1,138 @@
+//! The controller's end of an agent connection: typed requests over an
+//! [`AgentPipe`](crate::transport::AgentPipe), with progress callbacks.
+
+use crate::err;
+use crate::error::{Error, Result};
+use crate::transport::{self, AgentPipe, ConnectOptions, Endpoint};
+
+use super::protocol::{
+    Entry, PROTOCOL_VERSION, Progress, Request, Response, ScanReport, ShebangRewrite, read_frame,
+    write_frame,
+};
+
+/// A connected agent on one host.
+pub struct Client {
+    /// The manifest's host name, used in every message.
+    pub host: String,
+    pipe: Option<AgentPipe>,
+}
+
+impl Client {
+    /// Start the agent on `host` and shake hands.
+    pub fn connect(host: &str, endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client> {
+        let pipe = transport::start_agent(host, endpoint, opts)?;
+        let mut c = Client {
+            host: host.to_string(),
+            pipe: Some(pipe),
+        };
+        c.send(&Request::Hello {
+            protocol: PROTOCOL_VERSION,
+        })?;
+        match c.recv()? {
+            Response::Hello { protocol, .. } if protocol == PROTOCOL_VERSION => Ok(c),
+            Response::Hello { protocol, version } => Err(err!(
+                hint = "remove ~/.cache/overlay on that host so the current agent is uploaded",
+                "The agent on {host} (overlay {version}) speaks protocol {protocol}, this controller {PROTOCOL_VERSION}"
+            )),
+            other => Err(err!("The agent on {host} answered the greeting with {other:?}")),
+        }
+    }
+
+    fn pipe(&mut self) -> &mut AgentPipe {
+        self.pipe.as_mut().expect("pipe is present until close")
+    }
+
+    fn send(&mut self, req: &Request) -> Result<()> {
+        let host = self.host.clone();
+        write_frame(&mut self.pipe().writer, req).map_err(|e| {
+            err!(
+                hint = "the agent or the connection died; run again, and check the host's logs if it repeats",
+                "Lost the connection to the agent on {host}: {e}"
+            )
+        })
+    }
+
+    fn recv(&mut self) -> Result<Response> {
+        let host = self.host.clone();
+        match read_frame::<Response>(&mut self.pipe().reader) {
+            Ok(Some(Response::Error(e))) => Err(on_host(e, &host)),
+            Ok(Some(r)) => Ok(r),
+            Ok(None) => {
+                // The agent died: its stderr says why.
+                let why = self.pipe.take().map(|p| (p.finish)());
+                let detail = match why {
+                    Some(Err(e)) => e.message,
+                    Some(Ok(text)) if !text.trim().is_empty() => text.trim().to_string(),
+                    _ => "it closed the connection".into(),
+                };
+                Err(err!(
+                    hint = "run again; if it repeats, run `overlay agent` on that host by hand to see why",
+                    "The agent on {host} stopped unexpectedly: {detail}"
+                ))
+            }
+            Err(e) => Err(on_host(e, &host)),
+        }
+    }
+
+    /// Scan the venv.
+    pub fn scan(&mut self, venv: &str, file_globs: &[String]) -> Result<ScanReport> {
+        self.send(&Request::Scan {
+            venv: venv.to_string(),
+            file_globs: file_globs.to_vec(),
+        })?;
+        match self.recv()? {
+            Response::Scan(r) => Ok(r),
+            other => Err(err!("The agent on {} answered a scan with {other:?}", self.host)),
+        }
+    }
+
+    /// Stat and hash paths, reporting progress.
+    pub fn stat(
+        &mut self,
+        venv: &str,
+        paths: Vec<String>,
+        hash: bool,
+        shebang: Option<ShebangRewrite>,
+        pycache: bool,
+        on_progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<Entry>> {
+        self.send(&Request::Stat {
+            venv: venv.to_string(),
+            paths,
+            hash,
+            shebang,
+            pycache,
+        })?;
+        loop {
+            match self.recv()? {
+                Response::Progress(p) => on_progress(p),
+                Response::Stat { entries } => return Ok(entries),
+                other => return Err(err!("The agent on {} answered a stat with {other:?}", self.host)),
+            }
+        }
+    }
+
+    /// Say goodbye and wait for the agent to exit.
+    pub fn close(mut self) -> Result<()> {
+        if self.pipe.is_none() {
+            return Ok(());
+        }
+        self.send(&Request::Bye)?;
+        let _ = self.recv();
+        if let Some(p) = self.pipe.take() {
+            drop(p.writer);
+            (p.finish)()?;
+        }
+        Ok(())
+    }
+}
+
+/// Name the host in an error from its agent.
+fn on_host(e: Error, host: &str) -> Error {
+    let message = if e.message.contains(host) {
+        e.message
+    } else {
+        format!("on {host}: {}", e.message)
+    };
+    Error { message, hint: e.hint }
+}

@@ -1,0 +1,3 @@
+//! One module per command, each with `run(global, args) -> Result<exit code>`.
+
+pub mod plan;

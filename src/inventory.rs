@@ -1,0 +1,555 @@
+//! What is installed in a venv, read on the host that has it: the
+//! interpreter version, site-packages, every distribution with the files its
+//! `*.dist-info/RECORD` lists, files matching globs, and per-path stat and
+//! sha256 (hashed on all cores). This runs inside the agent; only the results
+//! cross the network.
+//!
+//! Every path that comes from a RECORD, a glob or a request is checked
+//! lexically to stay inside the venv before it is touched.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+use crate::agent::protocol::{Dist, Entry, Kind, ScanReport, ShebangRewrite};
+use crate::err;
+use crate::error::{Result, io_cause};
+use crate::manifest::normalize_name;
+
+/// A located venv: its root and its site-packages directory.
+#[derive(Debug, Clone)]
+pub struct Venv {
+    pub root: PathBuf,
+    /// Relative to `root`, e.g. `lib/python3.11/site-packages`.
+    pub site_rel: String,
+    pub python: String,
+}
+
+impl Venv {
+    /// Find the venv at `root`: it must exist, have a `pyvenv.cfg`, and one
+    /// `lib/pythonX.Y/site-packages`.
+    pub fn open(root: &str) -> Result<Venv> {
+        let rootp = PathBuf::from(root);
+        match std::fs::metadata(&rootp) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(err!(hint = "check `venv` in the manifest", "venv {root} is not a directory")),
+            Err(e) => {
+                return Err(err!(
+                    hint = "check `venv` in the manifest, or create it with `python3 -m venv`",
+                    "venv {root} cannot be read: {}",
+                    io_cause(&e)
+                ));
+            }
+        }
+        let cfg = std::fs::read_to_string(rootp.join("pyvenv.cfg")).unwrap_or_default();
+        let cfg_version = cfg.lines().find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            let k = k.trim();
+            (k == "version" || k == "version_info").then(|| v.trim().to_string())
+        });
+        let mut candidates = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(rootp.join("lib")) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(ver) = name.strip_prefix("python")
+                    && ver.split('.').count() == 2
+                    && e.path().join("site-packages").is_dir()
+                {
+                    candidates.push(ver.to_string());
+                }
+            }
+        }
+        candidates.sort();
+        let python = match (candidates.len(), &cfg_version) {
+            (0, _) => {
+                return Err(err!(
+                    hint = "is this a virtualenv? overlay expects lib/pythonX.Y/site-packages inside it",
+                    "venv {root} has no lib/python3.*/site-packages"
+                ));
+            }
+            (1, _) => candidates.remove(0),
+            (_, Some(v)) => {
+                let minor: String = v.split('.').take(2).collect::<Vec<_>>().join(".");
+                if candidates.contains(&minor) {
+                    minor
+                } else {
+                    return Err(err!(
+                        "venv {root} has several site-packages ({}) and pyvenv.cfg names none of them",
+                        candidates.join(", ")
+                    ));
+                }
+            }
+            (_, None) => {
+                return Err(err!(
+                    "venv {root} has several site-packages ({}) and no pyvenv.cfg version",
+                    candidates.join(", ")
+                ));
+            }
+        };
+        Ok(Venv {
+            site_rel: format!("lib/python{python}/site-packages"),
+            root: rootp,
+            python,
+        })
+    }
+
+    pub fn site(&self) -> PathBuf {
+        self.root.join(&self.site_rel)
+    }
+
+    /// Resolve a site-packages-relative path (RECORD style, may start with
+    /// `../../../bin`) to an absolute path, refusing anything that leaves the
+    /// venv. Returns the path relative to the venv root as well.
+    pub fn resolve(&self, path: &str) -> Result<(PathBuf, String)> {
+        let rel = venv_relative(&self.site_rel, path).ok_or_else(|| {
+            err!(
+                hint = "a RECORD or glob may only name files inside the venv",
+                "path {path:?} escapes the venv {}",
+                self.root.display()
+            )
+        })?;
+        Ok((self.root.join(&rel), rel))
+    }
+}
+
+/// Lexically join `site_rel` and `path` and normalize; `None` if the result
+/// is absolute, empty, or leaves the venv root.
+pub fn venv_relative(site_rel: &str, path: &str) -> Option<String> {
+    if path.is_empty() || path.starts_with('/') || path.contains('\0') {
+        return None;
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    let joined = Path::new(site_rel).join(path);
+    for c in joined.components() {
+        match c {
+            Component::Normal(s) => parts.push(s.to_str()?),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                parts.pop()?;
+            }
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    Some(parts.join("/"))
+}
+
+/// Is this path (relative to anything) inside a `__pycache__` directory?
+pub fn in_pycache(path: &str) -> bool {
+    path.split('/').any(|c| c == "__pycache__")
+}
+
+/// Read RFC 822-style headers of a METADATA file (the part before the body).
+pub fn parse_metadata(text: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        if line.is_empty() {
+            break;
+        }
+        if line.starts_with([' ', '\t']) {
+            if let Some(last) = out.last_mut() {
+                last.1.push('\n');
+                last.1.push_str(line.trim());
+            }
+            continue;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            out.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    out
+}
+
+/// Parse a RECORD file's paths. Errors name the line.
+pub fn parse_record(text: &str, site_rel: &str) -> std::result::Result<Vec<String>, String> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let mut out = Vec::new();
+    for (i, row) in rdr.records().enumerate() {
+        let row = row.map_err(|e| format!("line {}: {e}", i + 1))?;
+        let line = row.position().map_or(i as u64 + 1, |p| p.line());
+        let path = row.get(0).unwrap_or("");
+        if path.is_empty() && row.len() <= 1 {
+            continue;
+        }
+        if row.len() != 3 {
+            return Err(format!("line {line}: expected 3 fields (path,hash,size), found {}", row.len()));
+        }
+        if venv_relative(site_rel, path).is_none() {
+            return Err(format!("line {line}: path {path:?} escapes the venv"));
+        }
+        if !in_pycache(path) {
+            out.push(path.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Read the true build from `<pkg>/version.py` (`__version__ = '2.11.0+cu130'`)
+/// when it refines the dist-info version.
+fn read_build(venv: &Venv, version: &str, files: &[String]) -> Option<String> {
+    for f in files {
+        let mut parts = f.split('/');
+        let (Some(_pkg), Some("version.py"), None) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(venv.site().join(f)).ok()?;
+        for line in text.lines() {
+            let Some(rest) = line.trim().strip_prefix("__version__") else { continue };
+            let rest = rest.trim_start().strip_prefix('=').map(str::trim)?;
+            let v = rest.trim_matches(|c| c == '\'' || c == '"');
+            if v != version && v.starts_with(version) && v[version.len()..].starts_with('+') {
+                return Some(v.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// Scan one dist-info directory.
+fn scan_dist(venv: &Venv, dist_info: &str) -> Dist {
+    let dir = venv.site().join(dist_info);
+    let stem = dist_info.trim_end_matches(".dist-info");
+    let guess_name = stem.rsplit_once('-').map_or(stem, |(n, _)| n).to_string();
+    let guess_version = stem.rsplit_once('-').map_or("", |(_, v)| v).to_string();
+    let mut dist = Dist {
+        normalized: normalize_name(&guess_name),
+        name: guess_name,
+        version: guess_version,
+        build: None,
+        dist_info: dist_info.to_string(),
+        files: Vec::new(),
+        problem: None,
+    };
+    let mut problems = Vec::new();
+    match std::fs::read_to_string(dir.join("METADATA")) {
+        Ok(text) => {
+            let headers = parse_metadata(&text);
+            let get = |k: &str| headers.iter().find(|(h, _)| h.eq_ignore_ascii_case(k)).map(|(_, v)| v.clone());
+            match (get("Name"), get("Version")) {
+                (Some(n), Some(v)) if !n.is_empty() && !v.is_empty() => {
+                    dist.normalized = normalize_name(&n);
+                    dist.name = n;
+                    dist.version = v;
+                }
+                _ => problems.push(format!("{dist_info}/METADATA has no Name or Version header")),
+            }
+        }
+        Err(e) => problems.push(format!("{dist_info}/METADATA cannot be read: {}", io_cause(&e))),
+    }
+    let mut files = BTreeSet::new();
+    match std::fs::read_to_string(dir.join("RECORD")) {
+        Ok(text) => match parse_record(&text, &venv.site_rel) {
+            Ok(paths) => files.extend(paths),
+            Err(e) => problems.push(format!("{dist_info}/RECORD {e}")),
+        },
+        Err(e) => problems.push(format!("{dist_info}/RECORD cannot be read: {}", io_cause(&e))),
+    }
+    // Everything inside the dist-info directory belongs to the distribution,
+    // listed in RECORD or not (INSTALLER, REQUESTED, direct_url.json...).
+    for e in walkdir::WalkDir::new(&dir).min_depth(1).follow_links(false).into_iter().flatten() {
+        if e.file_type().is_dir() {
+            continue;
+        }
+        if let Ok(rel) = e.path().strip_prefix(venv.site())
+            && let Some(rel) = rel.to_str()
+            && !in_pycache(rel)
+        {
+            files.insert(rel.to_string());
+        }
+    }
+    dist.files = files.into_iter().collect();
+    if problems.is_empty() {
+        dist.build = read_build(venv, &dist.version, &dist.files);
+    } else {
+        dist.problem = Some(problems.join("; "));
+    }
+    dist
+}
+
+/// The literal directory prefix of a glob (`a/b/c*.py` → `a/b`).
+fn glob_base(glob: &str) -> &str {
+    let first_meta = glob.find(['*', '?', '[', '{']).unwrap_or(glob.len());
+    match glob[..first_meta].rfind('/') {
+        Some(i) => &glob[..i],
+        None => "",
+    }
+}
+
+/// Scan a venv: interpreter, distributions, glob matches.
+pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
+    let venv = Venv::open(venv_root)?;
+    let site = venv.site();
+    let rd = std::fs::read_dir(&site)
+        .map_err(|e| err!("site-packages {} cannot be read: {}", site.display(), io_cause(&e)))?;
+    let mut infos: Vec<String> = rd
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".dist-info"))
+        .collect();
+    infos.sort();
+    let dists: Vec<Dist> = infos.par_iter().map(|d| scan_dist(&venv, d)).collect();
+
+    let mut globs = Vec::new();
+    for g in file_globs {
+        if venv_relative(&venv.site_rel, g).is_none_or(|r| !r.starts_with(&venv.site_rel)) {
+            return Err(err!(hint = "file globs are relative to site-packages", "file glob {g:?} escapes site-packages"));
+        }
+        let matcher = globset::GlobBuilder::new(g)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| err!("bad glob {g:?}: {e}"))?
+            .compile_matcher();
+        let base = glob_base(g);
+        let mut found = Vec::new();
+        let start = if base.is_empty() { site.clone() } else { site.join(base) };
+        if start.exists() {
+            let walker = walkdir::WalkDir::new(&start).follow_links(false).sort_by_file_name();
+            for e in walker.into_iter().filter_entry(|e| e.file_name() != "__pycache__").flatten() {
+                if e.file_type().is_dir() {
+                    continue;
+                }
+                let Ok(rel) = e.path().strip_prefix(&site) else { continue };
+                let Some(rel) = rel.to_str() else { continue };
+                if matcher.is_match(rel) {
+                    found.push(rel.to_string());
+                }
+            }
+        }
+        globs.push(found);
+    }
+    Ok(ScanReport {
+        venv: venv_root.to_string(),
+        site_packages: venv.site_rel.clone(),
+        python: venv.python.clone(),
+        dists,
+        globs,
+    })
+}
+
+/// Counters shared with the progress reporter.
+#[derive(Default)]
+pub struct Counters {
+    pub files: AtomicU64,
+    pub bytes: AtomicU64,
+    pub total_files: AtomicU64,
+    pub total_bytes: AtomicU64,
+}
+
+/// Rewrite a script's shebang if it names the `from` venv's `bin/`.
+pub fn rewrite_shebang(content: &[u8], rw: &ShebangRewrite) -> Option<Vec<u8>> {
+    let prefix = format!("#!{}/bin/", rw.from);
+    if rw.from == rw.to || !content.starts_with(prefix.as_bytes()) {
+        return None;
+    }
+    let mut out = format!("#!{}/bin/", rw.to).into_bytes();
+    out.extend_from_slice(&content[prefix.len()..]);
+    Some(out)
+}
+
+/// Hash a file, optionally with its shebang rewritten. Returns (size, sha256 hex).
+pub fn hash_file(path: &Path, shebang: Option<&ShebangRewrite>, counters: &Counters) -> std::io::Result<(u64, String)> {
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    let mut first = true;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        let chunk = &buf[..n];
+        if first && let Some(rw) = shebang {
+            first = false;
+            // Scripts are small; a shebang always sits in the first read.
+            if let Some(new) = rewrite_shebang(chunk, rw) {
+                hasher.update(&new);
+                size += new.len() as u64;
+                counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                continue;
+            }
+        }
+        first = false;
+        hasher.update(chunk);
+        size += n as u64;
+        counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    Ok((size, hex(&hasher.finalize())))
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Stat (and optionally hash) paths relative to site-packages.
+pub fn stat(
+    venv_root: &str,
+    paths: &[String],
+    hash: bool,
+    shebang: Option<&ShebangRewrite>,
+    pycache: bool,
+    counters: &Counters,
+) -> Result<Vec<Entry>> {
+    let venv = Venv::open(venv_root)?;
+    let bin_prefix = "bin/";
+    // First pass: lstat everything, so progress knows the totals.
+    let mut resolved = Vec::with_capacity(paths.len());
+    for p in paths {
+        let (abs, rel) = venv.resolve(p)?;
+        resolved.push((p, abs, rel));
+    }
+    let metas: Vec<_> = resolved.par_iter().map(|(_, abs, _)| std::fs::symlink_metadata(abs)).collect();
+    let total: u64 = metas.iter().flatten().filter(|m| m.is_file()).map(|m| m.len()).sum();
+    counters.total_files.store(paths.len() as u64, Ordering::Relaxed);
+    counters.total_bytes.store(if hash { total } else { 0 }, Ordering::Relaxed);
+
+    // Bytecode listing, one readdir per __pycache__ directory.
+    let mut pyc_dirs: HashMap<PathBuf, Vec<String>> = HashMap::new();
+    if pycache {
+        for (p, abs, _) in &resolved {
+            if p.ends_with(".py") && let Some(parent) = abs.parent() {
+                let dir = parent.join("__pycache__");
+                pyc_dirs.entry(dir.clone()).or_insert_with(|| {
+                    std::fs::read_dir(&dir)
+                        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                        .unwrap_or_default()
+                });
+            }
+        }
+    }
+
+    let entries: Vec<Result<Entry>> = resolved
+        .par_iter()
+        .zip(metas.into_par_iter())
+        .map(|((p, abs, rel), meta)| {
+            let kind = match meta {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Kind::Missing,
+                Err(e) if e.raw_os_error() == Some(20) => Kind::Missing, // ENOTDIR: a parent is a file
+                Err(e) => return Err(err!("{}: {}", abs.display(), io_cause(&e))),
+                Ok(m) if m.file_type().is_symlink() => Kind::Symlink {
+                    target: std::fs::read_link(abs)
+                        .map_err(|e| err!("{}: {}", abs.display(), io_cause(&e)))?
+                        .to_string_lossy()
+                        .into_owned(),
+                },
+                Ok(m) if m.is_dir() => Kind::Dir {
+                    mode: m.permissions().mode() & 0o7777,
+                },
+                Ok(m) if m.is_file() => {
+                    let mode = m.permissions().mode() & 0o7777;
+                    if hash {
+                        let rw = if rel.starts_with(bin_prefix) { shebang } else { None };
+                        let (size, sha) = hash_file(abs, rw, counters)
+                            .map_err(|e| err!("Failed to read {}: {}", abs.display(), io_cause(&e)))?;
+                        Kind::File {
+                            size,
+                            mode,
+                            sha256: Some(sha),
+                        }
+                    } else {
+                        Kind::File {
+                            size: m.len(),
+                            mode,
+                            sha256: None,
+                        }
+                    }
+                }
+                Ok(_) => Kind::Other,
+            };
+            counters.files.fetch_add(1, Ordering::Relaxed);
+            let mut pyc = Vec::new();
+            if let (true, Some(stem)) = (p.ends_with(".py"), p.rsplit('/').next().and_then(|f| f.strip_suffix(".py"))) {
+                let dir_rel = match p.rsplit_once('/') {
+                    Some((d, _)) => format!("{d}/__pycache__"),
+                    None => "__pycache__".to_string(),
+                };
+                if let Some(parent) = abs.parent()
+                    && let Some(names) = pyc_dirs.get(&parent.join("__pycache__"))
+                {
+                    let want = format!("{stem}.");
+                    for n in names {
+                        if n.starts_with(&want) && n.ends_with(".pyc") && n[want.len()..].find('.').is_some() {
+                            pyc.push(format!("{dir_rel}/{n}"));
+                        }
+                    }
+                    pyc.sort();
+                }
+            }
+            Ok(Entry {
+                path: (*p).clone(),
+                kind,
+                pyc,
+            })
+        })
+        .collect();
+    entries.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SITE: &str = "lib/python3.11/site-packages";
+
+    #[test]
+    fn relative_paths_stay_in_the_venv() {
+        assert_eq!(venv_relative(SITE, "torch/__init__.py").unwrap(), "lib/python3.11/site-packages/torch/__init__.py");
+        assert_eq!(venv_relative(SITE, "../../../bin/torchrun").unwrap(), "bin/torchrun");
+        assert_eq!(venv_relative(SITE, "../../../../etc/passwd"), None);
+        assert_eq!(venv_relative(SITE, "/etc/passwd"), None);
+        assert_eq!(venv_relative(SITE, "a/../../../../../x"), None);
+        assert_eq!(venv_relative(SITE, ""), None);
+    }
+
+    #[test]
+    fn record_parsing() {
+        let rec = "torch/__init__.py,sha256=abc,12\ntorch/__pycache__/__init__.cpython-311.pyc,,\n\"we,ird.py\",sha256=x,1\n../../../bin/torchrun,sha256=y,5\ntorch-2.dist-info/RECORD,,\n";
+        let paths = parse_record(rec, SITE).unwrap();
+        assert_eq!(paths, ["torch/__init__.py", "we,ird.py", "../../../bin/torchrun", "torch-2.dist-info/RECORD"]);
+        let e = parse_record("a.py,,\n../../../../etc/passwd,sha256=x,1\n", SITE).unwrap_err();
+        assert!(e.starts_with("line 2:") && e.contains("escapes"), "{e}");
+        let e = parse_record("a.py,sha256=x\n", SITE).unwrap_err();
+        assert!(e.contains("expected 3 fields"), "{e}");
+    }
+
+    #[test]
+    fn metadata_headers() {
+        let h = parse_metadata("Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\nSummary: a\n  continued\n\nName: body\n");
+        assert_eq!(h[1], ("Name".into(), "torch".into()));
+        assert_eq!(h[3].1, "a\ncontinued");
+        assert_eq!(h.len(), 4);
+    }
+
+    #[test]
+    fn shebangs() {
+        let rw = ShebangRewrite {
+            from: "/a/venv".into(),
+            to: "/b/v".into(),
+        };
+        assert_eq!(rewrite_shebang(b"#!/a/venv/bin/python3\nx", &rw).unwrap(), b"#!/b/v/bin/python3\nx");
+        assert!(rewrite_shebang(b"#!/usr/bin/python3\n", &rw).is_none());
+        assert!(rewrite_shebang(b"#!/a/venv2/bin/python3\n", &rw).is_none());
+    }
+
+    #[test]
+    fn glob_bases() {
+        assert_eq!(glob_base("sglang/srt/speculative/ddtree_*.py"), "sglang/srt/speculative");
+        assert_eq!(glob_base("*.pth"), "");
+        assert_eq!(glob_base("a/b.py"), "a");
+    }
+}

@@ -1,0 +1,12 @@
+//! overlay: repair or upgrade a Python virtualenv on one host by overlaying
+//! package sets from a working venv on another host, over SSH.
+//!
+//! The library holds everything; `main.rs` is a thin CLI over it.
+
+pub mod agent;
+pub mod error;
+pub mod inventory;
+pub mod manifest;
+pub mod plan;
+pub mod report;
+pub mod transport;

@@ -1,0 +1,41 @@
+//! The `overlay` binary: parse arguments, dispatch to one function per
+//! command, print errors with their hints, and map outcomes to exit codes.
+
+mod cli;
+mod commands;
+mod progress;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Exit codes (documented in docs/exit-codes.md).
+pub const EXIT_OK: u8 = 0;
+pub const EXIT_CHANGES: u8 = 1;
+pub const EXIT_ERROR: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_ERROR } else { EXIT_OK });
+        }
+    };
+    let result = match cli.command {
+        cli::Command::Agent => overlay::agent::main().map(|()| EXIT_OK),
+        cli::Command::Plan(args) => commands::plan::run(&cli.global, &args),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            let color = progress::color_stderr();
+            let (red, yellow, reset) = if color { ("\x1b[1;31m", "\x1b[1;33m", "\x1b[0m") } else { ("", "", "") };
+            eprintln!("{red}error{reset}: {}", e.message);
+            if let Some(h) = &e.hint {
+                eprintln!("{yellow}hint{reset}: {h}");
+            }
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! The manifest (`overlay.toml`): which hosts exist, where their venvs are,
+//! and which package sets to overlay. Parsing is strict: unknown keys are
+//! errors, and every error names the file, line and column.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::err;
+use crate::error::{Error, Result};
+use crate::transport::Endpoint;
+
+/// A parsed, validated manifest.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    pub path: PathBuf,
+    pub hosts: BTreeMap<String, Host>,
+    /// Sets in the order the manifest lists them.
+    pub sets: Vec<Set>,
+    pub verify: Option<Verify>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub name: String,
+    pub endpoint: Endpoint,
+    /// Absolute path of the venv on that host.
+    pub venv: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Set {
+    pub name: String,
+    /// Distribution name globs, PEP 503-normalized.
+    pub dists: Vec<String>,
+    /// File globs relative to site-packages.
+    pub files: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Verify {
+    pub env: BTreeMap<String, String>,
+    pub python: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    #[serde(default)]
+    hosts: BTreeMap<String, Spanned<RawHost>>,
+    #[serde(default)]
+    sets: BTreeMap<Spanned<String>, Spanned<RawSet>>,
+    verify: Option<RawVerify>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    ssh: Option<Spanned<String>>,
+    venv: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSet {
+    #[serde(default)]
+    dists: Vec<Spanned<String>>,
+    #[serde(default)]
+    files: Vec<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVerify {
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    python: Option<String>,
+}
+
+/// PEP 503 normalization: lowercase, runs of `-`, `_` and `.` become one `-`.
+pub fn normalize_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut sep = false;
+    for c in name.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            sep = true;
+        } else {
+            if sep && !out.is_empty() {
+                out.push('-');
+            }
+            sep = false;
+            out.extend(c.to_lowercase());
+        }
+    }
+    out
+}
+
+/// Line and column (1-based) of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+impl Manifest {
+    /// Read and validate the manifest at `path`.
+    pub fn load(path: &Path) -> Result<Manifest> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            err!(
+                hint = "pass --manifest FILE, or create overlay.toml (see docs/manifest.md)",
+                "Failed to read manifest {}: {}",
+                path.display(),
+                crate::error::io_cause(&e)
+            )
+        })?;
+        Manifest::parse(path, &text)
+    }
+
+    /// Parse manifest text; `path` is only used in messages.
+    pub fn parse(path: &Path, text: &str) -> Result<Manifest> {
+        let at = |span: std::ops::Range<usize>, msg: String| -> Error {
+            let (line, col) = line_col(text, span.start);
+            err!(
+                hint = "fix the manifest; its format is described in docs/manifest.md",
+                "{}:{line}:{col}: {msg}",
+                path.display()
+            )
+        };
+        let raw: RawManifest = toml::from_str(text).map_err(|e| {
+            let msg = e.message().trim().to_string();
+            match e.span() {
+                Some(span) => at(span, msg),
+                None => err!("{}: {msg}", path.display()),
+            }
+        })?;
+
+        let mut hosts = BTreeMap::new();
+        for (name, host) in raw.hosts {
+            let span = host.span();
+            let host = host.into_inner();
+            let venv = host.venv.get_ref().trim_end_matches('/').to_string();
+            if !venv.starts_with('/') {
+                return Err(at(
+                    host.venv.span(),
+                    format!("host {name}: venv must be an absolute path, not {:?}", host.venv.get_ref()),
+                ));
+            }
+            let endpoint = match host.ssh {
+                Some(s) if s.get_ref().trim().is_empty() => {
+                    return Err(at(s.span(), format!("host {name}: ssh must not be empty")));
+                }
+                Some(s) => Endpoint::Ssh(s.into_inner()),
+                None => Endpoint::Local,
+            };
+            let _ = span;
+            hosts.insert(
+                name.clone(),
+                Host {
+                    name,
+                    endpoint,
+                    venv: if venv.is_empty() { "/".into() } else { venv },
+                },
+            );
+        }
+
+        let mut sets: Vec<(usize, Set)> = Vec::new();
+        for (name, set) in raw.sets {
+            let name_span = name.span();
+            let set_span = set.span();
+            let set = set.into_inner();
+            let name = name.into_inner();
+            if set.dists.is_empty() && set.files.is_empty() {
+                return Err(at(
+                    set_span,
+                    format!("set {name} names nothing: give it `dists = [...]` or `files = [...]`"),
+                ));
+            }
+            let mut dists = Vec::new();
+            for d in &set.dists {
+                let pattern = d.get_ref().trim();
+                if pattern.is_empty()
+                    || !pattern.chars().all(|c| {
+                        c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '*' | '?' | '[' | ']')
+                    })
+                {
+                    return Err(at(
+                        d.span(),
+                        format!("set {name}: {pattern:?} is not a distribution name or glob"),
+                    ));
+                }
+                dists.push(normalize_glob(pattern));
+            }
+            let mut files = Vec::new();
+            for f in &set.files {
+                let pattern = f.get_ref();
+                if let Some(why) = bad_file_glob(pattern) {
+                    return Err(at(f.span(), format!("set {name}: file glob {pattern:?} {why}")));
+                }
+                if let Err(e) = globset::Glob::new(pattern) {
+                    return Err(at(f.span(), format!("set {name}: bad glob {pattern:?}: {e}")));
+                }
+                files.push(pattern.clone());
+            }
+            sets.push((name_span.start, Set { name, dists, files }));
+        }
+        sets.sort_by_key(|(pos, _)| *pos);
+
+        let verify = raw.verify.map(|v| Verify {
+            env: v.env,
+            python: v.python,
+        });
+        Ok(Manifest {
+            path: path.to_path_buf(),
+            hosts,
+            sets: sets.into_iter().map(|(_, s)| s).collect(),
+            verify,
+        })
+    }
+
+    /// Look up a host by its manifest name.
+    pub fn host(&self, name: &str) -> Result<&Host> {
+        self.hosts.get(name).ok_or_else(|| {
+            let known: Vec<&str> = self.hosts.keys().map(String::as_str).collect();
+            err!(
+                hint = if known.is_empty() {
+                    format!("add a [hosts.{name}] table to {}", self.path.display())
+                } else {
+                    format!("known hosts in {}: {}", self.path.display(), known.join(", "))
+                },
+                "Unknown host {name:?}: {} has no [hosts.{name}]",
+                self.path.display()
+            )
+        })
+    }
+}
+
+/// Normalize a distribution glob the way names are normalized, keeping glob
+/// characters: `Nvidia_*` becomes `nvidia-*`.
+fn normalize_glob(pattern: &str) -> String {
+    let mut out = String::new();
+    let mut word = String::new();
+    for c in pattern.chars() {
+        if matches!(c, '*' | '?' | '[' | ']') {
+            out.push_str(&normalize_keep_edges(&word));
+            word.clear();
+            out.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    out.push_str(&normalize_keep_edges(&word));
+    out
+}
+
+/// Normalize a fragment but keep a single leading/trailing separator, which
+/// matters inside a glob (`nvidia-*`).
+fn normalize_keep_edges(word: &str) -> String {
+    let lead = word.starts_with(['-', '_', '.']);
+    let trail = word.ends_with(['-', '_', '.']) && word.len() > 1;
+    let mut s = normalize_name(word);
+    if lead && !s.is_empty() {
+        s.insert(0, '-');
+    } else if lead {
+        return "-".into();
+    }
+    if trail {
+        s.push('-');
+    }
+    s
+}
+
+/// Why a file glob is not allowed, if it isn't.
+fn bad_file_glob(pattern: &str) -> Option<&'static str> {
+    if pattern.is_empty() {
+        return Some("is empty");
+    }
+    if pattern.starts_with('/') {
+        return Some("is absolute; file globs are relative to site-packages");
+    }
+    if pattern.split('/').any(|c| c == "..") {
+        return Some("escapes site-packages with `..`; name files inside it");
+    }
+    if pattern.split('/').any(|c| c == "__pycache__") {
+        return Some("names __pycache__, which overlay never copies");
+    }
+    None
+}
+
+/// Does the normalized distribution `name` match any of the set's globs?
+pub fn matches_any(globs: &[String], name: &str) -> bool {
+    globs.iter().any(|g| {
+        globset::GlobBuilder::new(g)
+            .literal_separator(true)
+            .build()
+            .map(|g| g.compile_matcher().is_match(name))
+            .unwrap_or(false)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Manifest> {
+        Manifest::parse(Path::new("m.toml"), text)
+    }
+
+    #[test]
+    fn pep503() {
+        assert_eq!(normalize_name("Nvidia_CUBLAS.cu13"), "nvidia-cublas-cu13");
+        assert_eq!(normalize_name("sgl-kernel"), "sgl-kernel");
+        assert_eq!(normalize_name("a__-b"), "a-b");
+        assert_eq!(normalize_glob("Nvidia_*"), "nvidia-*");
+        assert_eq!(normalize_glob("sgl_kernel"), "sgl-kernel");
+        assert!(matches_any(&["nvidia-*".into()], "nvidia-cublas"));
+        assert!(!matches_any(&["nvidia-*".into()], "torch"));
+    }
+
+    #[test]
+    fn parses_example() {
+        let m = parse(
+            r#"
+[hosts.ct129]
+ssh = "ct129"
+venv = "/root/venv/"
+[hosts.local]
+venv = "/opt/v"
+[sets.torch]
+dists = ["torch"]
+[sets.nvidia]
+dists = ["Nvidia_*", "cuda-*"]
+[sets.patches]
+files = ["sglang/srt/speculative/ddtree_*.py"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(m.hosts["ct129"].venv, "/root/venv");
+        assert_eq!(m.hosts["ct129"].endpoint, Endpoint::Ssh("ct129".into()));
+        assert_eq!(m.hosts["local"].endpoint, Endpoint::Local);
+        let names: Vec<_> = m.sets.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["torch", "nvidia", "patches"], "manifest order is kept");
+        assert_eq!(m.sets[1].dists, ["nvidia-*", "cuda-*"]);
+    }
+
+    #[test]
+    fn unknown_key_has_line_and_column() {
+        let e = parse("[hosts.a]\nvenv = \"/v\"\nsssh = \"x\"\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:3:1:"), "{}", e.message);
+        assert!(e.message.contains("sssh"), "{}", e.message);
+        assert!(e.hint.is_some());
+    }
+
+    #[test]
+    fn rejects_escaping_globs_and_relative_venv() {
+        let e = parse("[sets.x]\nfiles = [\"../../../../etc/passwd\"]\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:10:"), "{}", e.message);
+        assert!(e.message.contains("escapes"), "{}", e.message);
+        let e = parse("[sets.x]\nfiles = [\"/etc/*\"]\n").unwrap_err();
+        assert!(e.message.contains("absolute"), "{}", e.message);
+        let e = parse("[hosts.a]\nvenv = \"venv\"\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:8:"), "{}", e.message);
+        let e = parse("[sets.x]\n").unwrap_err();
+        assert!(e.message.contains("names nothing"), "{}", e.message);
+        let e = parse("[sets.x]\ndists = [\"torch; rm -rf\"]\n").unwrap_err();
+        assert!(e.message.contains("not a distribution name"), "{}", e.message);
+    }
+
+    #[test]
+    fn unknown_host_lists_known() {
+        let m = parse("[hosts.a]\nvenv = \"/v\"\n").unwrap();
+        let e = m.host("b").unwrap_err();
+        assert!(e.hint.unwrap().contains("a"));
+    }
+}

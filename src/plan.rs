@@ -1,0 +1,691 @@
+//! The plan as data, and the set semantics that decide it. Nothing here
+//! touches a host: [`compute`] takes what the agents reported (scans and
+//! per-path entries) and returns a [`Plan`] that `overlay apply` carries out.
+//!
+//! A set mirrors the source onto the target, file by file. A path the source
+//! set has is added or replaced; a path only the target set has is deleted
+//! unless a target distribution outside the set owns it (then it is kept and
+//! a warning names the owner). `__pycache__` is never part of a set; the
+//! bytecode of every `.py` file that changes is deleted with it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::agent::protocol::{Dist, Entry, Kind, ScanReport};
+use crate::err;
+use crate::error::Result;
+use crate::manifest::{Set, matches_any};
+
+/// Version of the saved plan format.
+pub const PLAN_FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plan {
+    pub format: u32,
+    /// Seconds since the epoch when the plan was made.
+    pub created: u64,
+    pub manifest: String,
+    pub source: HostInfo,
+    pub target: HostInfo,
+    pub sets: Vec<SetPlan>,
+    pub warnings: Vec<Warning>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HostInfo {
+    pub name: String,
+    /// The manifest's `ssh` value; absent for the local machine.
+    pub ssh: Option<String>,
+    pub venv: String,
+    /// Relative to the venv.
+    pub site_packages: String,
+    pub python: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SetPlan {
+    pub name: String,
+    pub versions: Vec<Transition>,
+    pub changes: Vec<Change>,
+    pub unchanged: u64,
+    pub unchanged_bytes: u64,
+    /// Compiled bytecode on the target deleted because its `.py` changes.
+    pub stale_bytecode: Vec<String>,
+}
+
+/// A distribution's version before and after (`None`: absent).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Transition {
+    pub name: String,
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Add,
+    Replace,
+    Delete,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Add => "add",
+            Action::Replace => "replace",
+            Action::Delete => "delete",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Change {
+    /// Relative to the target's site-packages, as RECORD writes it.
+    pub path: String,
+    pub action: Action,
+    /// Bytes: the source file's for add and replace, the target's for delete.
+    pub size: u64,
+    /// What the source has (add, replace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Kind>,
+    /// What the target has now (replace, delete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Kind>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Warning {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub message: String,
+}
+
+/// What one host reported.
+pub struct Side<'a> {
+    pub host: &'a str,
+    pub scan: &'a ScanReport,
+    /// The file globs sent with the scan, in the same order as `scan.globs`.
+    pub globs: &'a [String],
+    pub entries: &'a HashMap<String, Entry>,
+}
+
+/// The distributions and paths of one set on one host.
+pub struct Members<'a> {
+    pub dists: Vec<&'a Dist>,
+    /// Paths owned by the set's distributions.
+    pub dist_paths: BTreeSet<String>,
+    /// All paths: distribution files plus glob matches.
+    pub paths: BTreeSet<String>,
+}
+
+/// The set's members on a host (from its scan; entries not needed).
+pub fn members<'a>(set: &Set, scan: &'a ScanReport, globs: &[String]) -> Members<'a> {
+    let dists: Vec<&Dist> = scan
+        .dists
+        .iter()
+        .filter(|d| matches_any(&set.dists, &d.normalized))
+        .collect();
+    let dist_paths: BTreeSet<String> = dists.iter().flat_map(|d| d.files.iter().cloned()).collect();
+    let mut paths = dist_paths.clone();
+    for g in &set.files {
+        if let Some(i) = globs.iter().position(|x| x == g) {
+            paths.extend(scan.globs.get(i).into_iter().flatten().cloned());
+        }
+    }
+    Members {
+        dists,
+        dist_paths,
+        paths,
+    }
+}
+
+/// Are two entries the same for the purpose of a mirror?
+fn same(a: &Kind, b: &Kind) -> bool {
+    match (a, b) {
+        (
+            Kind::File {
+                size: s1,
+                mode: m1,
+                sha256: h1,
+            },
+            Kind::File {
+                size: s2,
+                mode: m2,
+                sha256: h2,
+            },
+        ) => s1 == s2 && m1 == m2 && h1.is_some() && h1 == h2,
+        (Kind::Symlink { target: t1 }, Kind::Symlink { target: t2 }) => t1 == t2,
+        _ => false,
+    }
+}
+
+fn version_of(d: &Dist) -> String {
+    d.build.clone().unwrap_or_else(|| d.version.clone())
+}
+
+/// Check the interpreters agree; compiled extensions are built per minor version.
+pub fn check_python(src: &HostInfo, dst: &HostInfo) -> Result<()> {
+    if src.python != dst.python {
+        return Err(err!(
+            "Python {} on {} but {} on {}: compiled extensions (cpython-{}) built for one will not load in the other",
+            src.python,
+            src.name,
+            dst.python,
+            dst.name,
+            src.python.replace('.', "")
+        )
+        .hint(format!(
+            "overlay between venvs of the same Python minor version, or rebuild the venv on {} with Python {}",
+            dst.name, src.python
+        )));
+    }
+    Ok(())
+}
+
+/// Decide the plan. `sets` are the manifest's sets to carry out, in order.
+pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Vec<Warning>)> {
+    let mut warnings = Vec::new();
+    let warn = |w: &mut Vec<Warning>, set: &str, path: Option<&str>, message: String| {
+        w.push(Warning {
+            set: Some(set.to_string()),
+            path: path.map(str::to_string),
+            message,
+        })
+    };
+
+    // Who owns each path on the target.
+    let mut owners: HashMap<&str, Vec<&Dist>> = HashMap::new();
+    for d in &dst.scan.dists {
+        for f in &d.files {
+            owners.entry(f.as_str()).or_default().push(d);
+        }
+    }
+
+    let src_members: Vec<Members> = sets.iter().map(|s| members(s, src.scan, src.globs)).collect();
+    let dst_members: Vec<Members> = sets.iter().map(|s| members(s, dst.scan, dst.globs)).collect();
+
+    for (set, m) in sets.iter().zip(&src_members) {
+        if m.paths.is_empty() {
+            return Err(err!(
+                hint = "check the set's `dists` and `files` against `pip list` on the source; names are compared PEP 503-normalized",
+                "Set {} matches nothing on the source host {} ({})",
+                set.name,
+                src.host,
+                src.scan.venv
+            ));
+        }
+        for (side, host, m) in [(src, src.host, m), (dst, dst.host, &dst_members[sets.iter().position(|s| s == set).unwrap()])] {
+            for d in &m.dists {
+                if let Some(p) = &d.problem {
+                    return Err(err!(
+                        hint = "reinstall that distribution on that host (pip install --force-reinstall --no-deps), or leave it out of the set",
+                        "Distribution {} {} on {} is damaged: {p} (in {}/{})",
+                        d.name,
+                        d.version,
+                        host,
+                        side.scan.venv,
+                        side.scan.site_packages
+                    ));
+                }
+            }
+        }
+    }
+
+    // Every path some set carries from the source: never deleted by another set.
+    let mut all_source: BTreeSet<&str> = BTreeSet::new();
+    for m in &src_members {
+        for p in &m.paths {
+            if src.entries.get(p).is_some_and(|e| e.kind.exists()) {
+                all_source.insert(p);
+            }
+        }
+    }
+
+    let mut claimed: HashMap<String, String> = HashMap::new();
+    let mut out = Vec::new();
+    for ((set, sm), dm) in sets.iter().zip(&src_members).zip(&dst_members) {
+        let mut plan = SetPlan {
+            name: set.name.clone(),
+            versions: transitions(&sm.dists, &dm.dists),
+            changes: Vec::new(),
+            unchanged: 0,
+            unchanged_bytes: 0,
+            stale_bytecode: Vec::new(),
+        };
+        let mut stale = BTreeSet::new();
+        let mut record = |plan: &mut SetPlan, path: &str, action: Action, size: u64, s: Option<&Kind>, t: Option<&Kind>| {
+            if path.ends_with(".py")
+                && let Some(e) = dst.entries.get(path)
+            {
+                stale.extend(e.pyc.iter().cloned());
+            }
+            plan.changes.push(Change {
+                path: path.to_string(),
+                action,
+                size,
+                source: s.cloned(),
+                target: t.cloned(),
+            });
+        };
+
+        for path in &sm.paths {
+            let Some(s) = src.entries.get(path) else { continue };
+            match &s.kind {
+                Kind::Missing => {
+                    warn(
+                        &mut warnings,
+                        &set.name,
+                        Some(path),
+                        format!("{path} is listed in a RECORD on {} but missing there; it is left out", src.host),
+                    );
+                    continue;
+                }
+                Kind::Dir { .. } | Kind::Other => {
+                    warn(
+                        &mut warnings,
+                        &set.name,
+                        Some(path),
+                        format!("{path} on {} is not a regular file or symlink; it is left out", src.host),
+                    );
+                    continue;
+                }
+                _ => {}
+            }
+            if let Some(first) = claimed.get(path) {
+                warn(
+                    &mut warnings,
+                    &set.name,
+                    Some(path),
+                    format!("{path} is in sets {first} and {}; set {first} carries it", set.name),
+                );
+                continue;
+            }
+            claimed.insert(path.clone(), set.name.clone());
+            let t = dst.entries.get(path).map(|e| &e.kind).filter(|k| k.exists());
+            let action = match t {
+                None => Action::Add,
+                Some(t) if same(&s.kind, t) => {
+                    plan.unchanged += 1;
+                    plan.unchanged_bytes += s.kind.size();
+                    continue;
+                }
+                Some(_) => Action::Replace,
+            };
+            if sm.dist_paths.contains(path) {
+                let foreign: Vec<String> = owners
+                    .get(path.as_str())
+                    .into_iter()
+                    .flatten()
+                    .filter(|d| !matches_any(&set.dists, &d.normalized))
+                    .map(|d| format!("{} {}", d.name, d.version))
+                    .collect();
+                if !foreign.is_empty() && t.is_some() {
+                    warn(
+                        &mut warnings,
+                        &set.name,
+                        Some(path),
+                        format!("{path} also belongs to {} on {}, outside the set; it is overwritten", foreign.join(", "), dst.host),
+                    );
+                }
+            }
+            record(&mut plan, path, action, s.kind.size(), Some(&s.kind), t);
+        }
+
+        for path in dm.paths.difference(&sm.paths) {
+            let Some(t) = dst.entries.get(path).map(|e| &e.kind).filter(|k| k.exists()) else {
+                continue;
+            };
+            if all_source.contains(path.as_str()) {
+                continue; // another set carries this path from the source
+            }
+            let foreign: Vec<String> = owners
+                .get(path.as_str())
+                .into_iter()
+                .flatten()
+                .filter(|d| !matches_any(&set.dists, &d.normalized))
+                .map(|d| format!("{} {}", d.name, d.version))
+                .collect();
+            if !foreign.is_empty() {
+                warn(
+                    &mut warnings,
+                    &set.name,
+                    Some(path),
+                    format!(
+                        "{path} would be deleted, but {} on {} also owns it; it is kept",
+                        foreign.join(", "),
+                        dst.host
+                    ),
+                );
+                continue;
+            }
+            if claimed.contains_key(path) {
+                continue;
+            }
+            claimed.insert(path.clone(), set.name.clone());
+            record(&mut plan, path, Action::Delete, t.size(), None, Some(t));
+        }
+        plan.changes.sort_by(|a, b| a.path.cmp(&b.path));
+        plan.stale_bytecode = stale.into_iter().collect();
+        out.push(plan);
+    }
+    Ok((out, warnings))
+}
+
+/// Pair source and target distributions by normalized name.
+fn transitions(src: &[&Dist], dst: &[&Dist]) -> Vec<Transition> {
+    let mut by: BTreeMap<&str, (String, Option<String>, Option<String>)> = BTreeMap::new();
+    for d in dst {
+        let e = by.entry(&d.normalized).or_insert((d.name.clone(), None, None));
+        e.1 = Some(join_version(e.1.take(), version_of(d)));
+    }
+    for d in src {
+        let e = by.entry(&d.normalized).or_insert((d.name.clone(), None, None));
+        e.0 = d.name.clone();
+        e.2 = Some(join_version(e.2.take(), version_of(d)));
+    }
+    by.into_values()
+        .map(|(name, from, to)| Transition { name, from, to })
+        .collect()
+}
+
+/// Two dist-infos of one project (a broken install) show as `a, b`.
+fn join_version(prev: Option<String>, v: String) -> String {
+    match prev {
+        Some(p) => format!("{p}, {v}"),
+        None => v,
+    }
+}
+
+/// Totals of a set's changes: (count, bytes) for add, replace, delete.
+pub fn totals(set: &SetPlan) -> BTreeMap<Action, (u64, u64)> {
+    let mut t = BTreeMap::new();
+    for a in [Action::Add, Action::Replace, Action::Delete] {
+        t.insert(a, (0, 0));
+    }
+    for c in &set.changes {
+        let e = t.get_mut(&c.action).expect("all actions present");
+        e.0 += 1;
+        e.1 += c.size;
+    }
+    t
+}
+
+impl Plan {
+    pub fn has_changes(&self) -> bool {
+        self.sets.iter().any(|s| !s.changes.is_empty() || !s.stale_bytecode.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(sha: &str, size: u64) -> Kind {
+        Kind::File {
+            size,
+            mode: 0o644,
+            sha256: Some(sha.into()),
+        }
+    }
+
+    fn dist(name: &str, version: &str, files: &[&str]) -> Dist {
+        Dist {
+            name: name.into(),
+            normalized: crate::manifest::normalize_name(name),
+            version: version.into(),
+            build: None,
+            dist_info: format!("{name}-{version}.dist-info"),
+            files: files.iter().map(|s| s.to_string()).collect(),
+            problem: None,
+        }
+    }
+
+    fn scan(dists: Vec<Dist>, globs: Vec<Vec<&str>>) -> ScanReport {
+        ScanReport {
+            venv: "/v".into(),
+            site_packages: "lib/python3.11/site-packages".into(),
+            python: "3.11".into(),
+            dists,
+            globs: globs.into_iter().map(|g| g.into_iter().map(String::from).collect()).collect(),
+        }
+    }
+
+    fn entries(list: &[(&str, Kind)]) -> HashMap<String, Entry> {
+        list.iter()
+            .map(|(p, k)| {
+                (
+                    p.to_string(),
+                    Entry {
+                        path: p.to_string(),
+                        kind: k.clone(),
+                        pyc: vec![],
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn set(name: &str, dists: &[&str], files: &[&str]) -> Set {
+        Set {
+            name: name.into(),
+            dists: dists.iter().map(|s| s.to_string()).collect(),
+            files: files.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn actions(p: &SetPlan) -> Vec<(String, Action)> {
+        p.changes.iter().map(|c| (c.path.clone(), c.action)).collect()
+    }
+
+    fn run(sets: &[Set], s: (&ScanReport, &HashMap<String, Entry>), d: (&ScanReport, &HashMap<String, Entry>), globs: &[String]) -> Result<(Vec<SetPlan>, Vec<Warning>)> {
+        compute(
+            sets,
+            &Side { host: "src", scan: s.0, globs, entries: s.1 },
+            &Side { host: "dst", scan: d.0, globs, entries: d.1 },
+        )
+    }
+
+    #[test]
+    fn add_replace_delete_unchanged() {
+        let s = scan(vec![dist("torch", "2.11.0", &["torch/a.py", "torch/b.py", "torch/new.so", "t-2.11.dist-info/RECORD"])], vec![]);
+        let d = scan(vec![dist("torch", "2.9.1", &["torch/a.py", "torch/b.py", "torch/old.so", "t-2.9.1.dist-info/RECORD"])], vec![]);
+        let se = entries(&[
+            ("torch/a.py", file("aa", 1)),
+            ("torch/b.py", file("b2", 2)),
+            ("torch/new.so", file("n", 30)),
+            ("t-2.11.dist-info/RECORD", file("r", 4)),
+        ]);
+        let de = entries(&[
+            ("torch/a.py", file("aa", 1)),
+            ("torch/b.py", file("b1", 5)),
+            ("torch/old.so", file("o", 7)),
+            ("t-2.9.1.dist-info/RECORD", file("r", 4)),
+        ]);
+        let (plans, warnings) = run(&[set("torch", &["torch"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let p = &plans[0];
+        assert_eq!(
+            actions(p),
+            vec![
+                ("t-2.11.dist-info/RECORD".into(), Action::Add),
+                ("t-2.9.1.dist-info/RECORD".into(), Action::Delete),
+                ("torch/b.py".into(), Action::Replace),
+                ("torch/new.so".into(), Action::Add),
+                ("torch/old.so".into(), Action::Delete),
+            ]
+        );
+        assert_eq!(p.unchanged, 1);
+        let sizes: Vec<u64> = p.changes.iter().map(|c| c.size).collect();
+        assert_eq!(sizes, [4, 4, 2, 30, 7], "source size for add/replace, target size for delete");
+        assert_eq!(p.versions, vec![Transition { name: "torch".into(), from: Some("2.9.1".into()), to: Some("2.11.0".into()) }]);
+        let t = totals(p);
+        assert_eq!(t[&Action::Add], (2, 34));
+    }
+
+    #[test]
+    fn mode_type_and_link_target_count_as_replace() {
+        let s = scan(vec![dist("x", "1", &["x/a", "x/b", "x/c", "x/d"])], vec![]);
+        let d = scan(vec![dist("x", "1", &["x/a", "x/b", "x/c", "x/d"])], vec![]);
+        let se = entries(&[
+            ("x/a", Kind::File { size: 1, mode: 0o755, sha256: Some("h".into()) }),
+            ("x/b", Kind::Symlink { target: "a".into() }),
+            ("x/c", Kind::Symlink { target: "a".into() }),
+            ("x/d", Kind::Symlink { target: "a".into() }),
+        ]);
+        let de = entries(&[
+            ("x/a", file("h", 1)),
+            ("x/b", file("h", 1)),
+            ("x/c", Kind::Symlink { target: "b".into() }),
+            ("x/d", Kind::Symlink { target: "a".into() }),
+        ]);
+        let (plans, _) = run(&[set("x", &["x"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert_eq!(
+            actions(&plans[0]),
+            vec![("x/a".into(), Action::Replace), ("x/b".into(), Action::Replace), ("x/c".into(), Action::Replace)]
+        );
+        assert_eq!(plans[0].unchanged, 1);
+    }
+
+    #[test]
+    fn a_file_owned_outside_the_set_is_kept_with_a_warning() {
+        // cu12 and cu13 wheels write some of the same paths; a dist outside the set keeps its files.
+        let s = scan(vec![dist("nvidia-cublas", "13.0", &["nvidia/cu13/lib/libcublas.so.13"])], vec![]);
+        let d = scan(
+            vec![
+                dist("nvidia-cublas-cu12", "12.8", &["nvidia/cublas/lib/libcublas.so.12", "nvidia/__init__.py"]),
+                dist("other", "1", &["nvidia/__init__.py"]),
+            ],
+            vec![],
+        );
+        let se = entries(&[("nvidia/cu13/lib/libcublas.so.13", file("c13", 10))]);
+        let de = entries(&[("nvidia/cublas/lib/libcublas.so.12", file("c12", 9)), ("nvidia/__init__.py", file("i", 0))]);
+        let (plans, warnings) = run(&[set("nv", &["nvidia-*"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert_eq!(
+            actions(&plans[0]),
+            vec![("nvidia/cu13/lib/libcublas.so.13".into(), Action::Add), ("nvidia/cublas/lib/libcublas.so.12".into(), Action::Delete)]
+        );
+        assert_eq!(warnings.len(), 1);
+        assert_eq!(warnings[0].path.as_deref(), Some("nvidia/__init__.py"));
+        assert!(warnings[0].message.contains("other 1"), "{warnings:?}");
+    }
+
+    #[test]
+    fn overwriting_a_file_of_another_distribution_warns() {
+        let s = scan(vec![dist("a", "2", &["shared/x.so"])], vec![]);
+        let d = scan(vec![dist("b", "1", &["shared/x.so"])], vec![]);
+        let se = entries(&[("shared/x.so", file("new", 1))]);
+        let de = entries(&[("shared/x.so", file("old", 1))]);
+        let (plans, warnings) = run(&[set("a", &["a"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert_eq!(actions(&plans[0]), vec![("shared/x.so".into(), Action::Replace)]);
+        assert!(warnings[0].message.contains("b 1") && warnings[0].message.contains("overwritten"));
+    }
+
+    #[test]
+    fn file_globs_and_bytecode() {
+        let globs = vec!["sg/spec/*.py".to_string()];
+        let s = scan(vec![dist("sg", "0.5", &["sg/spec/a.py", "sg/spec/b.py"])], vec![vec!["sg/spec/a.py", "sg/spec/b.py", "sg/spec/new.py"]]);
+        let d = scan(vec![dist("sg", "0.5", &["sg/spec/a.py", "sg/spec/b.py"])], vec![vec!["sg/spec/a.py", "sg/spec/b.py", "sg/spec/local.py"]]);
+        let se = entries(&[("sg/spec/a.py", file("a2", 3)), ("sg/spec/b.py", file("b", 3)), ("sg/spec/new.py", file("n", 1))]);
+        let mut de = entries(&[("sg/spec/a.py", file("a1", 3)), ("sg/spec/b.py", file("b", 3)), ("sg/spec/local.py", file("l", 1))]);
+        de.get_mut("sg/spec/a.py").unwrap().pyc = vec!["sg/spec/__pycache__/a.cpython-311.pyc".into()];
+        de.get_mut("sg/spec/b.py").unwrap().pyc = vec!["sg/spec/__pycache__/b.cpython-311.pyc".into()];
+        let (plans, warnings) = run(&[set("patches", &[], &["sg/spec/*.py"])], (&s, &se), (&d, &de), &globs).unwrap();
+        // local.py matches the glob only on the target and no distribution owns it: the mirror deletes it.
+        assert_eq!(
+            actions(&plans[0]),
+            vec![
+                ("sg/spec/a.py".into(), Action::Replace),
+                ("sg/spec/local.py".into(), Action::Delete),
+                ("sg/spec/new.py".into(), Action::Add)
+            ]
+        );
+        assert!(warnings.is_empty(), "patching files of a distribution is the point of a file set: {warnings:?}");
+        assert_eq!(plans[0].stale_bytecode, ["sg/spec/__pycache__/a.cpython-311.pyc"]);
+    }
+
+    #[test]
+    fn target_only_glob_match_is_deleted_unless_a_dist_owns_it() {
+        let globs = vec!["p/*.py".to_string()];
+        let s = scan(vec![], vec![vec!["p/a.py"]]);
+        let d = scan(vec![dist("p", "1", &["p/owned.py"])], vec![vec!["p/a.py", "p/owned.py", "p/stray.py"]]);
+        let se = entries(&[("p/a.py", file("a", 1))]);
+        let de = entries(&[("p/a.py", file("a", 1)), ("p/owned.py", file("o", 1)), ("p/stray.py", file("s", 2))]);
+        let (plans, warnings) = run(&[set("f", &[], &["p/*.py"])], (&s, &se), (&d, &de), &globs).unwrap();
+        assert_eq!(actions(&plans[0]), vec![("p/stray.py".into(), Action::Delete)]);
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].message.contains("p 1"));
+    }
+
+    #[test]
+    fn a_path_another_set_carries_is_not_deleted() {
+        let s = scan(vec![dist("b", "2", &["shared.so"]), dist("a", "2", &["a.py"])], vec![]);
+        let d = scan(vec![dist("a", "1", &["a.py", "shared.so"])], vec![]);
+        let se = entries(&[("shared.so", file("n", 1)), ("a.py", file("a", 1))]);
+        let de = entries(&[("shared.so", file("o", 1)), ("a.py", file("a", 1))]);
+        let (plans, _) = run(&[set("a", &["a"], &[]), set("b", &["b"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert!(plans[0].changes.is_empty(), "{:?}", plans[0].changes);
+        assert_eq!(actions(&plans[1]), vec![("shared.so".into(), Action::Replace)]);
+    }
+
+    #[test]
+    fn a_path_in_two_sets_goes_with_the_first() {
+        let s = scan(vec![dist("a", "1", &["x.py"]), dist("b", "1", &["x.py"])], vec![]);
+        let d = scan(vec![], vec![]);
+        let se = entries(&[("x.py", file("x", 1))]);
+        let de = entries(&[]);
+        let (plans, warnings) = run(&[set("a", &["a"], &[]), set("b", &["b"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert_eq!(actions(&plans[0]), vec![("x.py".into(), Action::Add)]);
+        assert!(plans[1].changes.is_empty());
+        assert!(warnings[0].message.contains("sets a and b"));
+    }
+
+    #[test]
+    fn empty_set_and_damaged_dist_are_errors() {
+        let s = scan(vec![dist("torch", "1", &["t.py"])], vec![]);
+        let d = scan(vec![], vec![]);
+        let se = entries(&[("t.py", file("t", 1))]);
+        let de = entries(&[]);
+        let e = run(&[set("tv", &["torchvision"], &[])], (&s, &se), (&d, &de), &[]).unwrap_err();
+        assert!(e.message.contains("Set tv matches nothing on the source host src"), "{}", e.message);
+        let mut bad = dist("torch", "1", &["t.py"]);
+        bad.problem = Some("RECORD line 3: path \"../../../../etc/passwd\" escapes the venv".into());
+        let d = scan(vec![bad], vec![]);
+        let e = run(&[set("t", &["torch"], &[])], (&s, &se), (&d, &de), &[]).unwrap_err();
+        assert!(e.message.contains("on dst is damaged") && e.message.contains("escapes"), "{}", e.message);
+    }
+
+    #[test]
+    fn missing_source_file_is_left_out_with_a_warning() {
+        let s = scan(vec![dist("x", "1", &["x/a.py", "x/gone.py"])], vec![]);
+        let d = scan(vec![], vec![]);
+        let se = entries(&[("x/a.py", file("a", 1)), ("x/gone.py", Kind::Missing)]);
+        let de = entries(&[]);
+        let (plans, warnings) = run(&[set("x", &["x"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert_eq!(actions(&plans[0]), vec![("x/a.py".into(), Action::Add)]);
+        assert!(warnings[0].message.contains("missing there"));
+    }
+
+    #[test]
+    fn versions_show_the_true_build() {
+        let mut a = dist("torch", "2.11.0", &["t.py"]);
+        a.build = Some("2.11.0+cu130".into());
+        let b = dist("torch", "2.9.1", &["t.py"]);
+        let v = transitions(&[&a], &[&b]);
+        assert_eq!(v[0].from.as_deref(), Some("2.9.1"));
+        assert_eq!(v[0].to.as_deref(), Some("2.11.0+cu130"));
+        let v = transitions(&[&a], &[]);
+        assert_eq!(v[0].from, None);
+    }
+
+    #[test]
+    fn python_minor_must_match() {
+        let h = |n: &str, py: &str| HostInfo { name: n.into(), ssh: None, venv: "/v".into(), site_packages: String::new(), python: py.into() };
+        assert!(check_python(&h("a", "3.11"), &h("b", "3.11")).is_ok());
+        let e = check_python(&h("a", "3.11"), &h("b", "3.12")).unwrap_err();
+        assert!(e.message.contains("will not load"), "{}", e.message);
+    }
+}

@@ -1,0 +1,127 @@
+//! Rendering of plans for people (text) and programs (JSON). Pure functions
+//! that return strings, so tests can read them back.
+
+use indicatif::HumanBytes;
+use serde::Serialize;
+
+use crate::plan::{Action, Plan, Warning, totals};
+
+/// The `--json` document of `overlay plan`.
+#[derive(Serialize)]
+pub struct PlanJson<'a> {
+    pub source: &'a str,
+    pub target: &'a str,
+    pub sets: Vec<SetJson<'a>>,
+    pub warnings: &'a [Warning],
+}
+
+#[derive(Serialize)]
+pub struct SetJson<'a> {
+    pub name: &'a str,
+    pub versions: &'a [crate::plan::Transition],
+    pub changes: Vec<ChangeJson<'a>>,
+    pub unchanged: u64,
+    pub stale_bytecode: &'a [String],
+}
+
+#[derive(Serialize)]
+pub struct ChangeJson<'a> {
+    pub path: &'a str,
+    pub action: Action,
+    pub size: u64,
+}
+
+pub fn plan_json(plan: &Plan) -> String {
+    let doc = PlanJson {
+        source: &plan.source.name,
+        target: &plan.target.name,
+        sets: plan
+            .sets
+            .iter()
+            .map(|s| SetJson {
+                name: &s.name,
+                versions: &s.versions,
+                changes: s
+                    .changes
+                    .iter()
+                    .map(|c| ChangeJson {
+                        path: &c.path,
+                        action: c.action,
+                        size: c.size,
+                    })
+                    .collect(),
+                unchanged: s.unchanged,
+                stale_bytecode: &s.stale_bytecode,
+            })
+            .collect(),
+        warnings: &plan.warnings,
+    };
+    serde_json::to_string_pretty(&doc).expect("plan serializes") + "\n"
+}
+
+/// The text form: per set, version transitions, counts and bytes, and with
+/// `verbose` every changed path.
+pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
+    use std::fmt::Write;
+    let paint = |code: &str, s: &str| if color { format!("\x1b[{code}m{s}\x1b[0m") } else { s.to_string() };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} ({}, Python {}) -> {} ({}, Python {})",
+        plan.source.name, plan.source.venv, plan.source.python, plan.target.name, plan.target.venv, plan.target.python
+    );
+    for set in &plan.sets {
+        let _ = writeln!(out, "\n{}", paint("1", &format!("set {}", set.name)));
+        for v in &set.versions {
+            let from = v.from.as_deref().unwrap_or("(absent)");
+            let to = v.to.as_deref().unwrap_or("(removed)");
+            let note = if v.from == v.to { "  (same version)" } else { "" };
+            let _ = writeln!(out, "  {} {from} -> {to}{note}", v.name);
+        }
+        let t = totals(set);
+        for (action, label, code) in [(Action::Add, "add", "32"), (Action::Replace, "replace", "33"), (Action::Delete, "delete", "31")] {
+            let (n, bytes) = t[&action];
+            let _ = writeln!(out, "  {} {:>7} files  {:>10}", paint(code, &format!("{label:<9}")), n, HumanBytes(bytes).to_string());
+        }
+        let _ = writeln!(
+            out,
+            "  {:<9} {:>7} files  {:>10}",
+            "unchanged",
+            set.unchanged,
+            HumanBytes(set.unchanged_bytes).to_string()
+        );
+        if !set.stale_bytecode.is_empty() {
+            let _ = writeln!(out, "  stale bytecode to delete: {} .pyc", set.stale_bytecode.len());
+        }
+        if verbose {
+            for c in &set.changes {
+                let (mark, code) = match c.action {
+                    Action::Add => ("+", "32"),
+                    Action::Replace => ("~", "33"),
+                    Action::Delete => ("-", "31"),
+                };
+                let _ = writeln!(out, "    {} {} ({})", paint(code, mark), c.path, HumanBytes(c.size));
+            }
+            for p in &set.stale_bytecode {
+                let _ = writeln!(out, "    {} {p} (stale bytecode)", paint("31", "-"));
+            }
+        }
+    }
+    let (mut n, mut send) = (0u64, 0u64);
+    for set in &plan.sets {
+        for c in &set.changes {
+            n += 1;
+            if c.action != Action::Delete {
+                send += c.size;
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n{n} changes, {} to transfer, {} warning{}",
+        HumanBytes(send),
+        plan.warnings.len(),
+        if plan.warnings.len() == 1 { "" } else { "s" }
+    );
+    out
+}

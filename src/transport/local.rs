@@ -1,0 +1,44 @@
+//! The local transport: the agent is this binary, started as a child process
+//! with piped stdin/stdout. Used for hosts without `ssh` in the manifest and by
+//! unit tests.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+
+use crate::error::Result;
+use crate::err;
+
+pub fn start_agent(host: &str) -> Result<super::AgentPipe> {
+    let exe = super::agent_binary_path()?;
+    let mut child = Command::new(&exe)
+        .arg("agent")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| err!("Failed to start the agent for {host} ({}): {e}", exe.display()))?;
+    let writer = child.stdin.take().expect("piped stdin");
+    let reader = child.stdout.take().expect("piped stdout");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    // Drain stderr on its own thread so a chatty agent can never block.
+    let drain = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let host = host.to_string();
+    Ok(super::AgentPipe {
+        reader: Box::new(reader),
+        writer: Box::new(writer),
+        finish: Box::new(move || {
+            let status = child
+                .wait()
+                .map_err(|e| err!("Failed to wait for the agent on {host}: {e}"))?;
+            let text = drain.join().unwrap_or_default();
+            if !status.success() {
+                return Err(err!("The agent on {host} exited with {status}: {}", text.trim()));
+            }
+            Ok(text)
+        }),
+    })
+}
