@@ -47,6 +47,20 @@ pub enum Command {
     /// plan is saved for `overlay apply`.
     Plan(PlanArgs),
 
+    /// Carry out a saved plan on its target: stream only the changed files
+    /// from the source, stage them, and switch them in through a journal.
+    Apply(ApplyArgs),
+
+    /// Restore the target to its state before a generation, byte for byte.
+    /// Needs only the target host.
+    Rollback(RollbackArgs),
+
+    /// List the generations (applies) on a host.
+    History(HistoryArgs),
+
+    /// Remove old generations and their backups.
+    Prune(PruneArgs),
+
     /// Serve the controller on stdin/stdout (started by overlay itself on each host).
     #[command(hide = true)]
     Agent,
@@ -74,4 +88,73 @@ pub struct PlanArgs {
     /// Where to save the plan.
     #[arg(long, short = 'o', default_value = ".overlay/plan.json", value_name = "FILE")]
     pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// The plan to carry out.
+    #[arg(default_value = ".overlay/plan.json")]
+    pub plan: PathBuf,
+
+    /// Keep the old files (and the generation) so that `overlay rollback` can restore them.
+    #[arg(long)]
+    pub backup: bool,
+
+    /// After a successful apply, keep only the newest N generations.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+
+    /// Complete an interrupted apply instead of rolling it back.
+    #[arg(long)]
+    pub resume: bool,
+
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RollbackArgs {
+    /// The target host (default: the target of the last plan).
+    pub host: Option<String>,
+
+    /// Roll back every generation down to and including this one (default: the newest).
+    #[arg(long, value_name = "ID")]
+    pub to: Option<String>,
+
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The plan that names the default host.
+    #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
+    pub plan: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// The host (default: the target of the last plan).
+    pub host: Option<String>,
+
+    /// Print the generations as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The plan that names the default host.
+    #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
+    pub plan: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// The host (default: the target of the last plan).
+    pub host: Option<String>,
+
+    /// How many of the newest generations to keep.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub keep: usize,
+
+    /// The plan that names the default host.
+    #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
+    pub plan: PathBuf,
 }

@@ -4,8 +4,10 @@
 //! The library holds everything; `main.rs` is a thin CLI over it.
 
 pub mod agent;
+pub mod apply;
 pub mod error;
 pub mod inventory;
+pub mod journal;
 pub mod manifest;
 pub mod plan;
 pub mod report;

@@ -25,6 +25,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Agent => overlay::agent::main().map(|()| EXIT_OK),
         cli::Command::Plan(args) => commands::plan::run(&cli.global, &args),
+        cli::Command::Apply(args) => commands::apply::run(&cli.global, &args),
+        cli::Command::Rollback(args) => commands::rollback::rollback(&cli.global, &args),
+        cli::Command::History(args) => commands::rollback::history(&cli.global, &args),
+        cli::Command::Prune(args) => commands::rollback::prune(&cli.global, &args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -46,3 +46,10 @@ impl HashBars {
         bar
     }
 }
+
+/// A status line on stderr, unless `--quiet`.
+pub fn status(global: &crate::cli::GlobalArgs, line: &str) {
+    if !global.quiet {
+        eprintln!("{line}");
+    }
+}

@@ -6,8 +6,8 @@ use crate::error::{Error, Result};
 use crate::transport::{self, AgentPipe, ConnectOptions, Endpoint};
 
 use super::protocol::{
-    Entry, PROTOCOL_VERSION, Progress, Request, Response, ScanReport, ShebangRewrite, read_frame,
-    write_frame,
+    Entry, Frame, PROTOCOL_VERSION, Progress, Request, Response, ScanReport, ShebangRewrite, read_any,
+    read_frame, write_data, write_frame,
 };
 
 /// A connected agent on one host.
@@ -108,6 +108,57 @@ impl Client {
                 Response::Progress(p) => on_progress(p),
                 Response::Stat { entries } => return Ok(entries),
                 other => return Err(err!("The agent on {} answered a stat with {other:?}", self.host)),
+            }
+        }
+    }
+
+    /// Send a request and wait for its answer, passing progress frames to `on_progress`.
+    pub fn call(&mut self, req: &Request, on_progress: &mut dyn FnMut(Progress)) -> Result<Response> {
+        self.send(req)?;
+        loop {
+            match self.recv()? {
+                Response::Progress(p) => on_progress(p),
+                r => return Ok(r),
+            }
+        }
+    }
+
+    /// Send a request without waiting (its answer comes later).
+    pub fn request(&mut self, req: &Request) -> Result<()> {
+        self.send(req)
+    }
+
+    /// Read the next frame: raw stream data or a message.
+    pub fn next_frame(&mut self) -> Result<Frame<Response>> {
+        let host = self.host.clone();
+        match read_any::<Response>(&mut self.pipe().reader) {
+            Ok(Some(Frame::Msg(Response::Error(e)))) => Err(on_host(e, &host)),
+            Ok(Some(f)) => Ok(f),
+            Ok(None) => Err(err!(
+                hint = "run again; if it repeats, check the host's logs",
+                "The agent on {host} stopped in the middle of a stream"
+            )),
+            Err(e) => Err(on_host(e, &host)),
+        }
+    }
+
+    /// Relay raw stream bytes to this agent.
+    pub fn write_data(&mut self, bytes: &[u8]) -> Result<()> {
+        let host = self.host.clone();
+        write_data(&mut self.pipe().writer, bytes).map_err(|e| {
+            err!(
+                hint = "the agent or the connection died; run `overlay apply` again (an unfinished generation is rolled back first)",
+                "Lost the connection to the agent on {host}: {e}"
+            )
+        })
+    }
+
+    /// Wait for the answer to an earlier `request`.
+    pub fn response(&mut self, on_progress: &mut dyn FnMut(Progress)) -> Result<Response> {
+        loop {
+            match self.recv()? {
+                Response::Progress(p) => on_progress(p),
+                r => return Ok(r),
             }
         }
     }

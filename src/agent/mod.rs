@@ -7,25 +7,24 @@ pub mod client;
 pub mod protocol;
 
 use std::io::{Read, Write};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::apply::{self, ChannelReader};
 use crate::err;
 use crate::error::{Error, Result};
 use crate::inventory::{self, Counters};
-use protocol::{PROTOCOL_VERSION, Progress, Request, Response, read_frame, write_frame};
+use crate::journal::{Generation, Record, State};
+use protocol::{Frame, PROTOCOL_VERSION, Progress, Request, Response, read_any, read_frame, write_frame};
 
 /// Serve requests until `Bye` or end of input.
 pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
-    let send = |out: &mut dyn Write, r: &Response| -> Result<()> {
-        write_frame(out, r).map_err(|e| err!("agent: cannot write to the controller: {e}"))
-    };
+    let mut session = Session::default();
     loop {
         let Some(req) = read_frame::<Request>(input)? else {
             return Ok(());
         };
-        match req {
+        let response = match req {
             Request::Hello { protocol } => {
                 send(
                     output,
@@ -35,67 +34,226 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
                     },
                 )?;
                 if protocol != PROTOCOL_VERSION {
-                    return Err(err!(
-                        "agent speaks protocol {PROTOCOL_VERSION}, the controller {protocol}"
-                    ));
+                    return Err(err!("agent speaks protocol {PROTOCOL_VERSION}, the controller {protocol}"));
                 }
-            }
-            Request::Scan { venv, file_globs } => {
-                let r = inventory::scan(&venv, &file_globs);
-                send(output, &r.map(Response::Scan).unwrap_or_else(Response::Error))?;
-            }
-            Request::Stat {
-                venv,
-                paths,
-                hash,
-                shebang,
-                pycache,
-            } => {
-                let counters = Arc::new(Counters::default());
-                let result = with_progress(output, &counters, {
-                    let counters = counters.clone();
-                    move || inventory::stat(&venv, &paths, hash, shebang.as_ref(), pycache, &counters)
-                })?;
-                send(
-                    output,
-                    &result
-                        .map(|entries| Response::Stat { entries })
-                        .unwrap_or_else(Response::Error),
-                )?;
+                continue;
             }
             Request::Bye => {
                 send(output, &Response::Bye)?;
                 return Ok(());
             }
+            Request::Stage => match session.stage(input, output) {
+                Ok(Some(r)) => r,
+                Ok(None) => return Ok(()), // the controller went away mid-stream
+                Err(e) => Response::Error(e),
+            },
+            other => session.handle(other, output)?,
+        };
+        send(output, &response)?;
+    }
+}
+
+fn send(out: &mut dyn Write, r: &Response) -> Result<()> {
+    write_frame(out, r).map_err(|e| err!("agent: cannot write to the controller: {e}"))
+}
+
+/// What the agent holds between requests: the venv's lock and the open generation.
+#[derive(Default)]
+struct Session {
+    state: Option<State>,
+    generation: Option<Generation>,
+}
+
+impl Session {
+    fn state(&mut self, venv: &str) -> Result<&State> {
+        if self.state.as_ref().is_none_or(|s| s.venv.root != std::path::Path::new(venv)) {
+            self.state = Some(State::open(venv)?);
+        }
+        Ok(self.state.as_ref().expect("just set"))
+    }
+
+    fn opened(&mut self) -> Result<(&State, &mut Generation)> {
+        match (&self.state, &mut self.generation) {
+            (Some(s), Some(g)) => Ok((s, g)),
+            _ => Err(err!("no generation is open: send Prepare first")),
+        }
+    }
+
+    /// Answer one request; errors become error responses, I/O to the controller fails the loop.
+    fn handle(&mut self, req: Request, output: &mut dyn Write) -> Result<Response> {
+        let counters = Counters::default();
+        let r: Result<Response> = (|| match req {
+            Request::Scan { venv, file_globs } => inventory::scan(&venv, &file_globs).map(Response::Scan),
+            Request::Stat { venv, paths, hash, shebang, pycache } => with_progress(output, &counters, || {
+                inventory::stat(&venv, &paths, hash, shebang.as_ref(), pycache, &counters)
+            })?
+            .map(|entries| Response::Stat { entries }),
+            Request::Send { venv, files, shebang, zstd_level } => {
+                // Data frames go straight to the output; progress is implied by them.
+                apply::send(&venv, &files, shebang.as_ref(), zstd_level, output, &counters).map(|(raw, compressed)| Response::Sent {
+                    files: files.len() as u64,
+                    raw_bytes: raw,
+                    compressed_bytes: compressed,
+                })
+            }
+            Request::Prepare(req) => {
+                let state = self.state(&req.venv)?;
+                let recovered = state.recover(req.resume, &counters)?;
+                let g = with_progress(output, &counters, || state.prepare(&req, &counters))??;
+                let generation = g.meta.id.clone();
+                self.generation = Some(g);
+                Ok(Response::Prepared { generation, recovered })
+            }
+            Request::Switch => {
+                let (state, g) = self.opened()?;
+                let changed = state.switch(g)?;
+                if let Err(e) = with_progress(output, &counters, || state.check(g, &counters))? {
+                    state.undo(g)?;
+                    let n = state.verify_before(g, &counters)?;
+                    return Err(err!(
+                        hint = "the generation was rolled back; run `overlay plan` and `overlay apply` again",
+                        "{}; rolled back ({n} paths match the listing from before the apply)",
+                        e.message
+                    ));
+                }
+                Ok(Response::Switched { changed })
+            }
+            Request::Commit { keep_backup, keep } => {
+                let (state, g) = self.opened()?;
+                g.meta.backup = keep_backup;
+                let _ = state.commit(g, keep)?;
+                let generation = g.meta.id.clone();
+                self.generation = None;
+                Ok(Response::Committed { generation })
+            }
+            Request::Abort => {
+                if let (Some(state), Some(g)) = (&self.state, self.generation.take()) {
+                    state.discard(g)?;
+                }
+                Ok(Response::Aborted)
+            }
+            Request::Rollback { venv, to } => {
+                let state = self.state(&venv)?;
+                with_progress(output, &counters, || state.rollback(to.as_deref(), &counters))?.map(Response::RolledBack)
+            }
+            Request::History { venv } => {
+                let state = self.state(&venv)?;
+                let recovered = state.recover(false, &counters)?;
+                let _ = recovered;
+                state.history().map(|generations| Response::History { generations })
+            }
+            Request::Prune { venv, keep } => {
+                let state = self.state(&venv)?;
+                state.recover(false, &counters)?;
+                state.prune(keep).map(|removed| Response::Pruned { removed })
+            }
+            Request::Recover { venv, resume } => {
+                let state = self.state(&venv)?;
+                with_progress(output, &counters, || state.recover(resume, &counters))?.map(|outcome| Response::Recovered { outcome })
+            }
+            Request::EndData => Err(err!("EndData without Stage")),
+            Request::Hello { .. } | Request::Bye | Request::Stage => unreachable!("handled by serve"),
+        })();
+        Ok(r.unwrap_or_else(Response::Error))
+    }
+
+    /// Receive the data frames of a stage. `Ok(None)`: the input ended.
+    fn stage(&mut self, input: &mut dyn Read, _output: &mut dyn Write) -> Result<Option<Response>> {
+        let counters = Counters::default();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(32);
+        let opened = self.opened();
+        let (state, g) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                drain(input)?;
+                return Ok(Some(Response::Error(e)));
+            }
+        };
+        let host_dir = state.venv.root.clone();
+        let mut ended = false;
+        let mut aborted = false;
+        let result = std::thread::scope(|scope| {
+            let g_ref: &Generation = g;
+            let worker = scope.spawn(|| apply::unpack(g_ref, &host_dir, ChannelReader::new(rx), &counters));
+            let mut tx = Some(tx);
+            loop {
+                match read_any::<Request>(input) {
+                    Ok(Some(Frame::Data(d))) => {
+                        if let Some(t) = &tx
+                            && t.send(d).is_err()
+                        {
+                            tx = None; // the unpacker failed; keep draining
+                        }
+                    }
+                    Ok(Some(Frame::Msg(Request::EndData))) => break,
+                    Ok(Some(Frame::Msg(Request::Abort))) => {
+                        aborted = true;
+                        break;
+                    }
+                    Ok(Some(Frame::Msg(_))) | Ok(None) | Err(_) => {
+                        ended = true;
+                        break;
+                    }
+                }
+            }
+            drop(tx);
+            worker.join().unwrap_or_else(|_| Err(err!("the unpacking thread panicked")))
+        });
+        if ended || aborted {
+            let g = self.generation.take().expect("opened");
+            if let Some(s) = &self.state {
+                let _ = s.discard(g);
+            }
+            return Ok(if ended { None } else { Some(Response::Aborted) });
+        }
+        match result {
+            Ok((files, bytes)) => {
+                let (_, g) = self.opened()?;
+                g.append(Record::Staged)?;
+                Ok(Some(Response::Staged { files, bytes }))
+            }
+            Err(e) => {
+                let g = self.generation.take().expect("opened");
+                if let Some(s) = &self.state {
+                    let _ = s.discard(g);
+                }
+                Ok(Some(Response::Error(e)))
+            }
         }
     }
 }
 
-/// Run `work` on a worker thread while sending progress frames every 200 ms.
-fn with_progress<T: Send + 'static>(
-    output: &mut dyn Write,
-    counters: &Counters,
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T> {
-    let handle = std::thread::spawn(work);
-    while !handle.is_finished() {
-        std::thread::sleep(Duration::from_millis(50));
-        if handle.is_finished() {
+/// Skip data frames until the end of a stream.
+fn drain(input: &mut dyn Read) -> Result<()> {
+    while let Some(f) = read_any::<Request>(input)? {
+        if matches!(f, Frame::Msg(Request::EndData | Request::Abort)) {
             break;
         }
-        let p = Progress {
-            files: counters.files.load(Ordering::Relaxed),
-            bytes: counters.bytes.load(Ordering::Relaxed),
-            total_files: counters.total_files.load(Ordering::Relaxed),
-            total_bytes: counters.total_bytes.load(Ordering::Relaxed),
-        };
-        write_frame(output, &Response::Progress(p))
-            .map_err(|e| err!("agent: cannot write to the controller: {e}"))?;
-        std::thread::sleep(Duration::from_millis(150));
     }
-    handle
-        .join()
-        .map_err(|_| Error::new("agent: a worker thread panicked"))
+    Ok(())
+}
+
+/// Run `work` on a worker thread while sending progress frames every 200 ms.
+fn with_progress<T: Send>(output: &mut dyn Write, counters: &Counters, work: impl FnOnce() -> T + Send) -> Result<T> {
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(work);
+        let mut last = std::time::Instant::now();
+        while !handle.is_finished() {
+            std::thread::sleep(Duration::from_millis(20));
+            if handle.is_finished() || last.elapsed() < Duration::from_millis(200) {
+                continue;
+            }
+            last = std::time::Instant::now();
+            let p = Progress {
+                files: counters.files.load(Ordering::Relaxed),
+                bytes: counters.bytes.load(Ordering::Relaxed),
+                total_files: counters.total_files.load(Ordering::Relaxed),
+                total_bytes: counters.total_bytes.load(Ordering::Relaxed),
+            };
+            write_frame(output, &Response::Progress(p)).map_err(|e| err!("agent: cannot write to the controller: {e}"))?;
+        }
+        handle.join().map_err(|_| Error::new("agent: a worker thread panicked"))
+    })
 }
 
 /// Entry point of `overlay agent`.

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Largest frame accepted (a listing of a very large venv fits easily).
-const MAX_FRAME: usize = 1 << 30;
+const MAX_FRAME: usize = (1 << 30) - 1;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -42,7 +42,43 @@ pub enum Request {
         shebang: Option<ShebangRewrite>,
         pycache: bool,
     },
+    /// Source side: stream these files as tar + zstd in data frames,
+    /// checking each against the hash the plan saw while it is read.
+    Send {
+        venv: String,
+        files: Vec<SendFile>,
+        shebang: Option<ShebangRewrite>,
+        zstd_level: i32,
+    },
+    /// Target side: take the lock, recover an unfinished generation, check
+    /// the plan's preconditions and free space, and open a new generation.
+    Prepare(Box<crate::journal::PrepareRequest>),
+    /// Target side: data frames with the tar + zstd stream follow, then `EndData`.
+    Stage,
+    EndData,
+    /// Target side: switch the staged files into place through the journal,
+    /// then re-hash what changed.
+    Switch,
+    /// Target side: mark the generation complete; drop its backup unless kept.
+    Commit { keep_backup: bool, keep: Option<usize> },
+    /// Target side: give up the prepared generation (nothing was switched).
+    Abort,
+    /// Roll back generations down to and including `to` (default: the newest).
+    Rollback { venv: String, to: Option<String> },
+    History { venv: String },
+    Prune { venv: String, keep: usize },
+    /// Finish (roll back, or with `resume` complete) an interrupted generation.
+    Recover { venv: String, resume: bool },
     Bye,
+}
+
+/// One file for the source to send: its path and what the plan saw.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendFile {
+    /// Its index in the generation's change list: the tar entry's name.
+    pub index: usize,
+    pub path: String,
+    pub kind: Kind,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -52,8 +88,65 @@ pub enum Response {
     Scan(ScanReport),
     Progress(Progress),
     Stat { entries: Vec<Entry> },
+    /// Source: the stream is complete (data frames came before).
+    Sent { files: u64, raw_bytes: u64, compressed_bytes: u64 },
+    Prepared { generation: String, recovered: Option<String> },
+    Staged { files: u64, bytes: u64 },
+    Switched { changed: u64 },
+    Committed { generation: String },
+    Aborted,
+    RolledBack(crate::journal::RollbackReport),
+    History { generations: Vec<crate::journal::GenerationInfo> },
+    Pruned { removed: Vec<String> },
+    Recovered { outcome: Option<String> },
     Error(Error),
     Bye,
+}
+
+/// A frame on the wire: a message, or raw bytes of a data stream.
+#[derive(Debug)]
+pub enum Frame<T> {
+    Msg(T),
+    Data(Vec<u8>),
+}
+
+/// The high bit of a frame's length marks raw data.
+const DATA_BIT: u32 = 1 << 31;
+
+/// Write raw stream bytes as one data frame (not flushed).
+pub fn write_data(w: &mut dyn Write, bytes: &[u8]) -> std::io::Result<()> {
+    w.write_all(&(bytes.len() as u32 | DATA_BIT).to_le_bytes())?;
+    w.write_all(bytes)
+}
+
+/// Read a message or a data frame. `Ok(None)` at a clean end of stream.
+pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(err!("connection failed: {e}")),
+    }
+    let raw = u32::from_le_bytes(len);
+    let len = (raw & !DATA_BIT) as usize;
+    if len > MAX_FRAME {
+        return Err(err!(
+            hint = "the other side is not a compatible overlay agent",
+            "frame of {len} bytes is too large"
+        ));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)
+        .map_err(|e| err!("connection closed in the middle of a frame: {e}"))?;
+    if raw & DATA_BIT != 0 {
+        return Ok(Some(Frame::Data(body)));
+    }
+    serde_json::from_slice(&body).map(|m| Some(Frame::Msg(m))).map_err(|e| {
+        err!(
+            hint = "controller and agent disagree on the protocol; upgrade overlay on both sides",
+            "malformed frame: {e}"
+        )
+    })
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -151,30 +244,13 @@ pub fn write_frame<T: Serialize>(w: &mut dyn Write, value: &T) -> std::io::Resul
     w.flush()
 }
 
-/// Read one frame. `Ok(None)` at a clean end of stream.
+/// Read one message frame. `Ok(None)` at a clean end of stream.
 pub fn read_frame<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<T>> {
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(err!("connection failed: {e}")),
+    match read_any(r)? {
+        None => Ok(None),
+        Some(Frame::Msg(m)) => Ok(Some(m)),
+        Some(Frame::Data(_)) => Err(err!("unexpected data frame where a message was due")),
     }
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(err!(
-            hint = "the other side is not a compatible overlay agent",
-            "frame of {len} bytes is too large"
-        ));
-    }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)
-        .map_err(|e| err!("connection closed in the middle of a frame: {e}"))?;
-    serde_json::from_slice(&body).map(Some).map_err(|e| {
-        err!(
-            hint = "controller and agent disagree on the protocol; upgrade overlay on both sides",
-            "malformed frame: {e}"
-        )
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,217 @@
+//! `overlay apply [PLAN]`: carry out a saved plan on its target, streaming
+//! the new files from its source through this controller, then switching
+//! them in through the target's journal.
+
+use std::path::Path;
+use std::time::Instant;
+
+use indicatif::HumanBytes;
+use overlay::agent::client::Client;
+use overlay::agent::protocol::{Frame, Request, Response, SendFile, ShebangRewrite};
+use overlay::err;
+use overlay::error::Result;
+use overlay::journal::{GenChange, PrepareRequest};
+use overlay::plan::{Action, Plan};
+use overlay::transport::Endpoint;
+
+use crate::EXIT_OK;
+use crate::cli::{ApplyArgs, GlobalArgs};
+use crate::commands::plan::connect_options;
+use crate::progress::{HashBars, status};
+
+pub fn load_plan(path: &Path) -> Result<Plan> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        err!(
+            hint = "run `overlay plan SRC DST` first, or name the plan file",
+            "Failed to read the plan {}: {}",
+            path.display(),
+            overlay::error::io_cause(&e)
+        )
+    })?;
+    let plan: Plan = serde_json::from_str(&text).map_err(|e| {
+        err!(hint = "run `overlay plan` again to make a fresh plan", "The plan {} is not a valid plan: {e}", path.display())
+    })?;
+    if plan.format != overlay::plan::PLAN_FORMAT {
+        return Err(err!(
+            hint = "run `overlay plan` again with this version of overlay",
+            "The plan {} has format {}, this overlay reads {}",
+            path.display(),
+            plan.format,
+            overlay::plan::PLAN_FORMAT
+        ));
+    }
+    Ok(plan)
+}
+
+pub fn endpoint(ssh: &Option<String>) -> Endpoint {
+    ssh.clone().map_or(Endpoint::Local, Endpoint::Ssh)
+}
+
+/// The generation's change list: the plan's changes plus stale bytecode.
+pub fn gen_changes(plan: &Plan) -> Vec<GenChange> {
+    let mut out = Vec::new();
+    for set in &plan.sets {
+        for c in &set.changes {
+            out.push(GenChange { path: c.path.clone(), action: c.action, source: c.source.clone(), target: c.target.clone(), bytecode: false });
+        }
+        for p in &set.stale_bytecode {
+            out.push(GenChange { path: p.clone(), action: Action::Delete, source: None, target: None, bytecode: true });
+        }
+    }
+    out
+}
+
+#[derive(serde::Serialize)]
+struct ApplyJson {
+    generation: Option<String>,
+    recovered: Option<String>,
+    files: u64,
+    changes: u64,
+    raw_bytes: u64,
+    sent_bytes: u64,
+    seconds: f64,
+    backup: bool,
+}
+
+pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
+    let started = Instant::now();
+    let plan = load_plan(&args.plan)?;
+    let opts = connect_options(global);
+    let tname = plan.target.name.clone();
+    let mut dst = Client::connect(&tname, &endpoint(&plan.target.ssh), &opts)?;
+
+    if args.resume {
+        let r = dst.call(&Request::Recover { venv: plan.target.venv.clone(), resume: true }, &mut |_| {})?;
+        let outcome = match r {
+            Response::Recovered { outcome } => outcome,
+            other => return Err(err!("unexpected answer from {tname}: {other:?}")),
+        };
+        match outcome {
+            Some(o) => status(global, &format!("{tname}: {o}")),
+            None => status(global, &format!("{tname}: no interrupted generation to resume")),
+        }
+        dst.close()?;
+        return Ok(EXIT_OK);
+    }
+
+    let changes = gen_changes(&plan);
+    if changes.is_empty() {
+        status(global, &format!("Nothing to apply: the plan has no changes for {tname}"));
+        dst.close()?;
+        return Ok(EXIT_OK);
+    }
+    let req = PrepareRequest {
+        venv: plan.target.venv.clone(),
+        source: plan.source.name.clone(),
+        target: tname.clone(),
+        plan_created: plan.created,
+        changes: changes.clone(),
+        backup: args.backup,
+        resume: false,
+    };
+    let (generation, recovered) = match dst.call(&Request::Prepare(Box::new(req)), &mut |_| {})? {
+        Response::Prepared { generation, recovered } => (generation, recovered),
+        other => return Err(err!("unexpected answer from {tname}: {other:?}")),
+    };
+    if let Some(r) = &recovered {
+        status(global, &format!("{tname}: {r}"));
+    }
+
+    // Stream the added and replaced files from the source.
+    let send: Vec<SendFile> = changes
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.action != Action::Delete)
+        .filter_map(|(index, c)| Some(SendFile { index, path: c.path.clone(), kind: c.source.clone()? }))
+        .collect();
+    let (mut raw, mut sent) = (0u64, 0u64);
+    if !send.is_empty() {
+        let result = stream(global, &plan, &opts, &mut dst, send.clone());
+        match result {
+            Ok((r, s)) => {
+                raw = r;
+                sent = s;
+            }
+            Err(e) => {
+                let _ = dst.call(&Request::Abort, &mut |_| {});
+                return Err(e);
+            }
+        }
+    }
+    match dst.call(&Request::Switch, &mut |_| {})? {
+        Response::Switched { .. } => {}
+        other => return Err(err!("unexpected answer from {tname}: {other:?}")),
+    }
+    match dst.call(&Request::Commit { keep_backup: args.backup, keep: args.keep }, &mut |_| {})? {
+        Response::Committed { .. } => {}
+        other => return Err(err!("unexpected answer from {tname}: {other:?}")),
+    }
+    dst.close()?;
+    let secs = started.elapsed().as_secs_f64();
+    if args.json {
+        let doc = ApplyJson {
+            generation: Some(generation.clone()),
+            recovered,
+            files: send.len() as u64,
+            changes: changes.len() as u64,
+            raw_bytes: raw,
+            sent_bytes: sent,
+            seconds: secs,
+            backup: args.backup,
+        };
+        println!("{}", serde_json::to_string_pretty(&doc).expect("serializes"));
+    }
+    status(
+        global,
+        &format!(
+            "Applied generation {generation} on {tname}: {} changes, {} files sent, {} on the wire for {} of files, in {secs:.1}s{}",
+            changes.len(),
+            send.len(),
+            HumanBytes(sent),
+            HumanBytes(raw),
+            if args.backup { format!("; roll back with `overlay rollback {tname}`") } else { String::new() }
+        ),
+    );
+    Ok(EXIT_OK)
+}
+
+/// Relay the source's tar + zstd stream to the target's staging.
+fn stream(
+    global: &GlobalArgs,
+    plan: &Plan,
+    opts: &overlay::transport::ConnectOptions,
+    dst: &mut Client,
+    files: Vec<SendFile>,
+) -> Result<(u64, u64)> {
+    let sname = plan.source.name.clone();
+    let mut src = Client::connect(&sname, &endpoint(&plan.source.ssh), opts)?;
+    src.request(&Request::Send {
+        venv: plan.source.venv.clone(),
+        files,
+        shebang: Some(ShebangRewrite { from: plan.source.venv.clone(), to: plan.target.venv.clone() }),
+        zstd_level: 3,
+    })?;
+    dst.request(&Request::Stage)?;
+    let bars = HashBars::new(global.quiet);
+    let bar = bars.bar("transfer");
+    let sent = loop {
+        match src.next_frame()? {
+            Frame::Data(d) => dst.write_data(&d)?,
+            Frame::Msg(Response::Progress(p)) => {
+                bar.set_length(p.total_bytes);
+                bar.set_position(p.bytes);
+                bar.set_message(format!("{}/{} files", p.files, p.total_files));
+            }
+            Frame::Msg(Response::Sent { raw_bytes, compressed_bytes, .. }) => break (raw_bytes, compressed_bytes),
+            Frame::Msg(other) => return Err(err!("unexpected answer from {sname}: {other:?}")),
+        }
+    };
+    bar.finish_and_clear();
+    dst.request(&Request::EndData)?;
+    match dst.response(&mut |_| {})? {
+        Response::Staged { .. } => {}
+        other => return Err(err!("unexpected answer from {}: {other:?}", plan.target.name)),
+    }
+    src.close()?;
+    Ok(sent)
+}
