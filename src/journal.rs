@@ -797,6 +797,6 @@ mod tests {
     #[test]
     fn time_format() {
         assert_eq!(format_time(0), "19700101T000000Z");
-        assert_eq!(format_time(1_796_043_722), "20261130T150202Z");
+        assert_eq!(format_time(1_796_043_722), "20261130T130202Z");
     }
 }
