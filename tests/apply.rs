@@ -1,0 +1,388 @@
+//! End-to-end tests of `overlay apply --backup` and `overlay rollback`: real
+//! venvs made by pip from the fixture wheels, real sshd test hosts (as root),
+//! the local transport for the many crash points.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::Testbed;
+use sha2::{Digest, Sha256};
+
+const SETS: &str = r#"
+[sets.torch]
+dists = ["minitorch"]
+[sets.torchvision]
+dists = ["minitorchvision"]
+[sets.nvidia-cu13]
+dists = ["nvidia-*"]
+[sets.sglang-patches]
+files = ["minisglang/srt/speculative/**", "minisglang/srt/server_args.py"]
+"#;
+
+/// Every path of a venv (but overlay's own state) with type, mode, size and
+/// content hash or link target.
+fn snapshot(venv: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for e in walkdir::WalkDir::new(venv).min_depth(1).sort_by_file_name() {
+        let e = e.unwrap();
+        let rel = e.path().strip_prefix(venv).unwrap().to_string_lossy().into_owned();
+        if rel == ".overlay" || rel.starts_with(".overlay/") {
+            continue;
+        }
+        let m = fs::symlink_metadata(e.path()).unwrap();
+        let mode = m.permissions().mode() & 0o7777;
+        let desc = if m.file_type().is_symlink() {
+            format!("link {}", fs::read_link(e.path()).unwrap().display())
+        } else if m.is_dir() {
+            format!("dir {mode:o}")
+        } else {
+            let sha = overlay::inventory::hex(&Sha256::digest(fs::read(e.path()).unwrap()));
+            format!("file {mode:o} {} {sha}", m.len())
+        };
+        out.insert(rel, desc);
+    }
+    out
+}
+
+fn assert_same(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>, what: &str) {
+    let mut diffs = Vec::new();
+    for (k, v) in a {
+        match b.get(k) {
+            None => diffs.push(format!("- {k} ({v})")),
+            Some(w) if w != v => diffs.push(format!("~ {k}: {v} -> {w}")),
+            _ => {}
+        }
+    }
+    for k in b.keys().filter(|k| !a.contains_key(*k)) {
+        diffs.push(format!("+ {k}"));
+    }
+    assert!(diffs.is_empty(), "{what}: {} differences:\n{}", diffs.len(), diffs.iter().take(30).cloned().collect::<Vec<_>>().join("\n"));
+}
+
+fn ok(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn plan_json(tb: &Testbed) -> serde_json::Value {
+    let out = ok(tb.overlay(&["plan", "src", "dst", "--json"]).output().unwrap(), "plan");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Paths (relative to the venv) the plan adds or replaces.
+fn carried(plan: &serde_json::Value) -> Vec<String> {
+    let mut v = Vec::new();
+    for set in plan["sets"].as_array().unwrap() {
+        for c in set["changes"].as_array().unwrap() {
+            if c["action"] != "delete" {
+                v.push(c["path"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    v
+}
+
+fn site_rel(p: &str) -> String {
+    // RECORD-style path relative to site-packages -> relative to the venv.
+    let mut parts: Vec<&str> = common::SITE.split('/').collect();
+    for c in p.split('/') {
+        if c == ".." {
+            parts.pop();
+        } else {
+            parts.push(c);
+        }
+    }
+    parts.join("/")
+}
+
+#[test]
+fn round_trip_over_ssh_is_exact_and_reversible() {
+    if !common::requires_root() {
+        return;
+    }
+    let tb = Testbed::new(2);
+    tb.write_manifest(SETS);
+    let before = snapshot(tb.host_venv_dir(1));
+    let src_snap = snapshot(tb.host_venv_dir(0));
+    let plan = plan_json(&tb);
+    let carried = carried(&plan);
+    assert!(carried.len() > 10, "{plan}");
+
+    let out = ok(tb.overlay(&["apply", "--backup", "--json"]).output().unwrap(), "apply");
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(result["generation"].is_string(), "{result}");
+    assert!(result["sent_bytes"].as_u64().unwrap() > 0);
+
+    // Every carried file is now identical to the source.
+    let after = snapshot(tb.host_venv_dir(1));
+    for p in &carried {
+        let rel = site_rel(p);
+        assert_eq!(after.get(&rel), src_snap.get(&rel), "{rel} differs from the source after apply");
+    }
+    // Deleted paths are gone, and no old dist-info is left behind.
+    assert!(!after.keys().any(|k| k.contains("minitorch-2.9.1.dist-info")), "old dist-info left behind");
+    assert!(!after.keys().any(|k| k.contains("nvidia_cublas_cu12")), "cu12 dist-info left behind");
+
+    // pip sees only the new versions.
+    let pip = ok(tb.ssh(1, "/root/venv/bin/python -m pip list --disable-pip-version-check").output().unwrap(), "pip list");
+    let pip = String::from_utf8_lossy(&pip.stdout);
+    assert!(pip.contains("minitorch") && pip.contains("2.11.0"), "{pip}");
+    assert!(!pip.contains("2.9.1"), "old torch still listed:\n{pip}");
+
+    // The same-size, same-mtime patched file runs its new code: no stale bytecode.
+    let py = ok(
+        tb.ssh(1, "/root/venv/bin/python -c 'import minisglang.srt.speculative.dflash_worker as w; print(w.DEFAULT_BLOCK_SIZE)'")
+            .output()
+            .unwrap(),
+        "import patched module",
+    );
+    assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "32");
+    let imp = ok(tb.ssh(1, "/root/venv/bin/python -c 'import minitorch._C as c; print(c.build_info())'").output().unwrap(), "import minitorch._C");
+    assert!(String::from_utf8_lossy(&imp.stdout).contains("13"), "{}", String::from_utf8_lossy(&imp.stdout));
+
+    // History shows the generation; rollback restores the target byte for byte.
+    let h = ok(tb.overlay(&["history", "dst"]).output().unwrap(), "history");
+    assert!(String::from_utf8_lossy(&h.stdout).contains("complete"));
+    // The source is not needed for a rollback.
+    let mut tb = tb;
+    tb.stop(0);
+    let r = ok(tb.overlay(&["rollback", "dst", "--json"]).output().unwrap(), "rollback");
+    let report: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert!(report["verified"].as_u64().unwrap() > 0, "{report}");
+    // Python ran in the target venv since the apply (pip list, imports) and
+    // may have written bytecode for files that did not change; that is not
+    // the apply's doing, so compare without bytecode of unchanged sources.
+    let strip = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        m.iter().filter(|(k, _)| !k.contains("__pycache__")).map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    assert_same(&strip(&before), &strip(&snapshot(tb.host_venv_dir(1))), "after rollback");
+    let pyc_before: Vec<_> = before.iter().filter(|(k, _)| k.contains("__pycache__")).collect();
+    let now = snapshot(tb.host_venv_dir(1));
+    for (k, v) in pyc_before {
+        assert_eq!(now.get(k), Some(v), "bytecode {k} not restored");
+    }
+}
+
+#[test]
+fn a_hardlinked_file_keeps_its_old_content() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SETS);
+    let version = tb.site_packages(1).join("minitorch/version.py");
+    let old = fs::read(&version).unwrap();
+    let link = tb.dir().join("uv-cache-copy-of-version.py");
+    fs::hard_link(&version, &link).unwrap();
+    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(tb.overlay(&["apply", "--backup"]).output().unwrap(), "apply");
+    assert_ne!(fs::read(&version).unwrap(), old, "version.py was replaced");
+    assert_eq!(fs::read(&link).unwrap(), old, "the other hard link must keep the old content");
+    assert_eq!(fs::metadata(&link).unwrap().nlink(), 2, "the backup holds the old inode");
+}
+
+#[test]
+fn without_backup_the_old_files_are_dropped_and_rollback_says_why() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SETS);
+    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
+    let out = tb.overlay(&["rollback", "dst"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("without --backup") && err.contains("hint:"), "{err}");
+}
+
+#[test]
+fn a_drifted_target_is_refused_and_nothing_changes() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SETS);
+    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    fs::write(tb.site_packages(1).join("minitorch/version.py"), "changed by hand\n").unwrap();
+    let before = snapshot(tb.host_venv_dir(1));
+    let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("drifted") && err.contains("minitorch/version.py") && err.contains("overlay plan"), "{err}");
+    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after a refused apply");
+}
+
+#[test]
+fn a_source_file_changed_since_the_plan_aborts_with_nothing_applied() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SETS);
+    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    // Same size, different content: only the hash while streaming can tell.
+    let f = tb.site_packages(0).join("minitorch/version.py");
+    let mut content = fs::read(&f).unwrap();
+    let last = content.len() - 2;
+    content[last] ^= 0x01;
+    fs::write(&f, content).unwrap();
+    let before = snapshot(tb.host_venv_dir(1));
+    let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("changed since the plan") && err.contains("version.py"), "{err}");
+    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after an aborted apply");
+    let gens = tb.host_venv_dir(1).join(".overlay/generations");
+    assert_eq!(fs::read_dir(gens).unwrap().count(), 0, "the aborted generation is cleaned up");
+}
+
+/// Count the journal records of a complete apply.
+fn journal_len(venv: &Path) -> usize {
+    let gens = venv.join(".overlay/generations");
+    let g = fs::read_dir(&gens).unwrap().next().unwrap().unwrap().path();
+    fs::read_to_string(g.join("journal")).unwrap().lines().count()
+}
+
+#[test]
+fn the_agent_stopping_after_any_journal_step_rolls_back_exactly() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SETS);
+    let before = snapshot(tb.host_venv_dir(1));
+    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    // A clean run tells how many journal steps there are.
+    ok(tb.overlay(&["apply", "--backup"]).output().unwrap(), "apply");
+    let steps = journal_len(tb.host_venv_dir(1));
+    ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
+    ok(tb.overlay(&["prune", "dst", "--keep", "0"]).output().unwrap(), "prune");
+    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after the clean round trip");
+    assert!(steps >= 20, "only {steps} journal steps");
+
+    let mut points = 0;
+    for n in 1..=steps {
+        let out = tb.overlay(&["apply", "--backup"]).env("OVERLAY_TEST_STOP_AFTER", n.to_string()).output().unwrap();
+        assert!(!out.status.success(), "stop after {n}: apply should fail");
+        // The next command finds the unfinished journal and rolls it back.
+        let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
+        let msg = String::from_utf8_lossy(&r.stderr).into_owned();
+        assert!(r.status.success() || msg.contains("Nothing to roll back"), "stop after {n}: rollback failed: {msg}");
+        assert_same(&before, &snapshot(tb.host_venv_dir(1)), &format!("stop after journal step {n}"));
+        points += 1;
+    }
+    assert!(points >= 20);
+}
+
+#[test]
+fn an_interrupted_switch_can_be_resumed() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SETS);
+    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    let src = snapshot(tb.host_venv_dir(0));
+    let plan = plan_json(&tb);
+    // Step 2 is "staged", so stopping at 6 is in the middle of the switch.
+    let out = tb.overlay(&["apply", "--backup"]).env("OVERLAY_TEST_STOP_AFTER", "6").output().unwrap();
+    assert!(!out.status.success());
+    ok(tb.overlay(&["apply", "--resume"]).output().unwrap(), "apply --resume");
+    let after = snapshot(tb.host_venv_dir(1));
+    for p in carried(&plan) {
+        let rel = site_rel(&p);
+        assert_eq!(after.get(&rel), src.get(&rel), "{rel} after resume");
+    }
+    let h = ok(tb.overlay(&["history", "dst", "--json"]).output().unwrap(), "history");
+    let gens: serde_json::Value = serde_json::from_slice(&h.stdout).unwrap();
+    assert_eq!(gens[0]["status"], "complete", "{gens}");
+}
+
+#[test]
+fn killing_the_controller_at_random_moments_never_loses_a_file() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SETS);
+    let before = snapshot(tb.host_venv_dir(1));
+    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    // Deterministic "random" delays spread over the apply's lifetime.
+    let mut seed: u64 = 0x9e3779b97f4a7c15;
+    for round in 0..8 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = Duration::from_millis(seed % 400);
+        let mut child = tb.overlay(&["apply", "--backup"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        std::thread::sleep(delay);
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+        // The orphaned agent may still hold the lock for a moment; rollback waits for it.
+        let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
+        let msg = String::from_utf8_lossy(&r.stderr).into_owned();
+        assert!(r.status.success() || msg.contains("Nothing to roll back"), "round {round} ({delay:?}): {msg}");
+        assert_same(&before, &snapshot(tb.host_venv_dir(1)), &format!("round {round}, killed after {delay:?}"));
+    }
+}
+
+#[test]
+fn cutting_the_ssh_connection_mid_apply_rolls_back_exactly() {
+    if !common::requires_root() {
+        return;
+    }
+    let tb = Testbed::new(2);
+    tb.write_manifest(SETS);
+    let before = snapshot(tb.host_venv_dir(1));
+    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    let listener: i32 = fs::read_to_string(tb.host_dir(1).join("pid")).unwrap().trim().parse().unwrap();
+    for (round, delay_ms) in [150u64, 300, 600].into_iter().enumerate() {
+        let mut child = tb.overlay(&["apply", "--backup"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        // Kill the target's sshd session processes (children of its listener): the connection drops.
+        let _ = Command::new("pkill").args(["-9", "-P", &listener.to_string()]).status();
+        let _ = child.wait();
+        std::thread::sleep(Duration::from_millis(200));
+        let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
+        let msg = String::from_utf8_lossy(&r.stderr).into_owned();
+        assert!(r.status.success() || msg.contains("Nothing to roll back"), "round {round}: {msg}");
+        assert_same(&before, &snapshot(tb.host_venv_dir(1)), &format!("connection cut after {delay_ms} ms"));
+    }
+}
+
+#[test]
+fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root (tmpfs mount)");
+        return;
+    }
+    let tb = Testbed::local(2);
+    tb.write_manifest(SETS);
+    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    // Move the target venv onto a tmpfs with almost no room left.
+    let venv = tb.host_venv_dir(1).to_path_buf();
+    let copy = tb.dir().join("venv-copy");
+    ok(Command::new("cp").arg("-a").arg(&venv).arg(&copy).output().unwrap(), "cp");
+    let used: u64 = walkdir::WalkDir::new(&copy).into_iter().flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len().div_ceil(4096) * 4096 + 4096).sum();
+    fs::remove_dir_all(&venv).unwrap();
+    fs::create_dir(&venv).unwrap();
+    let size = used + 64 * 1024;
+    ok(Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "overlay-enospc"]).arg(&venv).output().unwrap(), "mount tmpfs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(venv.clone());
+    ok(Command::new("cp").arg("-a").arg(format!("{}/.", copy.display())).arg(&venv).output().unwrap(), "fill tmpfs");
+    let before = snapshot(&venv);
+
+    // The free-space check refuses before streaming.
+    let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Not enough space") && err.contains("needed") && err.contains("free") && err.contains("dst"), "{err}");
+    assert_same(&before, &snapshot(&venv), "after the space check refused");
+
+    // And if the disk fills up anyway while streaming, the same promise holds.
+    let out = tb.overlay(&["apply", "--backup"]).env("OVERLAY_TEST_SKIP_SPACE_CHECK", "1").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("No space left") && err.contains("bytes") && err.contains("dst"), "{err}");
+    assert_same(&before, &snapshot(&venv), "after ENOSPC while staging");
+    let gens = venv.join(".overlay/generations");
+    assert_eq!(fs::read_dir(gens).unwrap().count(), 0, "staging is cleaned up");
+}

@@ -1,0 +1,487 @@
+//! Test hosts for the integration tests, built by `tests/fixtures/testbed.py`
+//! (see its module docstring for the scenario: which paths each set should
+//! add, replace, delete or keep).
+//!
+//! ```ignore
+//! mod common;
+//!
+//! #[test]
+//! fn plans_torch() {
+//!     if !common::requires_root() {
+//!         return;
+//!     }
+//!     let tb = common::Testbed::new(2); // host 0 = "src" (source role), 1 = "dst"
+//!     tb.write_manifest("[sets.torch]\ndists = [\"minitorch\"]\n");
+//!     let out = tb.overlay(&["plan", "src", "dst", "--json"]).output().unwrap();
+//!     let expected = tb.record_plan(0, 1); // independent reference
+//! }
+//! ```
+//!
+//! With root, every host is an sshd on 127.0.0.X in its own mount namespace
+//! whose /root is the host's private home and whose /root/venv is that host's
+//! venv; the controller runs with HOME = the client dir (its ~/.ssh/config
+//! names the hosts `src`, `dst`, `dst2`, ...). Those venvs are copies of one
+//! template per role, built once (under CARGO_TARGET_TMPDIR, keyed by
+//! testbed.py's content, like the wheels). `Testbed::local` builds the same
+//! venvs for the local transport instead (no root needed, ~3 s per venv).
+//!
+//! Set OVERLAY_TESTBED_KEEP=1 to keep the testbed's directory after the test.
+#![allow(dead_code)]
+
+use std::fs;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime};
+
+/// Where every test host sees its venv.
+pub const VENV: &str = "/root/venv";
+/// Site-packages relative to a venv dir (the fixtures are built for 3.11).
+pub const SITE: &str = "lib/python3.11/site-packages";
+
+pub fn testbed_py() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/testbed.py")
+}
+
+fn target_tmp() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// Whether this process runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// For tests that need SSH test hosts: `if !common::requires_root() { return; }`.
+/// Prints "skipped: needs root" when not root or /usr/sbin/sshd is absent.
+pub fn requires_root() -> bool {
+    if is_root() && Path::new("/usr/sbin/sshd").exists() && Path::new("/usr/bin/unshare").exists() {
+        return true;
+    }
+    println!("skipped: needs root");
+    eprintln!("skipped: needs root (and /usr/sbin/sshd, unshare)");
+    false
+}
+
+/// Run a command; panic with its output unless it succeeds.
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{cmd:?} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+fn testbed() -> Command {
+    let mut c = Command::new("/usr/bin/python3");
+    c.arg(testbed_py());
+    c
+}
+
+/// Content hash of testbed.py: the key of every cached fixture.
+fn fixture_key() -> &'static str {
+    static KEY: OnceLock<String> = OnceLock::new();
+    KEY.get_or_init(|| {
+        let script = fs::read(testbed_py()).expect("read testbed.py");
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        script.hash(&mut h);
+        format!("{:016x}", h.finish())
+    })
+}
+
+/// `CARGO_TARGET_TMPDIR/{prefix}{key}`, made by `build(dir)` unless a
+/// previous run finished it (`.complete`), under `{prefix}lock` so that
+/// parallel test processes wait for each other. Older keys are removed.
+fn cached(prefix: &str, build: impl FnOnce(&Path)) -> PathBuf {
+    let key = fixture_key();
+    let tmp = target_tmp();
+    fs::create_dir_all(&tmp).unwrap();
+    let dir = tmp.join(format!("{prefix}{key}"));
+    let lock = fs::File::create(tmp.join(format!("{prefix}lock"))).unwrap();
+    lock.lock().expect("lock the fixture cache");
+    if !dir.join(".complete").exists() {
+        for e in fs::read_dir(&tmp).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.strip_prefix(prefix).is_some_and(|k| k.len() == 16) && e.path().is_dir() {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+        build(&dir);
+        fs::write(dir.join(".complete"), key).unwrap();
+    }
+    drop(lock);
+    dir
+}
+
+/// The fixture wheels, built once per `cargo test` run (and kept across runs
+/// while testbed.py is unchanged) under CARGO_TARGET_TMPDIR.
+pub fn wheels_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        cached("testbed-wheels-", |dir| {
+            run(testbed().arg("wheels").arg(dir));
+        })
+    })
+    .clone()
+}
+
+/// A venv of `role` built once at /root/venv (bind-mounted) and copied for
+/// each SSH testbed: every SSH host has its venv at /root/venv, so the copy
+/// is exact (shebangs, pyvenv.cfg, RECORD, mtimes with `cp -a`).
+fn venv_template(role: &'static str) -> PathBuf {
+    static SOURCE: OnceLock<PathBuf> = OnceLock::new();
+    static TARGET: OnceLock<PathBuf> = OnceLock::new();
+    let cell = if role == "source" { &SOURCE } else { &TARGET };
+    cell.get_or_init(|| {
+        let wheels = wheels_dir();
+        cached(&format!("testbed-venv-{role}-"), |dir| {
+            let _ = fs::remove_dir_all(dir);
+            fs::create_dir_all(dir).unwrap();
+            run(testbed()
+                .arg("venv")
+                .arg(dir.join("venv"))
+                .args(["--at", VENV, "--role", role])
+                .arg("--wheels")
+                .arg(&wheels));
+        })
+        .join("venv")
+    })
+    .clone()
+}
+
+fn random_u64() -> u64 {
+    std::hash::RandomState::new().hash_one((std::process::id(), SystemTime::now(), Instant::now()))
+}
+
+/// A random loopback address 127.0.0.X (X in 10..250) and a port free on it.
+fn pick_address() -> (String, u16) {
+    let ip = format!("127.0.0.{}", 10 + random_u64() % 240);
+    let port = TcpListener::bind((ip.as_str(), 0))
+        .and_then(|l| l.local_addr())
+        .expect("bind a free port")
+        .port();
+    (ip, port)
+}
+
+pub struct Host {
+    /// Name in the manifest and ssh alias: "src", "dst", "dst2", ...
+    pub name: String,
+    /// HOSTDIR: sshd_config, host key, root/ (the host's ~), tmp/ (its /tmp).
+    pub dir: PathBuf,
+    /// The real directory behind the host's /root/venv.
+    pub venv_dir: PathBuf,
+    /// The venv path in the manifest ("/root/venv", or venv_dir for local).
+    pub venv: String,
+    /// None for a local-transport host.
+    pub addr: Option<(String, u16)>,
+    up: bool,
+}
+
+pub struct Testbed {
+    root: Option<tempfile::TempDir>,
+    /// HOME of the controller: .ssh/{config,known_hosts,id_ed25519}.
+    pub client: PathBuf,
+    /// The controller's current directory, holding overlay.toml.
+    pub work: PathBuf,
+    pub hosts: Vec<Host>,
+}
+
+fn host_name(i: usize) -> String {
+    match i {
+        0 => "src".into(),
+        1 => "dst".into(),
+        _ => format!("dst{i}"),
+    }
+}
+
+impl Testbed {
+    /// `n_hosts` SSH test hosts (needs root): host 0 has the source venv,
+    /// the others the target venv, each at /root/venv.
+    pub fn new(n_hosts: usize) -> Testbed {
+        Self::build(n_hosts, true)
+    }
+
+    /// The same venvs for the local transport (no root needed): each lives at
+    /// its own directory and the manifest's hosts have no `ssh`.
+    pub fn local(n_hosts: usize) -> Testbed {
+        Self::build(n_hosts, false)
+    }
+
+    fn build(n_hosts: usize, ssh: bool) -> Testbed {
+        assert!(n_hosts >= 1);
+        let t0 = Instant::now();
+        let wheels = wheels_dir();
+        let root = tempfile::Builder::new()
+            .prefix("testbed-")
+            .tempdir_in(target_tmp())
+            .expect("create testbed dir");
+        let base = root.path().to_path_buf();
+        let mut tb = Testbed {
+            root: Some(root),
+            client: base.join("client"),
+            work: base.join("work"),
+            hosts: Vec::new(),
+        };
+        fs::create_dir_all(&tb.work).unwrap();
+        for i in 0..n_hosts {
+            let dir = base.join(format!("host{i}"));
+            let venv_dir = dir.join("venv");
+            let venv = if ssh {
+                VENV.to_string()
+            } else {
+                venv_dir.to_str().unwrap().to_string()
+            };
+            tb.hosts.push(Host {
+                name: host_name(i),
+                dir,
+                venv_dir,
+                venv,
+                addr: None,
+                up: false,
+            });
+        }
+        let role = |i: usize| if i == 0 { "source" } else { "target" };
+        if ssh {
+            // Copies of the cached templates (~0.1 s instead of ~3 s each).
+            std::thread::scope(|s| {
+                s.spawn(|| venv_template("source"));
+                if n_hosts > 1 {
+                    s.spawn(|| venv_template("target"));
+                }
+            });
+            let copies: Vec<_> = tb
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    fs::create_dir_all(&h.dir).unwrap();
+                    let mut c = Command::new("cp");
+                    c.arg("-a").arg(venv_template(role(i))).arg(&h.venv_dir);
+                    (format!("{c:?}"), c.spawn().expect("spawn cp"))
+                })
+                .collect();
+            for (cmd, mut child) in copies {
+                assert!(child.wait().unwrap().success(), "{cmd} failed");
+            }
+        } else {
+            // Each local venv lives at its own path: built in parallel (~3 s each).
+            let children: Vec<_> = tb
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    fs::create_dir_all(&h.dir).unwrap();
+                    let mut c = testbed();
+                    c.arg("venv")
+                        .arg(&h.venv_dir)
+                        .args(["--at", &h.venv, "--role", role(i)])
+                        .arg("--wheels")
+                        .arg(&wheels)
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::piped());
+                    (format!("{c:?}"), c.spawn().expect("spawn testbed.py venv"))
+                })
+                .collect();
+            for (cmd, child) in children {
+                let out = child.wait_with_output().unwrap();
+                assert!(
+                    out.status.success(),
+                    "{cmd} failed:\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        run(testbed().arg("client").arg(&tb.client));
+        if ssh {
+            let key = tb.client.join(".ssh/id_ed25519.pub");
+            for h in tb.hosts.iter_mut() {
+                let mut last = String::new();
+                for _attempt in 0..5 {
+                    let (ip, port) = pick_address();
+                    let out = testbed()
+                        .args(["host", "up"])
+                        .arg(&h.dir)
+                        .arg("--venv-dir")
+                        .arg(&h.venv_dir)
+                        .args(["--ip", &ip, "--port", &port.to_string()])
+                        .arg("--authorized-keys")
+                        .arg(&key)
+                        .stdin(Stdio::null())
+                        .output()
+                        .expect("run testbed.py host up");
+                    if out.status.success() {
+                        h.addr = Some((ip, port));
+                        h.up = true;
+                        break;
+                    }
+                    last = String::from_utf8_lossy(&out.stderr).into_owned();
+                }
+                assert!(h.up, "host {} did not come up:\n{last}", h.name);
+            }
+            let mut c = testbed();
+            c.arg("client").arg(&tb.client);
+            for h in &tb.hosts {
+                let (ip, port) = h.addr.as_ref().unwrap();
+                c.arg("--host")
+                    .arg(format!("{}={ip}:{port}:{}", h.name, h.dir.display()));
+            }
+            run(&mut c);
+        }
+        eprintln!(
+            "testbed: {} {} host(s) in {:.1}s at {}",
+            n_hosts,
+            if ssh { "ssh" } else { "local" },
+            t0.elapsed().as_secs_f64(),
+            base.display()
+        );
+        tb
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.root.as_ref().unwrap().path()
+    }
+
+    /// The real directory behind host `i`'s venv (inspect it directly).
+    pub fn host_venv_dir(&self, i: usize) -> &Path {
+        &self.hosts[i].venv_dir
+    }
+
+    /// Host `i`'s site-packages, seen from the test process.
+    pub fn site_packages(&self, i: usize) -> PathBuf {
+        self.hosts[i].venv_dir.join(SITE)
+    }
+
+    /// HOSTDIR of host `i`; `host_dir(i).join("root")` is its home (~/.cache/overlay...).
+    pub fn host_dir(&self, i: usize) -> &Path {
+        &self.hosts[i].dir
+    }
+
+    pub fn manifest_path(&self) -> PathBuf {
+        self.work.join("overlay.toml")
+    }
+
+    /// Write work/overlay.toml: the `[hosts.*]` tables, then `sets_toml`.
+    pub fn write_manifest(&self, sets_toml: &str) -> PathBuf {
+        let mut s = String::from("# written by tests/common/mod.rs\n");
+        for h in &self.hosts {
+            s.push_str(&format!("[hosts.{}]\n", h.name));
+            if h.addr.is_some() {
+                s.push_str(&format!("ssh = \"{}\"\n", h.name));
+            }
+            s.push_str(&format!("venv = \"{}\"\n\n", h.venv));
+        }
+        s.push_str(sets_toml);
+        s.push('\n');
+        let path = self.manifest_path();
+        fs::write(&path, s).unwrap();
+        path
+    }
+
+    /// `overlay ARGS` with HOME = the client dir, run in the work dir.
+    pub fn overlay(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_overlay"));
+        c.args(args)
+            .env("HOME", &self.client)
+            .env_remove("SSH_AUTH_SOCK")
+            .current_dir(&self.work)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// The system ssh client, to look at host `i` from the outside.
+    pub fn ssh(&self, i: usize, remote_cmd: &str) -> Command {
+        let ssh = self.client.join(".ssh");
+        let mut c = Command::new("ssh");
+        c.arg("-F")
+            .arg(ssh.join("config"))
+            .arg("-o")
+            .arg(format!(
+                "UserKnownHostsFile={}",
+                ssh.join("known_hosts").display()
+            ))
+            .arg("-i")
+            .arg(ssh.join("id_ed25519"))
+            .args(["-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes"])
+            .arg(&self.hosts[i].name)
+            .arg(remote_cmd)
+            .env_remove("SSH_AUTH_SOCK")
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// The reference plan from testbed.py record-plan between hosts `src`
+    /// and `dst`, for the sets of the current overlay.toml (write it first).
+    /// `{"sets":[{"name","changes":[{"path","action","size"}],"unchanged"}]}`;
+    /// action is add/replace/delete/keep.
+    pub fn record_plan(&self, src: usize, dst: usize) -> serde_json::Value {
+        let out = run(testbed()
+            .arg("record-plan")
+            .arg(&self.hosts[src].venv_dir)
+            .arg(&self.hosts[dst].venv_dir)
+            .arg("--manifest")
+            .arg(self.manifest_path())
+            .args([
+                "--src-at",
+                &self.hosts[src].venv,
+                "--dst-at",
+                &self.hosts[dst].venv,
+            ]));
+        serde_json::from_slice(&out.stdout).expect("record-plan prints JSON")
+    }
+
+    /// Stop host `i` (Drop does it for all).
+    pub fn stop(&mut self, i: usize) {
+        let h = &mut self.hosts[i];
+        if h.up {
+            h.up = false;
+            let out = testbed()
+                .args(["host", "down"])
+                .arg(&h.dir)
+                .stdin(Stdio::null())
+                .output();
+            match out {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => eprintln!(
+                    "testbed: host down {} failed: {}",
+                    h.dir.display(),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(e) => eprintln!("testbed: host down {}: {e}", h.dir.display()),
+            }
+        }
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        for i in 0..self.hosts.len() {
+            self.stop(i);
+        }
+        if std::env::var_os("OVERLAY_TESTBED_KEEP").is_some()
+            && let Some(root) = self.root.take()
+        {
+            let path = root.keep();
+            let _ = writeln!(std::io::stderr(), "testbed: kept {}", path.display());
+        }
+    }
+}
