@@ -22,7 +22,9 @@ use std::sync::mpsc;
 
 use sha2::{Digest, Sha256};
 
-use crate::agent::protocol::{Kind, Progress, Response, SendFile, ShebangRewrite, write_data, write_frame};
+use crate::agent::protocol::{
+    Kind, Progress, Response, SendFile, ShebangRewrite, write_data, write_frame,
+};
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::{Counters, Venv, hex, rewrite_shebang};
@@ -101,10 +103,21 @@ pub fn send(
     counters: &Counters,
 ) -> Result<(u64, u64)> {
     let venv = Venv::open(venv_root)?;
-    counters.total_files.store(files.len() as u64, Ordering::Relaxed);
-    counters.total_bytes.store(files.iter().map(|f| f.kind.size()).sum(), Ordering::Relaxed);
-    let mut frames = FrameWriter { out, buf: Vec::with_capacity(CHUNK * 2), sent: 0, frames: 0, counters };
-    let mut enc = zstd::stream::write::Encoder::new(&mut frames, level).map_err(|e| err!("zstd: {e}"))?;
+    counters
+        .total_files
+        .store(files.len() as u64, Ordering::Relaxed);
+    counters
+        .total_bytes
+        .store(files.iter().map(|f| f.kind.size()).sum(), Ordering::Relaxed);
+    let mut frames = FrameWriter {
+        out,
+        buf: Vec::with_capacity(CHUNK * 2),
+        sent: 0,
+        frames: 0,
+        counters,
+    };
+    let mut enc =
+        zstd::stream::write::Encoder::new(&mut frames, level).map_err(|e| err!("zstd: {e}"))?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let _ = enc.multithread(threads);
     let mut tar = tar::Builder::new(enc);
@@ -133,7 +146,8 @@ pub fn send(
                 h.set_entry_type(tar::EntryType::Symlink);
                 h.set_size(0);
                 h.set_mode(0o777);
-                tar.append_link(&mut h, &name, target).map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
+                tar.append_link(&mut h, &name, target)
+                    .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
             }
             Kind::File { size, mode, sha256 } => {
                 if !meta.is_file() {
@@ -142,36 +156,55 @@ pub fn send(
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_mode(*mode);
                 h.set_size(*size);
-                let file = File::open(&abs).map_err(|e| err!("Failed to read {}: {}", abs.display(), io_cause(&e)))?;
-                let digest = if rel.starts_with("bin/") && meta.len() < (1 << 20) && shebang.is_some() {
-                    let mut content = Vec::new();
-                    { file }.read_to_end(&mut content).map_err(|e| err!("Failed to read {}: {}", abs.display(), io_cause(&e)))?;
-                    let content = shebang.and_then(|rw| rewrite_shebang(&content, rw)).unwrap_or(content);
-                    if content.len() as u64 != *size {
-                        return Err(changed());
-                    }
-                    tar.append_data(&mut h, &name, &content[..]).map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
-                    hex(&Sha256::digest(&content))
-                } else {
-                    if meta.len() != *size {
-                        return Err(changed());
-                    }
-                    let mut r = HashingReader { inner: file.take(*size), hasher: Sha256::new() };
-                    tar.append_data(&mut h, &name, &mut r).map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
-                    hex(&r.hasher.finalize())
-                };
+                let file = File::open(&abs)
+                    .map_err(|e| err!("Failed to read {}: {}", abs.display(), io_cause(&e)))?;
+                let digest =
+                    if rel.starts_with("bin/") && meta.len() < (1 << 20) && shebang.is_some() {
+                        let mut content = Vec::new();
+                        { file }.read_to_end(&mut content).map_err(|e| {
+                            err!("Failed to read {}: {}", abs.display(), io_cause(&e))
+                        })?;
+                        let content = shebang
+                            .and_then(|rw| rewrite_shebang(&content, rw))
+                            .unwrap_or(content);
+                        if content.len() as u64 != *size {
+                            return Err(changed());
+                        }
+                        tar.append_data(&mut h, &name, &content[..])
+                            .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
+                        hex(&Sha256::digest(&content))
+                    } else {
+                        if meta.len() != *size {
+                            return Err(changed());
+                        }
+                        let mut r = HashingReader {
+                            inner: file.take(*size),
+                            hasher: Sha256::new(),
+                        };
+                        tar.append_data(&mut h, &name, &mut r)
+                            .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
+                        hex(&r.hasher.finalize())
+                    };
                 if sha256.as_deref() != Some(digest.as_str()) {
                     return Err(changed());
                 }
                 raw += size;
                 counters.bytes.fetch_add(*size, Ordering::Relaxed);
             }
-            other => return Err(err!("Cannot send {}: it is {other:?} in the plan", abs.display())),
+            other => {
+                return Err(err!(
+                    "Cannot send {}: it is {other:?} in the plan",
+                    abs.display()
+                ));
+            }
         }
         counters.files.fetch_add(1, Ordering::Relaxed);
     }
-    let enc = tar.into_inner().map_err(|e| err!("Failed to finish the stream: {e}"))?;
-    enc.finish().map_err(|e| err!("Failed to finish the stream: {e}"))?;
+    let enc = tar
+        .into_inner()
+        .map_err(|e| err!("Failed to finish the stream: {e}"))?;
+    enc.finish()
+        .map_err(|e| err!("Failed to finish the stream: {e}"))?;
     frames.flush().map_err(|e| err!("Failed to send: {e}"))?;
     Ok((raw, frames.sent))
 }
@@ -185,7 +218,11 @@ pub struct ChannelReader {
 
 impl ChannelReader {
     pub fn new(rx: mpsc::Receiver<Vec<u8>>) -> Self {
-        ChannelReader { rx, cur: Vec::new(), pos: 0 }
+        ChannelReader {
+            rx,
+            cur: Vec::new(),
+            pos: 0,
+        }
     }
 }
 
@@ -209,19 +246,37 @@ impl Read for ChannelReader {
 
 /// Target side: unpack the stream into `staging/<index>`, checking each
 /// file against the plan. Runs on its own thread, fed by [`ChannelReader`].
-pub fn unpack(g: &Generation, host_dir: &Path, input: ChannelReader, counters: &Counters) -> Result<(u64, u64)> {
+pub fn unpack(
+    g: &Generation,
+    host_dir: &Path,
+    input: ChannelReader,
+    counters: &Counters,
+) -> Result<(u64, u64)> {
     let staging = g.dir.join("staging");
     let is_root = rustix::process::geteuid().is_root();
     let dec = zstd::stream::read::Decoder::new(input).map_err(|e| err!("zstd: {e}"))?;
     let mut archive = tar::Archive::new(dec);
     let mut seen = vec![false; g.meta.changes.len()];
     let (mut files, mut bytes) = (0u64, 0u64);
-    let entries = archive.entries().map_err(|e| err!("Failed to read the stream: {e}"))?;
+    let entries = archive
+        .entries()
+        .map_err(|e| err!("Failed to read the stream: {e}"))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| err!("Failed to read the stream: {e}"))?;
-        let name = entry.path().map_err(|e| err!("bad entry in the stream: {e}"))?.to_string_lossy().into_owned();
-        let i: usize = name.parse().map_err(|_| err!("unexpected entry {name:?} in the stream"))?;
-        let c = g.meta.changes.get(i).filter(|c| c.action != Action::Delete).ok_or_else(|| err!("unexpected entry {i} in the stream"))?;
+        let name = entry
+            .path()
+            .map_err(|e| err!("bad entry in the stream: {e}"))?
+            .to_string_lossy()
+            .into_owned();
+        let i: usize = name
+            .parse()
+            .map_err(|_| err!("unexpected entry {name:?} in the stream"))?;
+        let c = g
+            .meta
+            .changes
+            .get(i)
+            .filter(|c| c.action != Action::Delete)
+            .ok_or_else(|| err!("unexpected entry {i} in the stream"))?;
         if std::mem::replace(&mut seen[i], true) {
             return Err(err!("entry {i} appears twice in the stream"));
         }
@@ -229,13 +284,25 @@ pub fn unpack(g: &Generation, host_dir: &Path, input: ChannelReader, counters: &
         let header = entry.header().clone();
         match (&c.source, header.entry_type()) {
             (Some(Kind::Symlink { target }), tar::EntryType::Symlink) => {
-                let link = entry.link_name().ok().flatten().map(|l| l.to_string_lossy().into_owned());
+                let link = entry
+                    .link_name()
+                    .ok()
+                    .flatten()
+                    .map(|l| l.to_string_lossy().into_owned());
                 if link.as_deref() != Some(target.as_str()) {
-                    return Err(err!("{} arrived with link target {link:?}, the plan says {target:?}", c.path));
+                    return Err(err!(
+                        "{} arrived with link target {link:?}, the plan says {target:?}",
+                        c.path
+                    ));
                 }
-                std::os::unix::fs::symlink(target, &dest).map_err(|e| stage_error(&dest, e, host_dir, g))?;
+                std::os::unix::fs::symlink(target, &dest)
+                    .map_err(|e| stage_error(&dest, e, host_dir, g))?;
                 if is_root {
-                    let _ = std::os::unix::fs::lchown(&dest, header.uid().ok().map(|u| u as u32), header.gid().ok().map(|u| u as u32));
+                    let _ = std::os::unix::fs::lchown(
+                        &dest,
+                        header.uid().ok().map(|u| u as u32),
+                        header.gid().ok().map(|u| u as u32),
+                    );
                 }
             }
             (Some(Kind::File { size, mode, sha256 }), tar::EntryType::Regular) => {
@@ -249,12 +316,15 @@ pub fn unpack(g: &Generation, host_dir: &Path, input: ChannelReader, counters: &
                 let mut buf = vec![0u8; 1 << 20];
                 let mut n_total = 0u64;
                 loop {
-                    let n = entry.read(&mut buf).map_err(|e| err!("Failed to read the stream: {e}"))?;
+                    let n = entry
+                        .read(&mut buf)
+                        .map_err(|e| err!("Failed to read the stream: {e}"))?;
                     if n == 0 {
                         break;
                     }
                     hasher.update(&buf[..n]);
-                    out.write_all(&buf[..n]).map_err(|e| stage_error(&dest, e, host_dir, g))?;
+                    out.write_all(&buf[..n])
+                        .map_err(|e| stage_error(&dest, e, host_dir, g))?;
                     n_total += n as u64;
                     counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
@@ -268,14 +338,23 @@ pub fn unpack(g: &Generation, host_dir: &Path, input: ChannelReader, counters: &
                     ));
                 }
                 if is_root {
-                    let _ = std::os::unix::fs::fchown(&out, header.uid().ok().map(|u| u as u32), header.gid().ok().map(|u| u as u32));
+                    let _ = std::os::unix::fs::fchown(
+                        &out,
+                        header.uid().ok().map(|u| u as u32),
+                        header.gid().ok().map(|u| u as u32),
+                    );
                 }
-                out.set_permissions(fs::Permissions::from_mode(*mode)).map_err(|e| stage_error(&dest, e, host_dir, g))?;
-                out.sync_all().map_err(|e| stage_error(&dest, e, host_dir, g))?;
+                out.set_permissions(fs::Permissions::from_mode(*mode))
+                    .map_err(|e| stage_error(&dest, e, host_dir, g))?;
+                out.sync_all()
+                    .map_err(|e| stage_error(&dest, e, host_dir, g))?;
                 bytes += size;
             }
             (expected, got) => {
-                return Err(err!("{} arrived as {got:?}, the plan expects {expected:?}", c.path));
+                return Err(err!(
+                    "{} arrived as {got:?}, the plan expects {expected:?}",
+                    c.path
+                ));
             }
         }
         files += 1;
@@ -290,7 +369,11 @@ pub fn unpack(g: &Generation, host_dir: &Path, input: ChannelReader, counters: &
         .map(|(_, c)| c.path.as_str())
         .collect();
     if !missing.is_empty() {
-        return Err(err!("The stream ended without {} file(s), e.g. {}", missing.len(), missing[0]));
+        return Err(err!(
+            "The stream ended without {} file(s), e.g. {}",
+            missing.len(),
+            missing[0]
+        ));
     }
     if let Ok(d) = File::open(&staging) {
         let _ = d.sync_all();
@@ -301,7 +384,13 @@ pub fn unpack(g: &Generation, host_dir: &Path, input: ChannelReader, counters: &
 /// Describe a write failure in staging; a full disk says how much is needed.
 fn stage_error(dest: &Path, e: std::io::Error, dir: &Path, g: &Generation) -> crate::error::Error {
     if e.raw_os_error() == Some(28) {
-        let need: u64 = g.meta.changes.iter().filter_map(|c| c.source.as_ref()).map(Kind::size).sum();
+        let need: u64 = g
+            .meta
+            .changes
+            .iter()
+            .filter_map(|c| c.source.as_ref())
+            .map(Kind::size)
+            .sum();
         let free = free_bytes(dir).unwrap_or(0);
         return err!(
             hint = "free space on that file system and run `overlay apply` again; the venv was not changed",

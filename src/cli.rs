@@ -20,7 +20,13 @@ pub struct Cli {
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
     /// The manifest that names hosts and package sets.
-    #[arg(long, short = 'm', global = true, default_value = "overlay.toml", env = "OVERLAY_MANIFEST")]
+    #[arg(
+        long,
+        short = 'm',
+        global = true,
+        default_value = "overlay.toml",
+        env = "OVERLAY_MANIFEST"
+    )]
     pub manifest: PathBuf,
 
     /// Trust and record a host key seen for the first time (never a changed one).
@@ -86,7 +92,12 @@ pub struct PlanArgs {
     pub check: bool,
 
     /// Where to save the plan.
-    #[arg(long, short = 'o', default_value = ".overlay/plan.json", value_name = "FILE")]
+    #[arg(
+        long,
+        short = 'o',
+        default_value = ".overlay/plan.json",
+        value_name = "FILE"
+    )]
     pub out: PathBuf,
 }
 

@@ -37,7 +37,12 @@ impl Venv {
         let rootp = PathBuf::from(root);
         match std::fs::metadata(&rootp) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(err!(hint = "check `venv` in the manifest", "venv {root} is not a directory")),
+            Ok(_) => {
+                return Err(err!(
+                    hint = "check `venv` in the manifest",
+                    "venv {root} is not a directory"
+                ));
+            }
             Err(e) => {
                 return Err(err!(
                     hint = "check `venv` in the manifest, or create it with `python3 -m venv`",
@@ -182,7 +187,10 @@ pub fn parse_record(text: &str, site_rel: &str) -> std::result::Result<Vec<Strin
             continue;
         }
         if row.len() != 3 {
-            return Err(format!("line {line}: expected 3 fields (path,hash,size), found {}", row.len()));
+            return Err(format!(
+                "line {line}: expected 3 fields (path,hash,size), found {}",
+                row.len()
+            ));
         }
         if venv_relative(site_rel, path).is_none() {
             return Err(format!("line {line}: path {path:?} escapes the venv"));
@@ -199,12 +207,15 @@ pub fn parse_record(text: &str, site_rel: &str) -> std::result::Result<Vec<Strin
 fn read_build(venv: &Venv, version: &str, files: &[String]) -> Option<String> {
     for f in files {
         let mut parts = f.split('/');
-        let (Some(_pkg), Some("version.py"), None) = (parts.next(), parts.next(), parts.next()) else {
+        let (Some(_pkg), Some("version.py"), None) = (parts.next(), parts.next(), parts.next())
+        else {
             continue;
         };
         let text = std::fs::read_to_string(venv.site().join(f)).ok()?;
         for line in text.lines() {
-            let Some(rest) = line.trim().strip_prefix("__version__") else { continue };
+            let Some(rest) = line.trim().strip_prefix("__version__") else {
+                continue;
+            };
             let rest = rest.trim_start().strip_prefix('=').map(str::trim)?;
             let v = rest.trim_matches(|c| c == '\'' || c == '"');
             if v != version && v.starts_with(version) && v[version.len()..].starts_with('+') {
@@ -234,17 +245,27 @@ fn scan_dist(venv: &Venv, dist_info: &str) -> Dist {
     match std::fs::read_to_string(dir.join("METADATA")) {
         Ok(text) => {
             let headers = parse_metadata(&text);
-            let get = |k: &str| headers.iter().find(|(h, _)| h.eq_ignore_ascii_case(k)).map(|(_, v)| v.clone());
+            let get = |k: &str| {
+                headers
+                    .iter()
+                    .find(|(h, _)| h.eq_ignore_ascii_case(k))
+                    .map(|(_, v)| v.clone())
+            };
             match (get("Name"), get("Version")) {
                 (Some(n), Some(v)) if !n.is_empty() && !v.is_empty() => {
                     dist.normalized = normalize_name(&n);
                     dist.name = n;
                     dist.version = v;
                 }
-                _ => problems.push(format!("{dist_info}/METADATA has no Name or Version header")),
+                _ => problems.push(format!(
+                    "{dist_info}/METADATA has no Name or Version header"
+                )),
             }
         }
-        Err(e) => problems.push(format!("{dist_info}/METADATA cannot be read: {}", io_cause(&e))),
+        Err(e) => problems.push(format!(
+            "{dist_info}/METADATA cannot be read: {}",
+            io_cause(&e)
+        )),
     }
     let mut files = BTreeSet::new();
     match std::fs::read_to_string(dir.join("RECORD")) {
@@ -252,11 +273,19 @@ fn scan_dist(venv: &Venv, dist_info: &str) -> Dist {
             Ok(paths) => files.extend(paths),
             Err(e) => problems.push(format!("{dist_info}/RECORD {e}")),
         },
-        Err(e) => problems.push(format!("{dist_info}/RECORD cannot be read: {}", io_cause(&e))),
+        Err(e) => problems.push(format!(
+            "{dist_info}/RECORD cannot be read: {}",
+            io_cause(&e)
+        )),
     }
     // Everything inside the dist-info directory belongs to the distribution,
     // listed in RECORD or not (INSTALLER, REQUESTED, direct_url.json...).
-    for e in walkdir::WalkDir::new(&dir).min_depth(1).follow_links(false).into_iter().flatten() {
+    for e in walkdir::WalkDir::new(&dir)
+        .min_depth(1)
+        .follow_links(false)
+        .into_iter()
+        .flatten()
+    {
         if e.file_type().is_dir() {
             continue;
         }
@@ -289,8 +318,13 @@ fn glob_base(glob: &str) -> &str {
 pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
     let venv = Venv::open(venv_root)?;
     let site = venv.site();
-    let rd = std::fs::read_dir(&site)
-        .map_err(|e| err!("site-packages {} cannot be read: {}", site.display(), io_cause(&e)))?;
+    let rd = std::fs::read_dir(&site).map_err(|e| {
+        err!(
+            "site-packages {} cannot be read: {}",
+            site.display(),
+            io_cause(&e)
+        )
+    })?;
     let mut infos: Vec<String> = rd
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
@@ -303,7 +337,10 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
     let mut globs = Vec::new();
     for g in file_globs {
         if venv_relative(&venv.site_rel, g).is_none_or(|r| !r.starts_with(&venv.site_rel)) {
-            return Err(err!(hint = "file globs are relative to site-packages", "file glob {g:?} escapes site-packages"));
+            return Err(err!(
+                hint = "file globs are relative to site-packages",
+                "file glob {g:?} escapes site-packages"
+            ));
         }
         let matcher = globset::GlobBuilder::new(g)
             .literal_separator(true)
@@ -312,14 +349,26 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
             .compile_matcher();
         let base = glob_base(g);
         let mut found = Vec::new();
-        let start = if base.is_empty() { site.clone() } else { site.join(base) };
+        let start = if base.is_empty() {
+            site.clone()
+        } else {
+            site.join(base)
+        };
         if start.exists() {
-            let walker = walkdir::WalkDir::new(&start).follow_links(false).sort_by_file_name();
-            for e in walker.into_iter().filter_entry(|e| e.file_name() != "__pycache__").flatten() {
+            let walker = walkdir::WalkDir::new(&start)
+                .follow_links(false)
+                .sort_by_file_name();
+            for e in walker
+                .into_iter()
+                .filter_entry(|e| e.file_name() != "__pycache__")
+                .flatten()
+            {
                 if e.file_type().is_dir() {
                     continue;
                 }
-                let Ok(rel) = e.path().strip_prefix(&site) else { continue };
+                let Ok(rel) = e.path().strip_prefix(&site) else {
+                    continue;
+                };
                 let Some(rel) = rel.to_str() else { continue };
                 if matcher.is_match(rel) {
                     found.push(rel.to_string());
@@ -358,7 +407,11 @@ pub fn rewrite_shebang(content: &[u8], rw: &ShebangRewrite) -> Option<Vec<u8>> {
 }
 
 /// Hash a file, optionally with its shebang rewritten. Returns (size, sha256 hex).
-pub fn hash_file(path: &Path, shebang: Option<&ShebangRewrite>, counters: &Counters) -> std::io::Result<(u64, String)> {
+pub fn hash_file(
+    path: &Path,
+    shebang: Option<&ShebangRewrite>,
+    counters: &Counters,
+) -> std::io::Result<(u64, String)> {
     let mut f = std::fs::File::open(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -390,10 +443,12 @@ pub fn hash_file(path: &Path, shebang: Option<&ShebangRewrite>, counters: &Count
 
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// Stat (and optionally hash) paths relative to site-packages.
@@ -413,20 +468,38 @@ pub fn stat(
         let (abs, rel) = venv.resolve(p)?;
         resolved.push((p, abs, rel));
     }
-    let metas: Vec<_> = resolved.par_iter().map(|(_, abs, _)| std::fs::symlink_metadata(abs)).collect();
-    let total: u64 = metas.iter().flatten().filter(|m| m.is_file()).map(|m| m.len()).sum();
-    counters.total_files.store(paths.len() as u64, Ordering::Relaxed);
-    counters.total_bytes.store(if hash { total } else { 0 }, Ordering::Relaxed);
+    let metas: Vec<_> = resolved
+        .par_iter()
+        .map(|(_, abs, _)| std::fs::symlink_metadata(abs))
+        .collect();
+    let total: u64 = metas
+        .iter()
+        .flatten()
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+    counters
+        .total_files
+        .store(paths.len() as u64, Ordering::Relaxed);
+    counters
+        .total_bytes
+        .store(if hash { total } else { 0 }, Ordering::Relaxed);
 
     // Bytecode listing, one readdir per __pycache__ directory.
     let mut pyc_dirs: HashMap<PathBuf, Vec<String>> = HashMap::new();
     if pycache {
         for (p, abs, _) in &resolved {
-            if p.ends_with(".py") && let Some(parent) = abs.parent() {
+            if p.ends_with(".py")
+                && let Some(parent) = abs.parent()
+            {
                 let dir = parent.join("__pycache__");
                 pyc_dirs.entry(dir.clone()).or_insert_with(|| {
                     std::fs::read_dir(&dir)
-                        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                        .map(|rd| {
+                            rd.flatten()
+                                .map(|e| e.file_name().to_string_lossy().into_owned())
+                                .collect()
+                        })
                         .unwrap_or_default()
                 });
             }
@@ -453,9 +526,14 @@ pub fn stat(
                 Ok(m) if m.is_file() => {
                     let mode = m.permissions().mode() & 0o7777;
                     if hash {
-                        let rw = if rel.starts_with(bin_prefix) { shebang } else { None };
-                        let (size, sha) = hash_file(abs, rw, counters)
-                            .map_err(|e| err!("Failed to read {}: {}", abs.display(), io_cause(&e)))?;
+                        let rw = if rel.starts_with(bin_prefix) {
+                            shebang
+                        } else {
+                            None
+                        };
+                        let (size, sha) = hash_file(abs, rw, counters).map_err(|e| {
+                            err!("Failed to read {}: {}", abs.display(), io_cause(&e))
+                        })?;
                         Kind::File {
                             size,
                             mode,
@@ -473,7 +551,10 @@ pub fn stat(
             };
             counters.files.fetch_add(1, Ordering::Relaxed);
             let mut pyc = Vec::new();
-            if let (true, Some(stem)) = (p.ends_with(".py"), p.rsplit('/').next().and_then(|f| f.strip_suffix(".py"))) {
+            if let (true, Some(stem)) = (
+                p.ends_with(".py"),
+                p.rsplit('/').next().and_then(|f| f.strip_suffix(".py")),
+            ) {
                 let dir_rel = match p.rsplit_once('/') {
                     Some((d, _)) => format!("{d}/__pycache__"),
                     None => "__pycache__".to_string(),
@@ -483,7 +564,10 @@ pub fn stat(
                 {
                     let want = format!("{stem}.");
                     for n in names {
-                        if n.starts_with(&want) && n.ends_with(".pyc") && n[want.len()..].find('.').is_some() {
+                        if n.starts_with(&want)
+                            && n.ends_with(".pyc")
+                            && n[want.len()..].find('.').is_some()
+                        {
                             pyc.push(format!("{dir_rel}/{n}"));
                         }
                     }
@@ -508,8 +592,14 @@ mod tests {
 
     #[test]
     fn relative_paths_stay_in_the_venv() {
-        assert_eq!(venv_relative(SITE, "torch/__init__.py").unwrap(), "lib/python3.11/site-packages/torch/__init__.py");
-        assert_eq!(venv_relative(SITE, "../../../bin/torchrun").unwrap(), "bin/torchrun");
+        assert_eq!(
+            venv_relative(SITE, "torch/__init__.py").unwrap(),
+            "lib/python3.11/site-packages/torch/__init__.py"
+        );
+        assert_eq!(
+            venv_relative(SITE, "../../../bin/torchrun").unwrap(),
+            "bin/torchrun"
+        );
         assert_eq!(venv_relative(SITE, "../../../../etc/passwd"), None);
         assert_eq!(venv_relative(SITE, "/etc/passwd"), None);
         assert_eq!(venv_relative(SITE, "a/../../../../../x"), None);
@@ -520,7 +610,15 @@ mod tests {
     fn record_parsing() {
         let rec = "torch/__init__.py,sha256=abc,12\ntorch/__pycache__/__init__.cpython-311.pyc,,\n\"we,ird.py\",sha256=x,1\n../../../bin/torchrun,sha256=y,5\ntorch-2.dist-info/RECORD,,\n";
         let paths = parse_record(rec, SITE).unwrap();
-        assert_eq!(paths, ["torch/__init__.py", "we,ird.py", "../../../bin/torchrun", "torch-2.dist-info/RECORD"]);
+        assert_eq!(
+            paths,
+            [
+                "torch/__init__.py",
+                "we,ird.py",
+                "../../../bin/torchrun",
+                "torch-2.dist-info/RECORD"
+            ]
+        );
         let e = parse_record("a.py,,\n../../../../etc/passwd,sha256=x,1\n", SITE).unwrap_err();
         assert!(e.starts_with("line 2:") && e.contains("escapes"), "{e}");
         let e = parse_record("a.py,sha256=x\n", SITE).unwrap_err();
@@ -529,7 +627,9 @@ mod tests {
 
     #[test]
     fn metadata_headers() {
-        let h = parse_metadata("Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\nSummary: a\n  continued\n\nName: body\n");
+        let h = parse_metadata(
+            "Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\nSummary: a\n  continued\n\nName: body\n",
+        );
         assert_eq!(h[1], ("Name".into(), "torch".into()));
         assert_eq!(h[3].1, "a\ncontinued");
         assert_eq!(h.len(), 4);
@@ -541,14 +641,20 @@ mod tests {
             from: "/a/venv".into(),
             to: "/b/v".into(),
         };
-        assert_eq!(rewrite_shebang(b"#!/a/venv/bin/python3\nx", &rw).unwrap(), b"#!/b/v/bin/python3\nx");
+        assert_eq!(
+            rewrite_shebang(b"#!/a/venv/bin/python3\nx", &rw).unwrap(),
+            b"#!/b/v/bin/python3\nx"
+        );
         assert!(rewrite_shebang(b"#!/usr/bin/python3\n", &rw).is_none());
         assert!(rewrite_shebang(b"#!/a/venv2/bin/python3\n", &rw).is_none());
     }
 
     #[test]
     fn glob_bases() {
-        assert_eq!(glob_base("sglang/srt/speculative/ddtree_*.py"), "sglang/srt/speculative");
+        assert_eq!(
+            glob_base("sglang/srt/speculative/ddtree_*.py"),
+            "sglang/srt/speculative"
+        );
         assert_eq!(glob_base("*.pth"), "");
         assert_eq!(glob_base("a/b.py"), "a");
     }

@@ -85,10 +85,14 @@ pub enum Status {
     RolledBack,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RollbackReport {
     /// Generations rolled back, newest first.
     pub generations: Vec<String>,
+    /// Set when the rollback finished an interrupted apply instead.
+    pub recovered: Option<String>,
+    /// Files placed by the apply and edited since: kept, not deleted.
+    pub kept_edited: Vec<String>,
     pub restored: u64,
     pub removed: u64,
     /// Paths checked against the listing from before the apply.
@@ -139,7 +143,10 @@ pub struct State {
 fn crash_hook() {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNT: AtomicU64 = AtomicU64::new(0);
-    if let Some(n) = std::env::var("OVERLAY_TEST_STOP_AFTER").ok().and_then(|v| v.parse::<u64>().ok()) {
+    if let Some(n) = std::env::var("OVERLAY_TEST_STOP_AFTER")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
         if COUNT.fetch_add(1, Ordering::SeqCst) + 1 >= n {
             std::process::exit(137);
         }
@@ -187,7 +194,9 @@ impl State {
         loop {
             match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => break,
-                Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(100)),
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(100))
+                }
                 Err(_) => {
                     return Err(err!(
                         hint = "wait for the other overlay apply or rollback to finish, then run again",
@@ -197,7 +206,12 @@ impl State {
                 }
             }
         }
-        Ok(State { venv, root, dir, _lock: lock })
+        Ok(State {
+            venv,
+            root,
+            dir,
+            _lock: lock,
+        })
     }
 
     fn gen_dir(&self, id: &str) -> PathBuf {
@@ -221,9 +235,15 @@ impl State {
     pub fn load(&self, id: &str) -> Result<Generation> {
         let dir = self.gen_dir(id);
         let text = fs::read_to_string(dir.join("meta.json")).map_err(|e| {
-            err!(hint = "run `overlay history HOST` to list generations", "No generation {id} in {}: {}", self.dir.display(), io_cause(&e))
+            err!(
+                hint = "run `overlay history HOST` to list generations",
+                "No generation {id} in {}: {}",
+                self.dir.display(),
+                io_cause(&e)
+            )
         })?;
-        let meta: Meta = serde_json::from_str(&text).map_err(|e| err!("{}/meta.json is damaged: {e}", dir.display()))?;
+        let meta: Meta = serde_json::from_str(&text)
+            .map_err(|e| err!("{}/meta.json is damaged: {e}", dir.display()))?;
         let records = read_journal(&dir.join("journal"))?;
         Ok(Generation { dir, meta, records })
     }
@@ -244,7 +264,12 @@ impl State {
                         cur.display()
                     ));
                 }
-                Ok(m) if !m.is_dir() => return Err(err!("Refusing to write {path}: {} is not a directory", cur.display())),
+                Ok(m) if !m.is_dir() => {
+                    return Err(err!(
+                        "Refusing to write {path}: {} is not a directory",
+                        cur.display()
+                    ));
+                }
                 _ => {}
             }
         }
@@ -280,19 +305,29 @@ impl State {
             let shown: Vec<&str> = drift.iter().take(5).map(String::as_str).collect();
             return Err(err!(
                 hint = "the target changed since the plan was made; run `overlay plan` again, then apply the new plan",
-                "The target venv {} has drifted since the plan: {} path{} differ ({}{})",
+                "The target venv {} has drifted since the plan: {} path{} ({}{})",
                 req.venv,
                 drift.len(),
-                if drift.len() == 1 { "" } else { "s" },
+                if drift.len() == 1 {
+                    " differs"
+                } else {
+                    "s differ"
+                },
                 shown.join(", "),
                 if drift.len() > 5 { ", ..." } else { "" }
             ));
         }
         // Free space: new files are staged in full before anything is switched.
-        let need: u64 = req.changes.iter().filter(|c| c.action != Action::Delete).map(|c| c.source.as_ref().map_or(0, Kind::size)).sum();
+        let need: u64 = req
+            .changes
+            .iter()
+            .filter(|c| c.action != Action::Delete)
+            .map(|c| c.source.as_ref().map_or(0, Kind::size))
+            .sum();
         let free = free_bytes(&self.dir)?;
         let margin = 16 << 20;
-        if need + margin > free {
+        // Test hook: OVERLAY_TEST_SKIP_SPACE_CHECK lets the disk fill up while staging.
+        if need + margin > free && std::env::var_os("OVERLAY_TEST_SKIP_SPACE_CHECK").is_none() {
             return Err(err!(
                 hint = "free space on that file system, then run `overlay apply` again",
                 "Not enough space for the apply in {}: {} bytes needed (plus {} margin), {} free",
@@ -303,9 +338,24 @@ impl State {
             ));
         }
         let created = now();
-        let id = format!("{}-{:04x}", format_time(created), std::process::id() & 0xffff);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let id = format!(
+            "{}-{:04x}",
+            format_time(created),
+            (nanos ^ std::process::id()) & 0xffff
+        );
         let dir = self.gen_dir(&id);
-        fs::DirBuilder::new().mode(0o700).recursive(true).create(dir.join("staging")).map_err(io(format_args!("create {}", dir.display())))?;
+        // Not recursive: an existing directory of that name is an error, never reused.
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io(format_args!("create {}", dir.display())))?;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir.join("staging"))
+            .map_err(io(format_args!("create {}", dir.display())))?;
         let meta = Meta {
             id: id.clone(),
             created,
@@ -315,10 +365,20 @@ impl State {
             backup: req.backup,
             changes: req.changes.clone(),
         };
-        write_synced(&dir.join("before.json"), &serde_json::to_vec(&now_entries).expect("serializes"))?;
-        write_synced(&dir.join("meta.json"), &serde_json::to_vec_pretty(&meta).expect("serializes"))?;
+        write_synced(
+            &dir.join("before.json"),
+            &serde_json::to_vec(&now_entries).expect("serializes"),
+        )?;
+        write_synced(
+            &dir.join("meta.json"),
+            &serde_json::to_vec_pretty(&meta).expect("serializes"),
+        )?;
         fsync_dir(&dir);
-        let mut g = Generation { dir, meta, records: Vec::new() };
+        let mut g = Generation {
+            dir,
+            meta,
+            records: Vec::new(),
+        };
         g.append(Record::Prepared)?;
         Ok(g)
     }
@@ -332,12 +392,18 @@ impl State {
             let target = self.target_path(&c.path)?;
             let staged = g.dir.join("staging").join(i.to_string());
             let backup = self.backup_path(g, &c.path)?;
-            if c.action != Action::Add && lexists(&target) && !lexists(&backup) && !(c.action == Action::Replace && !lexists(&staged) && g.placed(i)) {
+            if c.action != Action::Add
+                && lexists(&target)
+                && !lexists(&backup)
+                && !(c.action == Action::Replace && !lexists(&staged) && g.placed(i))
+            {
                 g.append(Record::Move { i })?;
                 if let Some(parent) = backup.parent() {
-                    fs::create_dir_all(parent).map_err(io(format_args!("create {}", parent.display())))?;
+                    fs::create_dir_all(parent)
+                        .map_err(io(format_args!("create {}", parent.display())))?;
                 }
-                fs::rename(&target, &backup).map_err(io(format_args!("move {} to the backup", target.display())))?;
+                fs::rename(&target, &backup)
+                    .map_err(io(format_args!("move {} to the backup", target.display())))?;
             }
             if c.action != Action::Delete && lexists(&staged) {
                 // Create missing parents, journalled so that rollback removes them.
@@ -351,13 +417,18 @@ impl State {
                     p = dir.parent();
                 }
                 for dir in missing.into_iter().rev() {
-                    let rel = dir.strip_prefix(&self.root).expect("below root").to_string_lossy().into_owned();
+                    let rel = dir
+                        .strip_prefix(&self.root)
+                        .expect("below root")
+                        .to_string_lossy()
+                        .into_owned();
                     g.append(Record::Mkdir { dir: rel })?;
                     fs::create_dir(&dir).map_err(io(format_args!("create {}", dir.display())))?;
                     created_dirs.insert(dir);
                 }
                 g.append(Record::Place { i })?;
-                fs::rename(&staged, &target).map_err(io(format_args!("put {} in place", target.display())))?;
+                fs::rename(&staged, &target)
+                    .map_err(io(format_args!("put {} in place", target.display())))?;
             }
             changed += 1;
         }
@@ -377,12 +448,21 @@ impl State {
         let mut dirs: Vec<PathBuf> = dirs.into_iter().collect();
         dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
         for dir in dirs {
-            let Ok(meta) = fs::symlink_metadata(&dir) else { continue };
+            let Ok(meta) = fs::symlink_metadata(&dir) else {
+                continue;
+            };
             if !meta.is_dir() || fs::read_dir(&dir).map_or(true, |mut rd| rd.next().is_some()) {
                 continue;
             }
-            let rel = dir.strip_prefix(&self.root).expect("below root").to_string_lossy().into_owned();
-            g.append(Record::Rmdir { dir: rel, mode: meta.permissions().mode() & 0o7777 })?;
+            let rel = dir
+                .strip_prefix(&self.root)
+                .expect("below root")
+                .to_string_lossy()
+                .into_owned();
+            g.append(Record::Rmdir {
+                dir: rel,
+                mode: meta.permissions().mode() & 0o7777,
+            })?;
             fs::remove_dir(&dir).map_err(io(format_args!("remove empty {}", dir.display())))?;
         }
         fsync_dir(&site);
@@ -393,7 +473,14 @@ impl State {
     /// Re-hash every changed path and compare it with the plan.
     pub fn check(&self, g: &mut Generation, counters: &Counters) -> Result<()> {
         let paths: Vec<String> = g.meta.changes.iter().map(|c| c.path.clone()).collect();
-        let now = crate::inventory::stat(&self.venv.root.to_string_lossy(), &paths, true, None, false, counters)?;
+        let now = crate::inventory::stat(
+            &self.venv.root.to_string_lossy(),
+            &paths,
+            true,
+            None,
+            false,
+            counters,
+        )?;
         let bad: Vec<&str> = g
             .meta
             .changes
@@ -407,9 +494,9 @@ impl State {
             .collect();
         if !bad.is_empty() {
             return Err(err!(
-                "After the switch, {} path{} do not match the plan: {}",
+                "After the switch, {} path{} not match the plan: {}",
                 bad.len(),
-                if bad.len() == 1 { "" } else { "s" },
+                if bad.len() == 1 { " does" } else { "s do" },
                 bad.iter().take(5).copied().collect::<Vec<_>>().join(", ")
             ));
         }
@@ -424,15 +511,18 @@ impl State {
             let _ = fs::remove_dir_all(g.dir.join("backup"));
         }
         match keep {
-            Some(n) => self.prune(n),
+            // Never prune the generation just made.
+            Some(n) => self.prune(n.max(1)),
             None => Ok(Vec::new()),
         }
     }
 
-    /// Undo a generation, whatever state it is in. Returns (restored, removed).
-    pub fn undo(&self, g: &mut Generation) -> Result<(u64, u64)> {
+    /// Undo a generation, whatever state it is in. The backup folder is
+    /// kept until [`State::finish_undo`] has verified the result.
+    pub fn undo(&self, g: &mut Generation) -> Result<Undone> {
+        let mut out = Undone::default();
         if g.status() == Status::RolledBack {
-            return Ok((0, 0));
+            return Ok(out);
         }
         if g.status() == Status::Complete && !g.meta.backup {
             return Err(err!(
@@ -442,25 +532,48 @@ impl State {
             ));
         }
         g.append(Record::RollbackBegin)?;
-        let (mut restored, mut removed) = (0, 0);
         let undone = g.dir.join("undone");
         // Bytecode compiled from the new .py files since the switch would be
         // stale once the old ones are back (same size and mtime is possible):
         // remove it; the backup brings back the old bytecode.
-        let journalled: BTreeSet<&str> = g.meta.changes.iter().filter(|c| c.bytecode).map(|c| c.path.as_str()).collect();
-        for c in g.meta.changes.iter().filter(|c| !c.bytecode && c.path.ends_with(".py")) {
+        let journalled: BTreeSet<&str> = g
+            .meta
+            .changes
+            .iter()
+            .filter(|c| c.bytecode)
+            .map(|c| c.path.as_str())
+            .collect();
+        for c in g
+            .meta
+            .changes
+            .iter()
+            .filter(|c| !c.bytecode && c.path.ends_with(".py"))
+        {
             let target = self.target_path(&c.path)?;
-            let (Some(dir), Some(stem)) = (target.parent(), c.path.rsplit('/').next().and_then(|f| f.strip_suffix(".py"))) else {
+            let (Some(dir), Some(stem)) = (
+                target.parent(),
+                c.path
+                    .rsplit('/')
+                    .next()
+                    .and_then(|f| f.strip_suffix(".py")),
+            ) else {
                 continue;
             };
             let want = format!("{stem}.");
-            for e in fs::read_dir(dir.join("__pycache__")).into_iter().flatten().flatten() {
+            for e in fs::read_dir(dir.join("__pycache__"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let rel = match c.path.rsplit_once('/') {
                     Some((d, _)) => format!("{d}/__pycache__/{name}"),
                     None => format!("__pycache__/{name}"),
                 };
-                if name.starts_with(&want) && name.ends_with(".pyc") && !journalled.contains(rel.as_str()) {
+                if name.starts_with(&want)
+                    && name.ends_with(".pyc")
+                    && !journalled.contains(rel.as_str())
+                {
                     let _ = fs::remove_file(e.path());
                 }
             }
@@ -473,10 +586,22 @@ impl State {
                     let target = self.target_path(&c.path)?;
                     let staged = g.dir.join("staging").join(i.to_string());
                     if !lexists(&staged) && lexists(&target) {
-                        // Keep what we take out until the rollback is done.
+                        // A file edited since the apply is kept (in undone/), never lost.
+                        if let Some(Kind::File {
+                            sha256: Some(want), ..
+                        }) = &c.source
+                        {
+                            let now =
+                                crate::inventory::hash_file(&target, None, &Counters::default())
+                                    .ok();
+                            if now.is_some_and(|(_, h)| &h != want) {
+                                out.edited.push(c.path.clone());
+                            }
+                        }
                         fs::create_dir_all(&undone).map_err(io("create the undo folder"))?;
-                        fs::rename(&target, undone.join(i.to_string())).map_err(io(format_args!("remove {}", target.display())))?;
-                        removed += 1;
+                        fs::rename(&target, undone.join(i.to_string()))
+                            .map_err(io(format_args!("remove {}", target.display())))?;
+                        out.removed += 1;
                     }
                 }
                 Record::Move { i } => {
@@ -489,10 +614,12 @@ impl State {
                     }
                     if lexists(&backup) && !lexists(&target) {
                         if let Some(parent) = target.parent() {
-                            fs::create_dir_all(parent).map_err(io(format_args!("re-create {}", parent.display())))?;
+                            fs::create_dir_all(parent)
+                                .map_err(io(format_args!("re-create {}", parent.display())))?;
                         }
-                        fs::rename(&backup, &target).map_err(io(format_args!("restore {}", target.display())))?;
-                        restored += 1;
+                        fs::rename(&backup, &target)
+                            .map_err(io(format_args!("restore {}", target.display())))?;
+                        out.restored += 1;
                     }
                 }
                 Record::Mkdir { dir } => {
@@ -501,7 +628,10 @@ impl State {
                 Record::Rmdir { dir, mode } => {
                     let d = self.root.join(dir);
                     if !lexists(&d) {
-                        fs::DirBuilder::new().mode(*mode).create(&d).map_err(io(format_args!("re-create {}", d.display())))?;
+                        fs::DirBuilder::new()
+                            .mode(*mode)
+                            .create(&d)
+                            .map_err(io(format_args!("re-create {}", d.display())))?;
                         let _ = fs::set_permissions(&d, fs::Permissions::from_mode(*mode));
                     }
                 }
@@ -510,18 +640,36 @@ impl State {
         }
         fsync_dir(&self.root.join(&self.venv.site_rel));
         g.append(Record::RolledBack)?;
-        let _ = fs::remove_dir_all(&undone);
         let _ = fs::remove_dir_all(g.dir.join("staging"));
+        Ok(out)
+    }
+
+    /// Check an undone generation against the listing from before it; only
+    /// then drop its backup (and the files taken out, unless edited since).
+    pub fn finish_undo(&self, g: &Generation, undone: &Undone, counters: &Counters) -> Result<u64> {
+        let n = self.verify_before(g, counters)?;
         let _ = fs::remove_dir_all(g.dir.join("backup"));
-        Ok((restored, removed))
+        if undone.edited.is_empty() {
+            let _ = fs::remove_dir_all(g.dir.join("undone"));
+        }
+        Ok(n)
     }
 
     /// Compare the touched paths with the listing from before the apply.
     pub fn verify_before(&self, g: &Generation, counters: &Counters) -> Result<u64> {
-        let text = fs::read(g.dir.join("before.json")).map_err(io("read the listing from before the apply"))?;
-        let before: Vec<Entry> = serde_json::from_slice(&text).map_err(|e| err!("before.json is damaged: {e}"))?;
+        let text = fs::read(g.dir.join("before.json"))
+            .map_err(io("read the listing from before the apply"))?;
+        let before: Vec<Entry> =
+            serde_json::from_slice(&text).map_err(|e| err!("before.json is damaged: {e}"))?;
         let paths: Vec<String> = before.iter().map(|e| e.path.clone()).collect();
-        let now = crate::inventory::stat(&self.venv.root.to_string_lossy(), &paths, true, None, false, counters)?;
+        let now = crate::inventory::stat(
+            &self.venv.root.to_string_lossy(),
+            &paths,
+            true,
+            None,
+            false,
+            counters,
+        )?;
         let bad: Vec<&str> = before
             .iter()
             .zip(&now)
@@ -530,12 +678,19 @@ impl State {
             .collect();
         if !bad.is_empty() {
             return Err(err!(
-                "After the rollback, {} path{} differ from before the apply: {}",
+                "After the rollback, {} path{} from before the apply: {}",
                 bad.len(),
-                if bad.len() == 1 { "" } else { "s" },
+                if bad.len() == 1 {
+                    " differs"
+                } else {
+                    "s differ"
+                },
                 bad.iter().take(5).copied().collect::<Vec<_>>().join(", ")
             )
-            .hint(format!("inspect these paths; the generation's journal is kept in {}", g.dir.display())));
+            .hint(format!(
+                "inspect these paths; the generation's journal is kept in {}",
+                g.dir.display()
+            )));
         }
         Ok(paths.len() as u64)
     }
@@ -552,15 +707,18 @@ impl State {
     }
 
     /// Finish an interrupted generation: roll it back, or resume the switch
-    /// when its files were all staged. Returns what was done.
-    pub fn recover(&self, resume: bool, counters: &Counters) -> Result<Option<String>> {
-        let Some(mut g) = self.unfinished()? else { return Ok(None) };
+    /// when its files were all staged. Returns its id and what was done.
+    pub fn recover(&self, resume: bool, counters: &Counters) -> Result<Option<(String, String)>> {
+        let Some(mut g) = self.unfinished()? else {
+            return Ok(None);
+        };
         let id = g.meta.id.clone();
         let status = g.status();
-        if resume {
+        let rolling_back = g.records.contains(&Record::RollbackBegin);
+        if resume && !rolling_back {
             if matches!(status, Status::Prepared) {
                 return Err(err!(
-                    hint = "run `overlay apply` without --resume: the interrupted generation is rolled back, then applied anew",
+                    hint = "run `overlay apply` without --resume: the interrupted generation is discarded, then applied anew",
                     "Generation {id} was interrupted while its files were still streaming; it cannot be resumed"
                 ));
             }
@@ -569,23 +727,43 @@ impl State {
             }
             self.check(&mut g, counters)?;
             self.commit(&mut g, None)?;
-            return Ok(Some(format!("resumed and completed the interrupted generation {id}")));
+            return Ok(Some((
+                id.clone(),
+                format!("resumed and completed the interrupted generation {id}"),
+            )));
         }
         if matches!(status, Status::Prepared | Status::Staged) {
             // Nothing in the venv changed: drop the generation entirely.
             fs::remove_dir_all(&g.dir).map_err(io(format_args!("remove {}", g.dir.display())))?;
-            return Ok(Some(format!("discarded the interrupted generation {id} (nothing had been switched)")));
+            return Ok(Some((
+                id.clone(),
+                format!("discarded the interrupted generation {id} (nothing had been switched)"),
+            )));
         }
-        self.undo(&mut g)?;
-        let n = self.verify_before(&g, counters)?;
-        Ok(Some(format!("rolled back the interrupted generation {id}; {n} paths match the listing from before it")))
+        let undone = self.undo(&mut g)?;
+        let n = self.finish_undo(&g, &undone, counters)?;
+        let what = if rolling_back {
+            "finished the interrupted rollback of"
+        } else {
+            "rolled back the interrupted generation"
+        };
+        Ok(Some((
+            id,
+            format!(
+                "{what} {}; {n} paths match the listing from before it",
+                g.meta.id
+            ),
+        )))
     }
 
     /// Roll back the newest complete generations down to and including `to`.
     pub fn rollback(&self, to: Option<&str>, counters: &Counters) -> Result<RollbackReport> {
-        let mut report = RollbackReport { generations: vec![], restored: 0, removed: 0, verified: 0 };
-        if let Some(msg) = self.recover(false, counters)? {
-            report.generations.push(msg);
+        let mut report = RollbackReport::default();
+        if let Some((id, msg)) = self.recover(false, counters)? {
+            // An interrupted apply is what the user wants undone: stop there.
+            report.generations.push(id);
+            report.recovered = Some(msg);
+            return Ok(report);
         }
         let live: Vec<String> = self
             .generation_ids()
@@ -593,10 +771,11 @@ impl State {
             .filter(|id| self.load(id).is_ok_and(|g| g.status() == Status::Complete))
             .collect();
         let Some(newest) = live.last().cloned() else {
-            if !report.generations.is_empty() {
-                return Ok(report);
-            }
-            return Err(err!(hint = "`overlay history HOST` lists generations", "Nothing to roll back in {}: no applied generation", self.root.display()));
+            return Err(err!(
+                hint = "`overlay history HOST` lists generations",
+                "Nothing to roll back in {}: no applied generation",
+                self.root.display()
+            ));
         };
         let to = to.map(str::to_string).unwrap_or(newest);
         if !live.contains(&to) {
@@ -620,10 +799,17 @@ impl State {
         }
         for id in live.iter().rev() {
             let mut g = self.load(id)?;
-            let (r, m) = self.undo(&mut g)?;
-            report.restored += r;
-            report.removed += m;
-            report.verified += self.verify_before(&g, counters)?;
+            let undone = self.undo(&mut g)?;
+            report.restored += undone.restored;
+            report.removed += undone.removed;
+            report.verified += self.finish_undo(&g, &undone, counters)?;
+            if !undone.edited.is_empty() {
+                report.kept_edited.push(format!(
+                    "{} (edited since the apply; kept in {})",
+                    undone.edited.join(", "),
+                    g.dir.join("undone").display()
+                ));
+            }
             report.generations.push(id.clone());
             if id == &to {
                 break;
@@ -633,7 +819,10 @@ impl State {
     }
 
     pub fn history(&self) -> Result<Vec<GenerationInfo>> {
-        self.generation_ids().iter().map(|id| self.load(id).map(|g| g.info())).collect()
+        self.generation_ids()
+            .iter()
+            .map(|id| self.load(id).map(|g| g.info()))
+            .collect()
     }
 
     /// Keep the newest `keep` generations (of those not unfinished).
@@ -641,7 +830,10 @@ impl State {
         let ids: Vec<String> = self
             .generation_ids()
             .into_iter()
-            .filter(|id| self.load(id).is_ok_and(|g| matches!(g.status(), Status::Complete | Status::RolledBack)))
+            .filter(|id| {
+                self.load(id)
+                    .is_ok_and(|g| matches!(g.status(), Status::Complete | Status::RolledBack))
+            })
             .collect();
         let mut removed = Vec::new();
         if ids.len() > keep {
@@ -660,6 +852,15 @@ impl State {
     }
 }
 
+/// What an undo did.
+#[derive(Debug, Default)]
+pub struct Undone {
+    pub restored: u64,
+    pub removed: u64,
+    /// Files the apply placed that were edited since; kept in `<generation>/undone/`.
+    pub edited: Vec<String>,
+}
+
 /// An opened generation with its journal.
 pub struct Generation {
     pub dir: PathBuf,
@@ -671,11 +872,17 @@ impl Generation {
     /// Append a record and fsync before the step it names is taken.
     pub fn append(&mut self, r: Record) -> Result<()> {
         let path = self.dir.join("journal");
-        let mut f = OpenOptions::new().create(true).append(true).open(&path).map_err(io(format_args!("open {}", path.display())))?;
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io(format_args!("open {}", path.display())))?;
         let mut line = serde_json::to_vec(&r).expect("serializes");
         line.push(b'\n');
-        f.write_all(&line).map_err(io(format_args!("write {}", path.display())))?;
-        f.sync_data().map_err(io(format_args!("sync {}", path.display())))?;
+        f.write_all(&line)
+            .map_err(io(format_args!("write {}", path.display())))?;
+        f.sync_data()
+            .map_err(io(format_args!("sync {}", path.display())))?;
         self.records.push(r);
         crash_hook();
         Ok(())
@@ -691,7 +898,10 @@ impl Generation {
             s = match r {
                 Record::Prepared => Status::Prepared,
                 Record::Staged => Status::Staged,
-                Record::Move { .. } | Record::Place { .. } | Record::Mkdir { .. } | Record::Rmdir { .. } => Status::Switching,
+                Record::Move { .. }
+                | Record::Place { .. }
+                | Record::Mkdir { .. }
+                | Record::Rmdir { .. } => Status::Switching,
                 Record::Switched => Status::Switching,
                 Record::Checked => Status::Switched,
                 Record::Complete => Status::Complete,
@@ -703,7 +913,13 @@ impl Generation {
     }
 
     pub fn info(&self) -> GenerationInfo {
-        let count = |a: Action| self.meta.changes.iter().filter(|c| c.action == a && !c.bytecode).count() as u64;
+        let count = |a: Action| {
+            self.meta
+                .changes
+                .iter()
+                .filter(|c| c.action == a && !c.bytecode)
+                .count() as u64
+        };
         GenerationInfo {
             id: self.meta.id.clone(),
             created: self.meta.created,
@@ -711,7 +927,13 @@ impl Generation {
             adds: count(Action::Add),
             replaces: count(Action::Replace),
             deletes: count(Action::Delete),
-            bytes: self.meta.changes.iter().filter_map(|c| c.source.as_ref()).map(Kind::size).sum(),
+            bytes: self
+                .meta
+                .changes
+                .iter()
+                .filter_map(|c| c.source.as_ref())
+                .map(Kind::size)
+                .sum(),
             backup_bytes: du(&self.dir.join("backup")),
             backup: self.meta.backup,
             status: self.status(),
@@ -723,9 +945,18 @@ impl Generation {
 pub fn same_kind(a: &Kind, b: &Kind) -> bool {
     match (a, b) {
         (Kind::Missing, Kind::Missing) => true,
-        (Kind::File { size: s1, mode: m1, sha256: h1 }, Kind::File { size: s2, mode: m2, sha256: h2 }) => {
-            s1 == s2 && m1 == m2 && h1.is_some() && h1 == h2
-        }
+        (
+            Kind::File {
+                size: s1,
+                mode: m1,
+                sha256: h1,
+            },
+            Kind::File {
+                size: s2,
+                mode: m2,
+                sha256: h2,
+            },
+        ) => s1 == s2 && m1 == m2 && h1.is_some() && h1 == h2,
         (Kind::Symlink { target: t1 }, Kind::Symlink { target: t2 }) => t1 == t2,
         (Kind::Dir { .. }, Kind::Dir { .. }) => true,
         _ => false,
@@ -752,13 +983,16 @@ fn read_journal(path: &Path) -> Result<Vec<Record>> {
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = File::create(path).map_err(io(format_args!("create {}", path.display())))?;
-    f.write_all(bytes).map_err(io(format_args!("write {}", path.display())))?;
-    f.sync_all().map_err(io(format_args!("sync {}", path.display())))
+    f.write_all(bytes)
+        .map_err(io(format_args!("write {}", path.display())))?;
+    f.sync_all()
+        .map_err(io(format_args!("sync {}", path.display())))
 }
 
 /// Bytes free for an unprivileged... (root may use reserved blocks, but we don't count on it).
 pub fn free_bytes(p: &Path) -> Result<u64> {
-    let s = rustix::fs::statvfs(p).map_err(|e| err!("Failed to read free space of {}: {e}", p.display()))?;
+    let s = rustix::fs::statvfs(p)
+        .map_err(|e| err!("Failed to read free space of {}: {e}", p.display()))?;
     Ok(s.f_bavail * s.f_frsize)
 }
 
@@ -787,7 +1021,12 @@ pub fn format_time(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = if m <= 2 { y + 1 } else { y };
-    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 #[cfg(test)]

@@ -34,7 +34,11 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             let color = progress::color_stderr();
-            let (red, yellow, reset) = if color { ("\x1b[1;31m", "\x1b[1;33m", "\x1b[0m") } else { ("", "", "") };
+            let (red, yellow, reset) = if color {
+                ("\x1b[1;31m", "\x1b[1;33m", "\x1b[0m")
+            } else {
+                ("", "", "")
+            };
             eprintln!("{red}error{reset}: {}", e.message);
             if let Some(h) = &e.hint {
                 eprintln!("{yellow}hint{reset}: {h}");

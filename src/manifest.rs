@@ -145,7 +145,10 @@ impl Manifest {
             if !venv.starts_with('/') {
                 return Err(at(
                     host.venv.span(),
-                    format!("host {name}: venv must be an absolute path, not {:?}", host.venv.get_ref()),
+                    format!(
+                        "host {name}: venv must be an absolute path, not {:?}",
+                        host.venv.get_ref()
+                    ),
                 ));
             }
             let endpoint = match host.ssh {
@@ -183,7 +186,8 @@ impl Manifest {
                 let pattern = d.get_ref().trim();
                 if pattern.is_empty()
                     || !pattern.chars().all(|c| {
-                        c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '*' | '?' | '[' | ']')
+                        c.is_ascii_alphanumeric()
+                            || matches!(c, '-' | '_' | '.' | '*' | '?' | '[' | ']')
                     })
                 {
                     return Err(at(
@@ -197,10 +201,16 @@ impl Manifest {
             for f in &set.files {
                 let pattern = f.get_ref();
                 if let Some(why) = bad_file_glob(pattern) {
-                    return Err(at(f.span(), format!("set {name}: file glob {pattern:?} {why}")));
+                    return Err(at(
+                        f.span(),
+                        format!("set {name}: file glob {pattern:?} {why}"),
+                    ));
                 }
                 if let Err(e) = globset::Glob::new(pattern) {
-                    return Err(at(f.span(), format!("set {name}: bad glob {pattern:?}: {e}")));
+                    return Err(at(
+                        f.span(),
+                        format!("set {name}: bad glob {pattern:?}: {e}"),
+                    ));
                 }
                 files.push(pattern.clone());
             }
@@ -228,7 +238,11 @@ impl Manifest {
                 hint = if known.is_empty() {
                     format!("add a [hosts.{name}] table to {}", self.path.display())
                 } else {
-                    format!("known hosts in {}: {}", self.path.display(), known.join(", "))
+                    format!(
+                        "known hosts in {}: {}",
+                        self.path.display(),
+                        known.join(", ")
+                    )
                 },
                 "Unknown host {name:?}: {} has no [hosts.{name}]",
                 self.path.display()
@@ -341,7 +355,11 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         assert_eq!(m.hosts["ct129"].endpoint, Endpoint::Ssh("ct129".into()));
         assert_eq!(m.hosts["local"].endpoint, Endpoint::Local);
         let names: Vec<_> = m.sets.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["torch", "nvidia", "patches"], "manifest order is kept");
+        assert_eq!(
+            names,
+            ["torch", "nvidia", "patches"],
+            "manifest order is kept"
+        );
         assert_eq!(m.sets[1].dists, ["nvidia-*", "cuda-*"]);
     }
 
@@ -365,7 +383,11 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         let e = parse("[sets.x]\n").unwrap_err();
         assert!(e.message.contains("names nothing"), "{}", e.message);
         let e = parse("[sets.x]\ndists = [\"torch; rm -rf\"]\n").unwrap_err();
-        assert!(e.message.contains("not a distribution name"), "{}", e.message);
+        assert!(
+            e.message.contains("not a distribution name"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -205,8 +205,14 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
         }
     }
 
-    let src_members: Vec<Members> = sets.iter().map(|s| members(s, src.scan, src.globs)).collect();
-    let dst_members: Vec<Members> = sets.iter().map(|s| members(s, dst.scan, dst.globs)).collect();
+    let src_members: Vec<Members> = sets
+        .iter()
+        .map(|s| members(s, src.scan, src.globs))
+        .collect();
+    let dst_members: Vec<Members> = sets
+        .iter()
+        .map(|s| members(s, dst.scan, dst.globs))
+        .collect();
 
     for (set, m) in sets.iter().zip(&src_members) {
         if m.paths.is_empty() {
@@ -218,7 +224,14 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
                 src.scan.venv
             ));
         }
-        for (side, host, m) in [(src, src.host, m), (dst, dst.host, &dst_members[sets.iter().position(|s| s == set).unwrap()])] {
+        for (side, host, m) in [
+            (src, src.host, m),
+            (
+                dst,
+                dst.host,
+                &dst_members[sets.iter().position(|s| s == set).unwrap()],
+            ),
+        ] {
             for d in &m.dists {
                 if let Some(p) = &d.problem {
                     return Err(err!(
@@ -257,7 +270,12 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
             stale_bytecode: Vec::new(),
         };
         let mut stale = BTreeSet::new();
-        let mut record = |plan: &mut SetPlan, path: &str, action: Action, size: u64, s: Option<&Kind>, t: Option<&Kind>| {
+        let mut record = |plan: &mut SetPlan,
+                          path: &str,
+                          action: Action,
+                          size: u64,
+                          s: Option<&Kind>,
+                          t: Option<&Kind>| {
             if path.ends_with(".py")
                 && let Some(e) = dst.entries.get(path)
             {
@@ -273,14 +291,19 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
         };
 
         for path in &sm.paths {
-            let Some(s) = src.entries.get(path) else { continue };
+            let Some(s) = src.entries.get(path) else {
+                continue;
+            };
             match &s.kind {
                 Kind::Missing => {
                     warn(
                         &mut warnings,
                         &set.name,
                         Some(path),
-                        format!("{path} is listed in a RECORD on {} but missing there; it is left out", src.host),
+                        format!(
+                            "{path} is listed in a RECORD on {} but missing there; it is left out",
+                            src.host
+                        ),
                     );
                     continue;
                 }
@@ -289,7 +312,10 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
                         &mut warnings,
                         &set.name,
                         Some(path),
-                        format!("{path} on {} is not a regular file or symlink; it is left out", src.host),
+                        format!(
+                            "{path} on {} is not a regular file or symlink; it is left out",
+                            src.host
+                        ),
                     );
                     continue;
                 }
@@ -300,12 +326,19 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
                     &mut warnings,
                     &set.name,
                     Some(path),
-                    format!("{path} is in sets {first} and {}; set {first} carries it", set.name),
+                    format!(
+                        "{path} is in sets {first} and {}; set {first} carries it",
+                        set.name
+                    ),
                 );
                 continue;
             }
             claimed.insert(path.clone(), set.name.clone());
-            let t = dst.entries.get(path).map(|e| &e.kind).filter(|k| k.exists());
+            let t = dst
+                .entries
+                .get(path)
+                .map(|e| &e.kind)
+                .filter(|k| k.exists());
             let action = match t {
                 None => Action::Add,
                 Some(t) if same(&s.kind, t) => {
@@ -328,7 +361,11 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
                         &mut warnings,
                         &set.name,
                         Some(path),
-                        format!("{path} also belongs to {} on {}, outside the set; it is overwritten", foreign.join(", "), dst.host),
+                        format!(
+                            "{path} also belongs to {} on {}, outside the set; it is overwritten",
+                            foreign.join(", "),
+                            dst.host
+                        ),
                     );
                 }
             }
@@ -336,7 +373,12 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
         }
 
         for path in dm.paths.difference(&sm.paths) {
-            let Some(t) = dst.entries.get(path).map(|e| &e.kind).filter(|k| k.exists()) else {
+            let Some(t) = dst
+                .entries
+                .get(path)
+                .map(|e| &e.kind)
+                .filter(|k| k.exists())
+            else {
                 continue;
             };
             if all_source.contains(path.as_str()) {
@@ -379,11 +421,15 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
 fn transitions(src: &[&Dist], dst: &[&Dist]) -> Vec<Transition> {
     let mut by: BTreeMap<&str, (String, Option<String>, Option<String>)> = BTreeMap::new();
     for d in dst {
-        let e = by.entry(&d.normalized).or_insert((d.name.clone(), None, None));
+        let e = by
+            .entry(&d.normalized)
+            .or_insert((d.name.clone(), None, None));
         e.1 = Some(join_version(e.1.take(), version_of(d)));
     }
     for d in src {
-        let e = by.entry(&d.normalized).or_insert((d.name.clone(), None, None));
+        let e = by
+            .entry(&d.normalized)
+            .or_insert((d.name.clone(), None, None));
         e.0 = d.name.clone();
         e.2 = Some(join_version(e.2.take(), version_of(d)));
     }
@@ -416,7 +462,9 @@ pub fn totals(set: &SetPlan) -> BTreeMap<Action, (u64, u64)> {
 
 impl Plan {
     pub fn has_changes(&self) -> bool {
-        self.sets.iter().any(|s| !s.changes.is_empty() || !s.stale_bytecode.is_empty())
+        self.sets
+            .iter()
+            .any(|s| !s.changes.is_empty() || !s.stale_bytecode.is_empty())
     }
 }
 
@@ -450,7 +498,10 @@ mod tests {
             site_packages: "lib/python3.11/site-packages".into(),
             python: "3.11".into(),
             dists,
-            globs: globs.into_iter().map(|g| g.into_iter().map(String::from).collect()).collect(),
+            globs: globs
+                .into_iter()
+                .map(|g| g.into_iter().map(String::from).collect())
+                .collect(),
         }
     }
 
@@ -478,21 +529,63 @@ mod tests {
     }
 
     fn actions(p: &SetPlan) -> Vec<(String, Action)> {
-        p.changes.iter().map(|c| (c.path.clone(), c.action)).collect()
+        p.changes
+            .iter()
+            .map(|c| (c.path.clone(), c.action))
+            .collect()
     }
 
-    fn run(sets: &[Set], s: (&ScanReport, &HashMap<String, Entry>), d: (&ScanReport, &HashMap<String, Entry>), globs: &[String]) -> Result<(Vec<SetPlan>, Vec<Warning>)> {
+    fn run(
+        sets: &[Set],
+        s: (&ScanReport, &HashMap<String, Entry>),
+        d: (&ScanReport, &HashMap<String, Entry>),
+        globs: &[String],
+    ) -> Result<(Vec<SetPlan>, Vec<Warning>)> {
         compute(
             sets,
-            &Side { host: "src", scan: s.0, globs, entries: s.1 },
-            &Side { host: "dst", scan: d.0, globs, entries: d.1 },
+            &Side {
+                host: "src",
+                scan: s.0,
+                globs,
+                entries: s.1,
+            },
+            &Side {
+                host: "dst",
+                scan: d.0,
+                globs,
+                entries: d.1,
+            },
         )
     }
 
     #[test]
     fn add_replace_delete_unchanged() {
-        let s = scan(vec![dist("torch", "2.11.0", &["torch/a.py", "torch/b.py", "torch/new.so", "t-2.11.dist-info/RECORD"])], vec![]);
-        let d = scan(vec![dist("torch", "2.9.1", &["torch/a.py", "torch/b.py", "torch/old.so", "t-2.9.1.dist-info/RECORD"])], vec![]);
+        let s = scan(
+            vec![dist(
+                "torch",
+                "2.11.0",
+                &[
+                    "torch/a.py",
+                    "torch/b.py",
+                    "torch/new.so",
+                    "t-2.11.dist-info/RECORD",
+                ],
+            )],
+            vec![],
+        );
+        let d = scan(
+            vec![dist(
+                "torch",
+                "2.9.1",
+                &[
+                    "torch/a.py",
+                    "torch/b.py",
+                    "torch/old.so",
+                    "t-2.9.1.dist-info/RECORD",
+                ],
+            )],
+            vec![],
+        );
         let se = entries(&[
             ("torch/a.py", file("aa", 1)),
             ("torch/b.py", file("b2", 2)),
@@ -505,7 +598,8 @@ mod tests {
             ("torch/old.so", file("o", 7)),
             ("t-2.9.1.dist-info/RECORD", file("r", 4)),
         ]);
-        let (plans, warnings) = run(&[set("torch", &["torch"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        let (plans, warnings) =
+            run(&[set("torch", &["torch"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
         let p = &plans[0];
         assert_eq!(
@@ -520,8 +614,19 @@ mod tests {
         );
         assert_eq!(p.unchanged, 1);
         let sizes: Vec<u64> = p.changes.iter().map(|c| c.size).collect();
-        assert_eq!(sizes, [4, 4, 2, 30, 7], "source size for add/replace, target size for delete");
-        assert_eq!(p.versions, vec![Transition { name: "torch".into(), from: Some("2.9.1".into()), to: Some("2.11.0".into()) }]);
+        assert_eq!(
+            sizes,
+            [4, 4, 2, 30, 7],
+            "source size for add/replace, target size for delete"
+        );
+        assert_eq!(
+            p.versions,
+            vec![Transition {
+                name: "torch".into(),
+                from: Some("2.9.1".into()),
+                to: Some("2.11.0".into())
+            }]
+        );
         let t = totals(p);
         assert_eq!(t[&Action::Add], (2, 34));
     }
@@ -531,7 +636,14 @@ mod tests {
         let s = scan(vec![dist("x", "1", &["x/a", "x/b", "x/c", "x/d"])], vec![]);
         let d = scan(vec![dist("x", "1", &["x/a", "x/b", "x/c", "x/d"])], vec![]);
         let se = entries(&[
-            ("x/a", Kind::File { size: 1, mode: 0o755, sha256: Some("h".into()) }),
+            (
+                "x/a",
+                Kind::File {
+                    size: 1,
+                    mode: 0o755,
+                    sha256: Some("h".into()),
+                },
+            ),
             ("x/b", Kind::Symlink { target: "a".into() }),
             ("x/c", Kind::Symlink { target: "a".into() }),
             ("x/d", Kind::Symlink { target: "a".into() }),
@@ -545,7 +657,11 @@ mod tests {
         let (plans, _) = run(&[set("x", &["x"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
         assert_eq!(
             actions(&plans[0]),
-            vec![("x/a".into(), Action::Replace), ("x/b".into(), Action::Replace), ("x/c".into(), Action::Replace)]
+            vec![
+                ("x/a".into(), Action::Replace),
+                ("x/b".into(), Action::Replace),
+                ("x/c".into(), Action::Replace)
+            ]
         );
         assert_eq!(plans[0].unchanged, 1);
     }
@@ -553,20 +669,38 @@ mod tests {
     #[test]
     fn a_file_owned_outside_the_set_is_kept_with_a_warning() {
         // cu12 and cu13 wheels write some of the same paths; a dist outside the set keeps its files.
-        let s = scan(vec![dist("nvidia-cublas", "13.0", &["nvidia/cu13/lib/libcublas.so.13"])], vec![]);
+        let s = scan(
+            vec![dist(
+                "nvidia-cublas",
+                "13.0",
+                &["nvidia/cu13/lib/libcublas.so.13"],
+            )],
+            vec![],
+        );
         let d = scan(
             vec![
-                dist("nvidia-cublas-cu12", "12.8", &["nvidia/cublas/lib/libcublas.so.12", "nvidia/__init__.py"]),
+                dist(
+                    "nvidia-cublas-cu12",
+                    "12.8",
+                    &["nvidia/cublas/lib/libcublas.so.12", "nvidia/__init__.py"],
+                ),
                 dist("other", "1", &["nvidia/__init__.py"]),
             ],
             vec![],
         );
         let se = entries(&[("nvidia/cu13/lib/libcublas.so.13", file("c13", 10))]);
-        let de = entries(&[("nvidia/cublas/lib/libcublas.so.12", file("c12", 9)), ("nvidia/__init__.py", file("i", 0))]);
-        let (plans, warnings) = run(&[set("nv", &["nvidia-*"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        let de = entries(&[
+            ("nvidia/cublas/lib/libcublas.so.12", file("c12", 9)),
+            ("nvidia/__init__.py", file("i", 0)),
+        ]);
+        let (plans, warnings) =
+            run(&[set("nv", &["nvidia-*"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
         assert_eq!(
             actions(&plans[0]),
-            vec![("nvidia/cu13/lib/libcublas.so.13".into(), Action::Add), ("nvidia/cublas/lib/libcublas.so.12".into(), Action::Delete)]
+            vec![
+                ("nvidia/cu13/lib/libcublas.so.13".into(), Action::Add),
+                ("nvidia/cublas/lib/libcublas.so.12".into(), Action::Delete)
+            ]
         );
         assert_eq!(warnings.len(), 1);
         assert_eq!(warnings[0].path.as_deref(), Some("nvidia/__init__.py"));
@@ -580,20 +714,45 @@ mod tests {
         let se = entries(&[("shared/x.so", file("new", 1))]);
         let de = entries(&[("shared/x.so", file("old", 1))]);
         let (plans, warnings) = run(&[set("a", &["a"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
-        assert_eq!(actions(&plans[0]), vec![("shared/x.so".into(), Action::Replace)]);
+        assert_eq!(
+            actions(&plans[0]),
+            vec![("shared/x.so".into(), Action::Replace)]
+        );
         assert!(warnings[0].message.contains("b 1") && warnings[0].message.contains("overwritten"));
     }
 
     #[test]
     fn file_globs_and_bytecode() {
         let globs = vec!["sg/spec/*.py".to_string()];
-        let s = scan(vec![dist("sg", "0.5", &["sg/spec/a.py", "sg/spec/b.py"])], vec![vec!["sg/spec/a.py", "sg/spec/b.py", "sg/spec/new.py"]]);
-        let d = scan(vec![dist("sg", "0.5", &["sg/spec/a.py", "sg/spec/b.py"])], vec![vec!["sg/spec/a.py", "sg/spec/b.py", "sg/spec/local.py"]]);
-        let se = entries(&[("sg/spec/a.py", file("a2", 3)), ("sg/spec/b.py", file("b", 3)), ("sg/spec/new.py", file("n", 1))]);
-        let mut de = entries(&[("sg/spec/a.py", file("a1", 3)), ("sg/spec/b.py", file("b", 3)), ("sg/spec/local.py", file("l", 1))]);
-        de.get_mut("sg/spec/a.py").unwrap().pyc = vec!["sg/spec/__pycache__/a.cpython-311.pyc".into()];
-        de.get_mut("sg/spec/b.py").unwrap().pyc = vec!["sg/spec/__pycache__/b.cpython-311.pyc".into()];
-        let (plans, warnings) = run(&[set("patches", &[], &["sg/spec/*.py"])], (&s, &se), (&d, &de), &globs).unwrap();
+        let s = scan(
+            vec![dist("sg", "0.5", &["sg/spec/a.py", "sg/spec/b.py"])],
+            vec![vec!["sg/spec/a.py", "sg/spec/b.py", "sg/spec/new.py"]],
+        );
+        let d = scan(
+            vec![dist("sg", "0.5", &["sg/spec/a.py", "sg/spec/b.py"])],
+            vec![vec!["sg/spec/a.py", "sg/spec/b.py", "sg/spec/local.py"]],
+        );
+        let se = entries(&[
+            ("sg/spec/a.py", file("a2", 3)),
+            ("sg/spec/b.py", file("b", 3)),
+            ("sg/spec/new.py", file("n", 1)),
+        ]);
+        let mut de = entries(&[
+            ("sg/spec/a.py", file("a1", 3)),
+            ("sg/spec/b.py", file("b", 3)),
+            ("sg/spec/local.py", file("l", 1)),
+        ]);
+        de.get_mut("sg/spec/a.py").unwrap().pyc =
+            vec!["sg/spec/__pycache__/a.cpython-311.pyc".into()];
+        de.get_mut("sg/spec/b.py").unwrap().pyc =
+            vec!["sg/spec/__pycache__/b.cpython-311.pyc".into()];
+        let (plans, warnings) = run(
+            &[set("patches", &[], &["sg/spec/*.py"])],
+            (&s, &se),
+            (&d, &de),
+            &globs,
+        )
+        .unwrap();
         // local.py matches the glob only on the target and no distribution owns it: the mirror deletes it.
         assert_eq!(
             actions(&plans[0]),
@@ -603,41 +762,79 @@ mod tests {
                 ("sg/spec/new.py".into(), Action::Add)
             ]
         );
-        assert!(warnings.is_empty(), "patching files of a distribution is the point of a file set: {warnings:?}");
-        assert_eq!(plans[0].stale_bytecode, ["sg/spec/__pycache__/a.cpython-311.pyc"]);
+        assert!(
+            warnings.is_empty(),
+            "patching files of a distribution is the point of a file set: {warnings:?}"
+        );
+        assert_eq!(
+            plans[0].stale_bytecode,
+            ["sg/spec/__pycache__/a.cpython-311.pyc"]
+        );
     }
 
     #[test]
     fn target_only_glob_match_is_deleted_unless_a_dist_owns_it() {
         let globs = vec!["p/*.py".to_string()];
         let s = scan(vec![], vec![vec!["p/a.py"]]);
-        let d = scan(vec![dist("p", "1", &["p/owned.py"])], vec![vec!["p/a.py", "p/owned.py", "p/stray.py"]]);
+        let d = scan(
+            vec![dist("p", "1", &["p/owned.py"])],
+            vec![vec!["p/a.py", "p/owned.py", "p/stray.py"]],
+        );
         let se = entries(&[("p/a.py", file("a", 1))]);
-        let de = entries(&[("p/a.py", file("a", 1)), ("p/owned.py", file("o", 1)), ("p/stray.py", file("s", 2))]);
-        let (plans, warnings) = run(&[set("f", &[], &["p/*.py"])], (&s, &se), (&d, &de), &globs).unwrap();
-        assert_eq!(actions(&plans[0]), vec![("p/stray.py".into(), Action::Delete)]);
+        let de = entries(&[
+            ("p/a.py", file("a", 1)),
+            ("p/owned.py", file("o", 1)),
+            ("p/stray.py", file("s", 2)),
+        ]);
+        let (plans, warnings) =
+            run(&[set("f", &[], &["p/*.py"])], (&s, &se), (&d, &de), &globs).unwrap();
+        assert_eq!(
+            actions(&plans[0]),
+            vec![("p/stray.py".into(), Action::Delete)]
+        );
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].message.contains("p 1"));
     }
 
     #[test]
     fn a_path_another_set_carries_is_not_deleted() {
-        let s = scan(vec![dist("b", "2", &["shared.so"]), dist("a", "2", &["a.py"])], vec![]);
+        let s = scan(
+            vec![dist("b", "2", &["shared.so"]), dist("a", "2", &["a.py"])],
+            vec![],
+        );
         let d = scan(vec![dist("a", "1", &["a.py", "shared.so"])], vec![]);
         let se = entries(&[("shared.so", file("n", 1)), ("a.py", file("a", 1))]);
         let de = entries(&[("shared.so", file("o", 1)), ("a.py", file("a", 1))]);
-        let (plans, _) = run(&[set("a", &["a"], &[]), set("b", &["b"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        let (plans, _) = run(
+            &[set("a", &["a"], &[]), set("b", &["b"], &[])],
+            (&s, &se),
+            (&d, &de),
+            &[],
+        )
+        .unwrap();
         assert!(plans[0].changes.is_empty(), "{:?}", plans[0].changes);
-        assert_eq!(actions(&plans[1]), vec![("shared.so".into(), Action::Replace)]);
+        assert_eq!(
+            actions(&plans[1]),
+            vec![("shared.so".into(), Action::Replace)]
+        );
     }
 
     #[test]
     fn a_path_in_two_sets_goes_with_the_first() {
-        let s = scan(vec![dist("a", "1", &["x.py"]), dist("b", "1", &["x.py"])], vec![]);
+        let s = scan(
+            vec![dist("a", "1", &["x.py"]), dist("b", "1", &["x.py"])],
+            vec![],
+        );
         let d = scan(vec![], vec![]);
         let se = entries(&[("x.py", file("x", 1))]);
         let de = entries(&[]);
-        let (plans, warnings) = run(&[set("a", &["a"], &[]), set("b", &["b"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        let (plans, warnings) = run(
+            &[set("a", &["a"], &[]), set("b", &["b"], &[])],
+            (&s, &se),
+            (&d, &de),
+            &[],
+        )
+        .unwrap();
         assert_eq!(actions(&plans[0]), vec![("x.py".into(), Action::Add)]);
         assert!(plans[1].changes.is_empty());
         assert!(warnings[0].message.contains("sets a and b"));
@@ -649,13 +846,29 @@ mod tests {
         let d = scan(vec![], vec![]);
         let se = entries(&[("t.py", file("t", 1))]);
         let de = entries(&[]);
-        let e = run(&[set("tv", &["torchvision"], &[])], (&s, &se), (&d, &de), &[]).unwrap_err();
-        assert!(e.message.contains("Set tv matches nothing on the source host src"), "{}", e.message);
+        let e = run(
+            &[set("tv", &["torchvision"], &[])],
+            (&s, &se),
+            (&d, &de),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .contains("Set tv matches nothing on the source host src"),
+            "{}",
+            e.message
+        );
         let mut bad = dist("torch", "1", &["t.py"]);
-        bad.problem = Some("RECORD line 3: path \"../../../../etc/passwd\" escapes the venv".into());
+        bad.problem =
+            Some("RECORD line 3: path \"../../../../etc/passwd\" escapes the venv".into());
         let d = scan(vec![bad], vec![]);
         let e = run(&[set("t", &["torch"], &[])], (&s, &se), (&d, &de), &[]).unwrap_err();
-        assert!(e.message.contains("on dst is damaged") && e.message.contains("escapes"), "{}", e.message);
+        assert!(
+            e.message.contains("on dst is damaged") && e.message.contains("escapes"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
@@ -683,7 +896,13 @@ mod tests {
 
     #[test]
     fn python_minor_must_match() {
-        let h = |n: &str, py: &str| HostInfo { name: n.into(), ssh: None, venv: "/v".into(), site_packages: String::new(), python: py.into() };
+        let h = |n: &str, py: &str| HostInfo {
+            name: n.into(),
+            ssh: None,
+            venv: "/v".into(),
+            site_packages: String::new(),
+            python: py.into(),
+        };
         assert!(check_python(&h("a", "3.11"), &h("b", "3.11")).is_ok());
         let e = check_python(&h("a", "3.11"), &h("b", "3.12")).unwrap_err();
         assert!(e.message.contains("will not load"), "{}", e.message);

@@ -41,7 +41,11 @@ impl HashBars {
         )
         .expect("static template")
         .progress_chars("=> ");
-        let bar = m.add(ProgressBar::new(0).with_style(style).with_prefix(host.to_string()));
+        let bar = m.add(
+            ProgressBar::new(0)
+                .with_style(style)
+                .with_prefix(host.to_string()),
+        );
         bar.enable_steady_tick(Duration::from_millis(250));
         bar
     }

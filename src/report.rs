@@ -63,25 +63,50 @@ pub fn plan_json(plan: &Plan) -> String {
 /// `verbose` every changed path.
 pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
     use std::fmt::Write;
-    let paint = |code: &str, s: &str| if color { format!("\x1b[{code}m{s}\x1b[0m") } else { s.to_string() };
+    let paint = |code: &str, s: &str| {
+        if color {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    };
     let mut out = String::new();
     let _ = writeln!(
         out,
         "{} ({}, Python {}) -> {} ({}, Python {})",
-        plan.source.name, plan.source.venv, plan.source.python, plan.target.name, plan.target.venv, plan.target.python
+        plan.source.name,
+        plan.source.venv,
+        plan.source.python,
+        plan.target.name,
+        plan.target.venv,
+        plan.target.python
     );
     for set in &plan.sets {
         let _ = writeln!(out, "\n{}", paint("1", &format!("set {}", set.name)));
         for v in &set.versions {
             let from = v.from.as_deref().unwrap_or("(absent)");
             let to = v.to.as_deref().unwrap_or("(removed)");
-            let note = if v.from == v.to { "  (same version)" } else { "" };
+            let note = if v.from == v.to {
+                "  (same version)"
+            } else {
+                ""
+            };
             let _ = writeln!(out, "  {} {from} -> {to}{note}", v.name);
         }
         let t = totals(set);
-        for (action, label, code) in [(Action::Add, "add", "32"), (Action::Replace, "replace", "33"), (Action::Delete, "delete", "31")] {
+        for (action, label, code) in [
+            (Action::Add, "add", "32"),
+            (Action::Replace, "replace", "33"),
+            (Action::Delete, "delete", "31"),
+        ] {
             let (n, bytes) = t[&action];
-            let _ = writeln!(out, "  {} {:>7} files  {:>10}", paint(code, &format!("{label:<9}")), n, HumanBytes(bytes).to_string());
+            let _ = writeln!(
+                out,
+                "  {} {:>7} files  {:>10}",
+                paint(code, &format!("{label:<9}")),
+                n,
+                HumanBytes(bytes).to_string()
+            );
         }
         let _ = writeln!(
             out,
@@ -91,7 +116,11 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
             HumanBytes(set.unchanged_bytes).to_string()
         );
         if !set.stale_bytecode.is_empty() {
-            let _ = writeln!(out, "  stale bytecode to delete: {} .pyc", set.stale_bytecode.len());
+            let _ = writeln!(
+                out,
+                "  stale bytecode to delete: {} .pyc",
+                set.stale_bytecode.len()
+            );
         }
         if verbose {
             for c in &set.changes {
@@ -100,7 +129,13 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
                     Action::Replace => ("~", "33"),
                     Action::Delete => ("-", "31"),
                 };
-                let _ = writeln!(out, "    {} {} ({})", paint(code, mark), c.path, HumanBytes(c.size));
+                let _ = writeln!(
+                    out,
+                    "    {} {} ({})",
+                    paint(code, mark),
+                    c.path,
+                    HumanBytes(c.size)
+                );
             }
             for p in &set.stale_bytecode {
                 let _ = writeln!(out, "    {} {p} (stale bytecode)", paint("31", "-"));

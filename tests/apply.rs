@@ -31,7 +31,12 @@ fn snapshot(venv: &Path) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for e in walkdir::WalkDir::new(venv).min_depth(1).sort_by_file_name() {
         let e = e.unwrap();
-        let rel = e.path().strip_prefix(venv).unwrap().to_string_lossy().into_owned();
+        let rel = e
+            .path()
+            .strip_prefix(venv)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         if rel == ".overlay" || rel.starts_with(".overlay/") {
             continue;
         }
@@ -62,7 +67,17 @@ fn assert_same(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>, what:
     for k in b.keys().filter(|k| !a.contains_key(*k)) {
         diffs.push(format!("+ {k}"));
     }
-    assert!(diffs.is_empty(), "{what}: {} differences:\n{}", diffs.len(), diffs.iter().take(30).cloned().collect::<Vec<_>>().join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "{what}: {} differences:\n{}",
+        diffs.len(),
+        diffs
+            .iter()
+            .take(30)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 fn ok(out: Output, what: &str) -> Output {
@@ -77,7 +92,12 @@ fn ok(out: Output, what: &str) -> Output {
 }
 
 fn plan_json(tb: &Testbed) -> serde_json::Value {
-    let out = ok(tb.overlay(&["plan", "src", "dst", "--json"]).output().unwrap(), "plan");
+    let out = ok(
+        tb.overlay(&["plan", "src", "dst", "--json"])
+            .output()
+            .unwrap(),
+        "plan",
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -120,7 +140,12 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
     let carried = carried(&plan);
     assert!(carried.len() > 10, "{plan}");
 
-    let out = ok(tb.overlay(&["apply", "--backup", "--json"]).output().unwrap(), "apply");
+    let out = ok(
+        tb.overlay(&["apply", "--backup", "--json"])
+            .output()
+            .unwrap(),
+        "apply",
+    );
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(result["generation"].is_string(), "{result}");
     assert!(result["sent_bytes"].as_u64().unwrap() > 0);
@@ -129,14 +154,34 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
     let after = snapshot(tb.host_venv_dir(1));
     for p in &carried {
         let rel = site_rel(p);
-        assert_eq!(after.get(&rel), src_snap.get(&rel), "{rel} differs from the source after apply");
+        assert_eq!(
+            after.get(&rel),
+            src_snap.get(&rel),
+            "{rel} differs from the source after apply"
+        );
     }
     // Deleted paths are gone, and no old dist-info is left behind.
-    assert!(!after.keys().any(|k| k.contains("minitorch-2.9.1.dist-info")), "old dist-info left behind");
-    assert!(!after.keys().any(|k| k.contains("nvidia_cublas_cu12")), "cu12 dist-info left behind");
+    assert!(
+        !after
+            .keys()
+            .any(|k| k.contains("minitorch-2.9.1.dist-info")),
+        "old dist-info left behind"
+    );
+    assert!(
+        !after.keys().any(|k| k.contains("nvidia_cublas_cu12")),
+        "cu12 dist-info left behind"
+    );
 
     // pip sees only the new versions.
-    let pip = ok(tb.ssh(1, "/root/venv/bin/python -m pip list --disable-pip-version-check").output().unwrap(), "pip list");
+    let pip = ok(
+        tb.ssh(
+            1,
+            "/root/venv/bin/python -m pip list --disable-pip-version-check",
+        )
+        .output()
+        .unwrap(),
+        "pip list",
+    );
     let pip = String::from_utf8_lossy(&pip.stdout);
     assert!(pip.contains("minitorch") && pip.contains("2.11.0"), "{pip}");
     assert!(!pip.contains("2.9.1"), "old torch still listed:\n{pip}");
@@ -149,8 +194,20 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
         "import patched module",
     );
     assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "32");
-    let imp = ok(tb.ssh(1, "/root/venv/bin/python -c 'import minitorch._C as c; print(c.build_info())'").output().unwrap(), "import minitorch._C");
-    assert!(String::from_utf8_lossy(&imp.stdout).contains("13"), "{}", String::from_utf8_lossy(&imp.stdout));
+    let imp = ok(
+        tb.ssh(
+            1,
+            "/root/venv/bin/python -c 'import minitorch._C as c; print(c.build_info())'",
+        )
+        .output()
+        .unwrap(),
+        "import minitorch._C",
+    );
+    assert!(
+        String::from_utf8_lossy(&imp.stdout).contains("13"),
+        "{}",
+        String::from_utf8_lossy(&imp.stdout)
+    );
 
     // History shows the generation; rollback restores the target byte for byte.
     let h = ok(tb.overlay(&["history", "dst"]).output().unwrap(), "history");
@@ -158,17 +215,30 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
     // The source is not needed for a rollback.
     let mut tb = tb;
     tb.stop(0);
-    let r = ok(tb.overlay(&["rollback", "dst", "--json"]).output().unwrap(), "rollback");
+    let r = ok(
+        tb.overlay(&["rollback", "dst", "--json"]).output().unwrap(),
+        "rollback",
+    );
     let report: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
     assert!(report["verified"].as_u64().unwrap() > 0, "{report}");
     // Python ran in the target venv since the apply (pip list, imports) and
     // may have written bytecode for files that did not change; that is not
     // the apply's doing, so compare without bytecode of unchanged sources.
     let strip = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
-        m.iter().filter(|(k, _)| !k.contains("__pycache__")).map(|(k, v)| (k.clone(), v.clone())).collect()
+        m.iter()
+            .filter(|(k, _)| !k.contains("__pycache__"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     };
-    assert_same(&strip(&before), &strip(&snapshot(tb.host_venv_dir(1))), "after rollback");
-    let pyc_before: Vec<_> = before.iter().filter(|(k, _)| k.contains("__pycache__")).collect();
+    assert_same(
+        &strip(&before),
+        &strip(&snapshot(tb.host_venv_dir(1))),
+        "after rollback",
+    );
+    let pyc_before: Vec<_> = before
+        .iter()
+        .filter(|(k, _)| k.contains("__pycache__"))
+        .collect();
     let now = snapshot(tb.host_venv_dir(1));
     for (k, v) in pyc_before {
         assert_eq!(now.get(k), Some(v), "bytecode {k} not restored");
@@ -183,44 +253,83 @@ fn a_hardlinked_file_keeps_its_old_content() {
     let old = fs::read(&version).unwrap();
     let link = tb.dir().join("uv-cache-copy-of-version.py");
     fs::hard_link(&version, &link).unwrap();
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
-    ok(tb.overlay(&["apply", "--backup"]).output().unwrap(), "apply");
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
+    ok(
+        tb.overlay(&["apply", "--backup"]).output().unwrap(),
+        "apply",
+    );
     assert_ne!(fs::read(&version).unwrap(), old, "version.py was replaced");
-    assert_eq!(fs::read(&link).unwrap(), old, "the other hard link must keep the old content");
-    assert_eq!(fs::metadata(&link).unwrap().nlink(), 2, "the backup holds the old inode");
+    assert_eq!(
+        fs::read(&link).unwrap(),
+        old,
+        "the other hard link must keep the old content"
+    );
+    assert_eq!(
+        fs::metadata(&link).unwrap().nlink(),
+        2,
+        "the backup holds the old inode"
+    );
 }
 
 #[test]
 fn without_backup_the_old_files_are_dropped_and_rollback_says_why() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
     let out = tb.overlay(&["rollback", "dst"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("without --backup") && err.contains("hint:"), "{err}");
+    assert!(
+        err.contains("without --backup") && err.contains("hint:"),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_drifted_target_is_refused_and_nothing_changes() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
-    fs::write(tb.site_packages(1).join("minitorch/version.py"), "changed by hand\n").unwrap();
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
+    fs::write(
+        tb.site_packages(1).join("minitorch/version.py"),
+        "changed by hand\n",
+    )
+    .unwrap();
     let before = snapshot(tb.host_venv_dir(1));
     let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("drifted") && err.contains("minitorch/version.py") && err.contains("overlay plan"), "{err}");
-    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after a refused apply");
+    assert!(
+        err.contains("drifted")
+            && err.contains("minitorch/version.py")
+            && err.contains("overlay plan"),
+        "{err}"
+    );
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after a refused apply",
+    );
 }
 
 #[test]
 fn a_source_file_changed_since_the_plan_aborts_with_nothing_applied() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     // Same size, different content: only the hash while streaming can tell.
     let f = tb.site_packages(0).join("minitorch/version.py");
     let mut content = fs::read(&f).unwrap();
@@ -231,17 +340,31 @@ fn a_source_file_changed_since_the_plan_aborts_with_nothing_applied() {
     let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("changed since the plan") && err.contains("version.py"), "{err}");
-    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after an aborted apply");
+    assert!(
+        err.contains("changed since the plan") && err.contains("version.py"),
+        "{err}"
+    );
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after an aborted apply",
+    );
     let gens = tb.host_venv_dir(1).join(".overlay/generations");
-    assert_eq!(fs::read_dir(gens).unwrap().count(), 0, "the aborted generation is cleaned up");
+    assert_eq!(
+        fs::read_dir(gens).unwrap().count(),
+        0,
+        "the aborted generation is cleaned up"
+    );
 }
 
 /// Count the journal records of a complete apply.
 fn journal_len(venv: &Path) -> usize {
     let gens = venv.join(".overlay/generations");
     let g = fs::read_dir(&gens).unwrap().next().unwrap().unwrap().path();
-    fs::read_to_string(g.join("journal")).unwrap().lines().count()
+    fs::read_to_string(g.join("journal"))
+        .unwrap()
+        .lines()
+        .count()
 }
 
 #[test]
@@ -249,24 +372,60 @@ fn the_agent_stopping_after_any_journal_step_rolls_back_exactly() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
     let before = snapshot(tb.host_venv_dir(1));
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     // A clean run tells how many journal steps there are.
-    ok(tb.overlay(&["apply", "--backup"]).output().unwrap(), "apply");
+    ok(
+        tb.overlay(&["apply", "--backup"]).output().unwrap(),
+        "apply",
+    );
     let steps = journal_len(tb.host_venv_dir(1));
-    ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
-    ok(tb.overlay(&["prune", "dst", "--keep", "0"]).output().unwrap(), "prune");
-    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after the clean round trip");
+    ok(
+        tb.overlay(&["rollback", "dst"]).output().unwrap(),
+        "rollback",
+    );
+    ok(
+        tb.overlay(&["prune", "dst", "--keep", "0"])
+            .output()
+            .unwrap(),
+        "prune",
+    );
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after the clean round trip",
+    );
     assert!(steps >= 20, "only {steps} journal steps");
 
+    // Every one of the first steps (prepare, staging, the first moves), then
+    // an even spread over the rest of the switch, and the last steps.
+    let mut ns: Vec<usize> = (1..=8).collect();
+    ns.extend((9..steps.saturating_sub(4)).step_by(((steps - 12) / 12).max(1)));
+    ns.extend(steps.saturating_sub(3)..=steps);
+    ns.dedup();
+    eprintln!("{steps} journal steps; stopping after each of {ns:?}");
     let mut points = 0;
-    for n in 1..=steps {
-        let out = tb.overlay(&["apply", "--backup"]).env("OVERLAY_TEST_STOP_AFTER", n.to_string()).output().unwrap();
+    for n in ns {
+        let out = tb
+            .overlay(&["apply", "--backup"])
+            .env("OVERLAY_TEST_STOP_AFTER", n.to_string())
+            .output()
+            .unwrap();
         assert!(!out.status.success(), "stop after {n}: apply should fail");
         // The next command finds the unfinished journal and rolls it back.
         let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
         let msg = String::from_utf8_lossy(&r.stderr).into_owned();
-        assert!(r.status.success() || msg.contains("Nothing to roll back"), "stop after {n}: rollback failed: {msg}");
-        assert_same(&before, &snapshot(tb.host_venv_dir(1)), &format!("stop after journal step {n}"));
+        assert!(
+            r.status.success() || msg.contains("Nothing to roll back"),
+            "stop after {n}: rollback failed: {msg}"
+        );
+        assert_same(
+            &before,
+            &snapshot(tb.host_venv_dir(1)),
+            &format!("stop after journal step {n}"),
+        );
         points += 1;
     }
     assert!(points >= 20);
@@ -276,19 +435,41 @@ fn the_agent_stopping_after_any_journal_step_rolls_back_exactly() {
 fn an_interrupted_switch_can_be_resumed() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     let src = snapshot(tb.host_venv_dir(0));
     let plan = plan_json(&tb);
     // Step 2 is "staged", so stopping at 6 is in the middle of the switch.
-    let out = tb.overlay(&["apply", "--backup"]).env("OVERLAY_TEST_STOP_AFTER", "6").output().unwrap();
+    let out = tb
+        .overlay(&["apply", "--backup"])
+        .env("OVERLAY_TEST_STOP_AFTER", "6")
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    ok(tb.overlay(&["apply", "--resume"]).output().unwrap(), "apply --resume");
+    ok(
+        tb.overlay(&["apply", "--resume"]).output().unwrap(),
+        "apply --resume",
+    );
     let after = snapshot(tb.host_venv_dir(1));
     for p in carried(&plan) {
         let rel = site_rel(&p);
+        if rel.starts_with("bin/") {
+            // Local hosts have different venv paths: the shebang was rewritten.
+            let text = fs::read_to_string(tb.host_venv_dir(1).join(&rel)).unwrap();
+            assert!(
+                text.starts_with(&format!("#!{}/bin/", tb.hosts[1].venv)),
+                "{rel}: {text}"
+            );
+            continue;
+        }
         assert_eq!(after.get(&rel), src.get(&rel), "{rel} after resume");
     }
-    let h = ok(tb.overlay(&["history", "dst", "--json"]).output().unwrap(), "history");
+    let h = ok(
+        tb.overlay(&["history", "dst", "--json"]).output().unwrap(),
+        "history",
+    );
     let gens: serde_json::Value = serde_json::from_slice(&h.stdout).unwrap();
     assert_eq!(gens[0]["status"], "complete", "{gens}");
 }
@@ -298,7 +479,10 @@ fn killing_the_controller_at_random_moments_never_loses_a_file() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
     let before = snapshot(tb.host_venv_dir(1));
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     // Deterministic "random" delays spread over the apply's lifetime.
     let mut seed: u64 = 0x9e3779b97f4a7c15;
     for round in 0..8 {
@@ -306,15 +490,27 @@ fn killing_the_controller_at_random_moments_never_loses_a_file() {
         seed ^= seed >> 7;
         seed ^= seed << 17;
         let delay = Duration::from_millis(seed % 400);
-        let mut child = tb.overlay(&["apply", "--backup"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let mut child = tb
+            .overlay(&["apply", "--backup"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         std::thread::sleep(delay);
         let _ = child.kill(); // SIGKILL
         let _ = child.wait();
         // The orphaned agent may still hold the lock for a moment; rollback waits for it.
         let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
         let msg = String::from_utf8_lossy(&r.stderr).into_owned();
-        assert!(r.status.success() || msg.contains("Nothing to roll back"), "round {round} ({delay:?}): {msg}");
-        assert_same(&before, &snapshot(tb.host_venv_dir(1)), &format!("round {round}, killed after {delay:?}"));
+        assert!(
+            r.status.success() || msg.contains("Nothing to roll back"),
+            "round {round} ({delay:?}): {msg}"
+        );
+        assert_same(
+            &before,
+            &snapshot(tb.host_venv_dir(1)),
+            &format!("round {round}, killed after {delay:?}"),
+        );
     }
 }
 
@@ -326,19 +522,40 @@ fn cutting_the_ssh_connection_mid_apply_rolls_back_exactly() {
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
     let before = snapshot(tb.host_venv_dir(1));
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
-    let listener: i32 = fs::read_to_string(tb.host_dir(1).join("pid")).unwrap().trim().parse().unwrap();
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
+    let listener: i32 = fs::read_to_string(tb.host_dir(1).join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     for (round, delay_ms) in [150u64, 300, 600].into_iter().enumerate() {
-        let mut child = tb.overlay(&["apply", "--backup"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let mut child = tb
+            .overlay(&["apply", "--backup"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         std::thread::sleep(Duration::from_millis(delay_ms));
         // Kill the target's sshd session processes (children of its listener): the connection drops.
-        let _ = Command::new("pkill").args(["-9", "-P", &listener.to_string()]).status();
+        let _ = Command::new("pkill")
+            .args(["-9", "-P", &listener.to_string()])
+            .status();
         let _ = child.wait();
         std::thread::sleep(Duration::from_millis(200));
         let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
         let msg = String::from_utf8_lossy(&r.stderr).into_owned();
-        assert!(r.status.success() || msg.contains("Nothing to roll back"), "round {round}: {msg}");
-        assert_same(&before, &snapshot(tb.host_venv_dir(1)), &format!("connection cut after {delay_ms} ms"));
+        assert!(
+            r.status.success() || msg.contains("Nothing to roll back"),
+            "round {round}: {msg}"
+        );
+        assert_same(
+            &before,
+            &snapshot(tb.host_venv_dir(1)),
+            &format!("connection cut after {delay_ms} ms"),
+        );
     }
 }
 
@@ -350,16 +567,62 @@ fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
     }
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     // Move the target venv onto a tmpfs with almost no room left.
     let venv = tb.host_venv_dir(1).to_path_buf();
     let copy = tb.dir().join("venv-copy");
-    ok(Command::new("cp").arg("-a").arg(&venv).arg(&copy).output().unwrap(), "cp");
-    let used: u64 = walkdir::WalkDir::new(&copy).into_iter().flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len().div_ceil(4096) * 4096 + 4096).sum();
+    ok(
+        Command::new("cp")
+            .arg("-a")
+            .arg(&venv)
+            .arg(&copy)
+            .output()
+            .unwrap(),
+        "cp",
+    );
+    let used: u64 = walkdir::WalkDir::new(&copy)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len().div_ceil(4096) * 4096 + 4096)
+        .sum();
     fs::remove_dir_all(&venv).unwrap();
     fs::create_dir(&venv).unwrap();
-    let size = used + 64 * 1024;
-    ok(Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "overlay-enospc"]).arg(&venv).output().unwrap(), "mount tmpfs");
+    // Room for the generation's small metadata, and for half the new files.
+    let need: u64 = {
+        let plan: serde_json::Value =
+            serde_json::from_slice(&fs::read(tb.work.join(".overlay/plan.json")).unwrap()).unwrap();
+        plan["sets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["changes"].as_array().unwrap().iter())
+            .filter(|c| c["action"] != "delete")
+            .map(|c| c["size"].as_u64().unwrap())
+            .sum()
+    };
+    assert!(
+        need > 32 * 1024,
+        "the fixture's new files ({need} bytes) are too small for this test"
+    );
+    let size = used + 4 * need;
+    ok(
+        Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "overlay-enospc",
+            ])
+            .arg(&venv)
+            .output()
+            .unwrap(),
+        "mount tmpfs",
+    );
     struct Unmount(std::path::PathBuf);
     impl Drop for Unmount {
         fn drop(&mut self) {
@@ -367,22 +630,65 @@ fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
         }
     }
     let _guard = Unmount(venv.clone());
-    ok(Command::new("cp").arg("-a").arg(format!("{}/.", copy.display())).arg(&venv).output().unwrap(), "fill tmpfs");
+    ok(
+        Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", copy.display()))
+            .arg(&venv)
+            .output()
+            .unwrap(),
+        "fill tmpfs",
+    );
+    // Leave room for the generation's small metadata and half the new files.
+    let df = ok(
+        Command::new("df")
+            .args(["--output=avail", "-B1"])
+            .arg(&venv)
+            .output()
+            .unwrap(),
+        "df",
+    );
+    let avail: u64 = String::from_utf8_lossy(&df.stdout)
+        .lines()
+        .nth(1)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let ballast = avail.saturating_sub(96 * 1024 + need / 2);
+    fs::write(venv.join("ballast"), vec![0u8; ballast as usize]).unwrap();
     let before = snapshot(&venv);
 
     // The free-space check refuses before streaming.
     let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("Not enough space") && err.contains("needed") && err.contains("free") && err.contains("dst"), "{err}");
+    assert!(
+        err.contains("Not enough space")
+            && err.contains("needed")
+            && err.contains("free")
+            && err.contains("dst"),
+        "{err}"
+    );
     assert_same(&before, &snapshot(&venv), "after the space check refused");
 
     // And if the disk fills up anyway while streaming, the same promise holds.
-    let out = tb.overlay(&["apply", "--backup"]).env("OVERLAY_TEST_SKIP_SPACE_CHECK", "1").output().unwrap();
+    let out = tb
+        .overlay(&["apply", "--backup"])
+        .env("OVERLAY_TEST_SKIP_SPACE_CHECK", "1")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("No space left") && err.contains("bytes") && err.contains("dst"), "{err}");
+    assert!(
+        err.contains("No space left") && err.contains("bytes") && err.contains("dst"),
+        "{err}"
+    );
     assert_same(&before, &snapshot(&venv), "after ENOSPC while staging");
     let gens = venv.join(".overlay/generations");
-    assert_eq!(fs::read_dir(gens).unwrap().count(), 0, "staging is cleaned up");
+    assert_eq!(
+        fs::read_dir(gens).unwrap().count(),
+        0,
+        "staging is cleaned up"
+    );
 }

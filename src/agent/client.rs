@@ -6,8 +6,8 @@ use crate::error::{Error, Result};
 use crate::transport::{self, AgentPipe, ConnectOptions, Endpoint};
 
 use super::protocol::{
-    Entry, Frame, PROTOCOL_VERSION, Progress, Request, Response, ScanReport, ShebangRewrite, read_any,
-    read_frame, write_data, write_frame,
+    Entry, Frame, PROTOCOL_VERSION, Progress, Request, Response, ScanReport, ShebangRewrite,
+    read_any, read_frame, write_data, write_frame,
 };
 
 /// A connected agent on one host.
@@ -34,17 +34,22 @@ impl Client {
                 hint = "remove ~/.cache/overlay on that host so the current agent is uploaded",
                 "The agent on {host} (overlay {version}) speaks protocol {protocol}, this controller {PROTOCOL_VERSION}"
             )),
-            other => Err(err!("The agent on {host} answered the greeting with {other:?}")),
+            other => Err(err!(
+                "The agent on {host} answered the greeting with {other:?}"
+            )),
         }
     }
 
-    fn pipe(&mut self) -> &mut AgentPipe {
-        self.pipe.as_mut().expect("pipe is present until close")
+    fn pipe(&mut self) -> Result<&mut AgentPipe> {
+        let host = &self.host;
+        self.pipe
+            .as_mut()
+            .ok_or_else(|| err!("The agent on {host} is gone"))
     }
 
     fn send(&mut self, req: &Request) -> Result<()> {
         let host = self.host.clone();
-        write_frame(&mut self.pipe().writer, req).map_err(|e| {
+        write_frame(&mut self.pipe()?.writer, req).map_err(|e| {
             err!(
                 hint = "the agent or the connection died; run again, and check the host's logs if it repeats",
                 "Lost the connection to the agent on {host}: {e}"
@@ -54,7 +59,7 @@ impl Client {
 
     fn recv(&mut self) -> Result<Response> {
         let host = self.host.clone();
-        match read_frame::<Response>(&mut self.pipe().reader) {
+        match read_frame::<Response>(&mut self.pipe()?.reader) {
             Ok(Some(Response::Error(e))) => Err(on_host(e, &host)),
             Ok(Some(r)) => Ok(r),
             Ok(None) => {
@@ -82,7 +87,10 @@ impl Client {
         })?;
         match self.recv()? {
             Response::Scan(r) => Ok(r),
-            other => Err(err!("The agent on {} answered a scan with {other:?}", self.host)),
+            other => Err(err!(
+                "The agent on {} answered a scan with {other:?}",
+                self.host
+            )),
         }
     }
 
@@ -107,13 +115,22 @@ impl Client {
             match self.recv()? {
                 Response::Progress(p) => on_progress(p),
                 Response::Stat { entries } => return Ok(entries),
-                other => return Err(err!("The agent on {} answered a stat with {other:?}", self.host)),
+                other => {
+                    return Err(err!(
+                        "The agent on {} answered a stat with {other:?}",
+                        self.host
+                    ));
+                }
             }
         }
     }
 
     /// Send a request and wait for its answer, passing progress frames to `on_progress`.
-    pub fn call(&mut self, req: &Request, on_progress: &mut dyn FnMut(Progress)) -> Result<Response> {
+    pub fn call(
+        &mut self,
+        req: &Request,
+        on_progress: &mut dyn FnMut(Progress),
+    ) -> Result<Response> {
         self.send(req)?;
         loop {
             match self.recv()? {
@@ -131,7 +148,7 @@ impl Client {
     /// Read the next frame: raw stream data or a message.
     pub fn next_frame(&mut self) -> Result<Frame<Response>> {
         let host = self.host.clone();
-        match read_any::<Response>(&mut self.pipe().reader) {
+        match read_any::<Response>(&mut self.pipe()?.reader) {
             Ok(Some(Frame::Msg(Response::Error(e)))) => Err(on_host(e, &host)),
             Ok(Some(f)) => Ok(f),
             Ok(None) => Err(err!(
@@ -145,7 +162,7 @@ impl Client {
     /// Relay raw stream bytes to this agent.
     pub fn write_data(&mut self, bytes: &[u8]) -> Result<()> {
         let host = self.host.clone();
-        write_data(&mut self.pipe().writer, bytes).map_err(|e| {
+        write_data(&mut self.pipe()?.writer, bytes).map_err(|e| {
             err!(
                 hint = "the agent or the connection died; run `overlay apply` again (an unfinished generation is rolled back first)",
                 "Lost the connection to the agent on {host}: {e}"
@@ -185,5 +202,8 @@ fn on_host(e: Error, host: &str) -> Error {
     } else {
         format!("on {host}: {}", e.message)
     };
-    Error { message, hint: e.hint }
+    Error {
+        message,
+        hint: e.hint,
+    }
 }

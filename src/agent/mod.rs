@@ -15,7 +15,9 @@ use crate::err;
 use crate::error::{Error, Result};
 use crate::inventory::{self, Counters};
 use crate::journal::{Generation, Record, State};
-use protocol::{Frame, PROTOCOL_VERSION, Progress, Request, Response, read_any, read_frame, write_frame};
+use protocol::{
+    Frame, PROTOCOL_VERSION, Progress, Request, Response, read_any, read_frame, write_frame,
+};
 
 /// Serve requests until `Bye` or end of input.
 pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
@@ -34,7 +36,9 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
                     },
                 )?;
                 if protocol != PROTOCOL_VERSION {
-                    return Err(err!("agent speaks protocol {PROTOCOL_VERSION}, the controller {protocol}"));
+                    return Err(err!(
+                        "agent speaks protocol {PROTOCOL_VERSION}, the controller {protocol}"
+                    ));
                 }
                 continue;
             }
@@ -66,7 +70,11 @@ struct Session {
 
 impl Session {
     fn state(&mut self, venv: &str) -> Result<&State> {
-        if self.state.as_ref().is_none_or(|s| s.venv.root != std::path::Path::new(venv)) {
+        if self
+            .state
+            .as_ref()
+            .is_none_or(|s| s.venv.root != std::path::Path::new(venv))
+        {
             self.state = Some(State::open(venv)?);
         }
         Ok(self.state.as_ref().expect("just set"))
@@ -83,14 +91,35 @@ impl Session {
     fn handle(&mut self, req: Request, output: &mut dyn Write) -> Result<Response> {
         let counters = Counters::default();
         let r: Result<Response> = (|| match req {
-            Request::Scan { venv, file_globs } => inventory::scan(&venv, &file_globs).map(Response::Scan),
-            Request::Stat { venv, paths, hash, shebang, pycache } => with_progress(output, &counters, || {
+            Request::Scan { venv, file_globs } => {
+                inventory::scan(&venv, &file_globs).map(Response::Scan)
+            }
+            Request::Stat {
+                venv,
+                paths,
+                hash,
+                shebang,
+                pycache,
+            } => with_progress(output, &counters, || {
                 inventory::stat(&venv, &paths, hash, shebang.as_ref(), pycache, &counters)
             })?
             .map(|entries| Response::Stat { entries }),
-            Request::Send { venv, files, shebang, zstd_level } => {
+            Request::Send {
+                venv,
+                files,
+                shebang,
+                zstd_level,
+            } => {
                 // Data frames go straight to the output; progress is implied by them.
-                apply::send(&venv, &files, shebang.as_ref(), zstd_level, output, &counters).map(|(raw, compressed)| Response::Sent {
+                apply::send(
+                    &venv,
+                    &files,
+                    shebang.as_ref(),
+                    zstd_level,
+                    output,
+                    &counters,
+                )
+                .map(|(raw, compressed)| Response::Sent {
                     files: files.len() as u64,
                     raw_bytes: raw,
                     compressed_bytes: compressed,
@@ -98,18 +127,21 @@ impl Session {
             }
             Request::Prepare(req) => {
                 let state = self.state(&req.venv)?;
-                let recovered = state.recover(req.resume, &counters)?;
+                let recovered = state.recover(req.resume, &counters)?.map(|(_, msg)| msg);
                 let g = with_progress(output, &counters, || state.prepare(&req, &counters))??;
                 let generation = g.meta.id.clone();
                 self.generation = Some(g);
-                Ok(Response::Prepared { generation, recovered })
+                Ok(Response::Prepared {
+                    generation,
+                    recovered,
+                })
             }
             Request::Switch => {
                 let (state, g) = self.opened()?;
                 let changed = state.switch(g)?;
                 if let Err(e) = with_progress(output, &counters, || state.check(g, &counters))? {
-                    state.undo(g)?;
-                    let n = state.verify_before(g, &counters)?;
+                    let undone = state.undo(g)?;
+                    let n = state.finish_undo(g, &undone, &counters)?;
                     return Err(err!(
                         hint = "the generation was rolled back; run `overlay plan` and `overlay apply` again",
                         "{}; rolled back ({n} paths match the listing from before the apply)",
@@ -134,25 +166,38 @@ impl Session {
             }
             Request::Rollback { venv, to } => {
                 let state = self.state(&venv)?;
-                with_progress(output, &counters, || state.rollback(to.as_deref(), &counters))?.map(Response::RolledBack)
+                with_progress(output, &counters, || {
+                    state.rollback(to.as_deref(), &counters)
+                })?
+                .map(Response::RolledBack)
             }
             Request::History { venv } => {
                 let state = self.state(&venv)?;
-                let recovered = state.recover(false, &counters)?;
-                let _ = recovered;
-                state.history().map(|generations| Response::History { generations })
+                let recovered = state.recover(false, &counters)?.map(|(_, msg)| msg);
+                state.history().map(|generations| Response::History {
+                    generations,
+                    recovered,
+                })
             }
             Request::Prune { venv, keep } => {
                 let state = self.state(&venv)?;
-                state.recover(false, &counters)?;
-                state.prune(keep).map(|removed| Response::Pruned { removed })
+                let recovered = state.recover(false, &counters)?.map(|(_, msg)| msg);
+                state
+                    .prune(keep)
+                    .map(|removed| Response::Pruned { removed, recovered })
             }
             Request::Recover { venv, resume } => {
                 let state = self.state(&venv)?;
-                with_progress(output, &counters, || state.recover(resume, &counters))?.map(|outcome| Response::Recovered { outcome })
+                with_progress(output, &counters, || state.recover(resume, &counters))?.map(
+                    |outcome| Response::Recovered {
+                        outcome: outcome.map(|(_, msg)| msg),
+                    },
+                )
             }
             Request::EndData => Err(err!("EndData without Stage")),
-            Request::Hello { .. } | Request::Bye | Request::Stage => unreachable!("handled by serve"),
+            Request::Hello { .. } | Request::Bye | Request::Stage => {
+                unreachable!("handled by serve")
+            }
         })();
         Ok(r.unwrap_or_else(Response::Error))
     }
@@ -174,7 +219,8 @@ impl Session {
         let mut aborted = false;
         let result = std::thread::scope(|scope| {
             let g_ref: &Generation = g;
-            let worker = scope.spawn(|| apply::unpack(g_ref, &host_dir, ChannelReader::new(rx), &counters));
+            let worker =
+                scope.spawn(|| apply::unpack(g_ref, &host_dir, ChannelReader::new(rx), &counters));
             let mut tx = Some(tx);
             loop {
                 match read_any::<Request>(input) {
@@ -197,7 +243,9 @@ impl Session {
                 }
             }
             drop(tx);
-            worker.join().unwrap_or_else(|_| Err(err!("the unpacking thread panicked")))
+            worker
+                .join()
+                .unwrap_or_else(|_| Err(err!("the unpacking thread panicked")))
         });
         if ended || aborted {
             let g = self.generation.take().expect("opened");
@@ -234,7 +282,11 @@ fn drain(input: &mut dyn Read) -> Result<()> {
 }
 
 /// Run `work` on a worker thread while sending progress frames every 200 ms.
-fn with_progress<T: Send>(output: &mut dyn Write, counters: &Counters, work: impl FnOnce() -> T + Send) -> Result<T> {
+fn with_progress<T: Send>(
+    output: &mut dyn Write,
+    counters: &Counters,
+    work: impl FnOnce() -> T + Send,
+) -> Result<T> {
     std::thread::scope(|scope| {
         let handle = scope.spawn(work);
         let mut last = std::time::Instant::now();
@@ -250,9 +302,12 @@ fn with_progress<T: Send>(output: &mut dyn Write, counters: &Counters, work: imp
                 total_files: counters.total_files.load(Ordering::Relaxed),
                 total_bytes: counters.total_bytes.load(Ordering::Relaxed),
             };
-            write_frame(output, &Response::Progress(p)).map_err(|e| err!("agent: cannot write to the controller: {e}"))?;
+            write_frame(output, &Response::Progress(p))
+                .map_err(|e| err!("agent: cannot write to the controller: {e}"))?;
         }
-        handle.join().map_err(|_| Error::new("agent: a worker thread panicked"))
+        handle
+            .join()
+            .map_err(|_| Error::new("agent: a worker thread panicked"))
     })
 }
 

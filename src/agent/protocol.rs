@@ -60,15 +60,29 @@ pub enum Request {
     /// then re-hash what changed.
     Switch,
     /// Target side: mark the generation complete; drop its backup unless kept.
-    Commit { keep_backup: bool, keep: Option<usize> },
+    Commit {
+        keep_backup: bool,
+        keep: Option<usize>,
+    },
     /// Target side: give up the prepared generation (nothing was switched).
     Abort,
     /// Roll back generations down to and including `to` (default: the newest).
-    Rollback { venv: String, to: Option<String> },
-    History { venv: String },
-    Prune { venv: String, keep: usize },
+    Rollback {
+        venv: String,
+        to: Option<String>,
+    },
+    History {
+        venv: String,
+    },
+    Prune {
+        venv: String,
+        keep: usize,
+    },
     /// Finish (roll back, or with `resume` complete) an interrupted generation.
-    Recover { venv: String, resume: bool },
+    Recover {
+        venv: String,
+        resume: bool,
+    },
     Bye,
 }
 
@@ -84,21 +98,48 @@ pub struct SendFile {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Response {
-    Hello { protocol: u32, version: String },
+    Hello {
+        protocol: u32,
+        version: String,
+    },
     Scan(ScanReport),
     Progress(Progress),
-    Stat { entries: Vec<Entry> },
+    Stat {
+        entries: Vec<Entry>,
+    },
     /// Source: the stream is complete (data frames came before).
-    Sent { files: u64, raw_bytes: u64, compressed_bytes: u64 },
-    Prepared { generation: String, recovered: Option<String> },
-    Staged { files: u64, bytes: u64 },
-    Switched { changed: u64 },
-    Committed { generation: String },
+    Sent {
+        files: u64,
+        raw_bytes: u64,
+        compressed_bytes: u64,
+    },
+    Prepared {
+        generation: String,
+        recovered: Option<String>,
+    },
+    Staged {
+        files: u64,
+        bytes: u64,
+    },
+    Switched {
+        changed: u64,
+    },
+    Committed {
+        generation: String,
+    },
     Aborted,
     RolledBack(crate::journal::RollbackReport),
-    History { generations: Vec<crate::journal::GenerationInfo> },
-    Pruned { removed: Vec<String> },
-    Recovered { outcome: Option<String> },
+    History {
+        generations: Vec<crate::journal::GenerationInfo>,
+        recovered: Option<String>,
+    },
+    Pruned {
+        removed: Vec<String>,
+        recovered: Option<String>,
+    },
+    Recovered {
+        outcome: Option<String>,
+    },
     Error(Error),
     Bye,
 }
@@ -141,12 +182,15 @@ pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>
     if raw & DATA_BIT != 0 {
         return Ok(Some(Frame::Data(body)));
     }
-    serde_json::from_slice(&body).map(|m| Some(Frame::Msg(m))).map_err(|e| {
-        err!(
-            hint = "controller and agent disagree on the protocol; upgrade overlay on both sides",
-            "malformed frame: {e}"
-        )
-    })
+    serde_json::from_slice(&body)
+        .map(|m| Some(Frame::Msg(m)))
+        .map_err(|e| {
+            err!(
+                hint =
+                    "controller and agent disagree on the protocol; upgrade overlay on both sides",
+                "malformed frame: {e}"
+            )
+        })
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]

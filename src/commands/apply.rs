@@ -29,7 +29,11 @@ pub fn load_plan(path: &Path) -> Result<Plan> {
         )
     })?;
     let plan: Plan = serde_json::from_str(&text).map_err(|e| {
-        err!(hint = "run `overlay plan` again to make a fresh plan", "The plan {} is not a valid plan: {e}", path.display())
+        err!(
+            hint = "run `overlay plan` again to make a fresh plan",
+            "The plan {} is not a valid plan: {e}",
+            path.display()
+        )
     })?;
     if plan.format != overlay::plan::PLAN_FORMAT {
         return Err(err!(
@@ -52,10 +56,22 @@ pub fn gen_changes(plan: &Plan) -> Vec<GenChange> {
     let mut out = Vec::new();
     for set in &plan.sets {
         for c in &set.changes {
-            out.push(GenChange { path: c.path.clone(), action: c.action, source: c.source.clone(), target: c.target.clone(), bytecode: false });
+            out.push(GenChange {
+                path: c.path.clone(),
+                action: c.action,
+                source: c.source.clone(),
+                target: c.target.clone(),
+                bytecode: false,
+            });
         }
         for p in &set.stale_bytecode {
-            out.push(GenChange { path: p.clone(), action: Action::Delete, source: None, target: None, bytecode: true });
+            out.push(GenChange {
+                path: p.clone(),
+                action: Action::Delete,
+                source: None,
+                target: None,
+                bytecode: true,
+            });
         }
     }
     out
@@ -81,14 +97,26 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
     let mut dst = Client::connect(&tname, &endpoint(&plan.target.ssh), &opts)?;
 
     if args.resume {
-        let r = dst.call(&Request::Recover { venv: plan.target.venv.clone(), resume: true }, &mut |_| {})?;
+        let r = dst.call(
+            &Request::Recover {
+                venv: plan.target.venv.clone(),
+                resume: true,
+            },
+            &mut |_| {},
+        )?;
         let outcome = match r {
             Response::Recovered { outcome } => outcome,
             other => return Err(err!("unexpected answer from {tname}: {other:?}")),
         };
+        if args.json {
+            println!("{}", serde_json::json!({ "resumed": outcome }));
+        }
         match outcome {
             Some(o) => status(global, &format!("{tname}: {o}")),
-            None => status(global, &format!("{tname}: no interrupted generation to resume")),
+            None => status(
+                global,
+                &format!("{tname}: no interrupted generation to resume"),
+            ),
         }
         dst.close()?;
         return Ok(EXIT_OK);
@@ -96,7 +124,16 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
 
     let changes = gen_changes(&plan);
     if changes.is_empty() {
-        status(global, &format!("Nothing to apply: the plan has no changes for {tname}"));
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({ "generation": null, "changes": 0 })
+            );
+        }
+        status(
+            global,
+            &format!("Nothing to apply: the plan has no changes for {tname}"),
+        );
         dst.close()?;
         return Ok(EXIT_OK);
     }
@@ -110,7 +147,10 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         resume: false,
     };
     let (generation, recovered) = match dst.call(&Request::Prepare(Box::new(req)), &mut |_| {})? {
-        Response::Prepared { generation, recovered } => (generation, recovered),
+        Response::Prepared {
+            generation,
+            recovered,
+        } => (generation, recovered),
         other => return Err(err!("unexpected answer from {tname}: {other:?}")),
     };
     if let Some(r) = &recovered {
@@ -122,7 +162,13 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         .iter()
         .enumerate()
         .filter(|(_, c)| c.action != Action::Delete)
-        .filter_map(|(index, c)| Some(SendFile { index, path: c.path.clone(), kind: c.source.clone()? }))
+        .filter_map(|(index, c)| {
+            Some(SendFile {
+                index,
+                path: c.path.clone(),
+                kind: c.source.clone()?,
+            })
+        })
         .collect();
     let (mut raw, mut sent) = (0u64, 0u64);
     if !send.is_empty() {
@@ -142,7 +188,13 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         Response::Switched { .. } => {}
         other => return Err(err!("unexpected answer from {tname}: {other:?}")),
     }
-    match dst.call(&Request::Commit { keep_backup: args.backup, keep: args.keep }, &mut |_| {})? {
+    match dst.call(
+        &Request::Commit {
+            keep_backup: args.backup,
+            keep: args.keep,
+        },
+        &mut |_| {},
+    )? {
         Response::Committed { .. } => {}
         other => return Err(err!("unexpected answer from {tname}: {other:?}")),
     }
@@ -159,7 +211,10 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             seconds: secs,
             backup: args.backup,
         };
-        println!("{}", serde_json::to_string_pretty(&doc).expect("serializes"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("serializes")
+        );
     }
     status(
         global,
@@ -169,7 +224,11 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             send.len(),
             HumanBytes(sent),
             HumanBytes(raw),
-            if args.backup { format!("; roll back with `overlay rollback {tname}`") } else { String::new() }
+            if args.backup {
+                format!("; roll back with `overlay rollback {tname}`")
+            } else {
+                String::new()
+            }
         ),
     );
     Ok(EXIT_OK)
@@ -188,7 +247,10 @@ fn stream(
     src.request(&Request::Send {
         venv: plan.source.venv.clone(),
         files,
-        shebang: Some(ShebangRewrite { from: plan.source.venv.clone(), to: plan.target.venv.clone() }),
+        shebang: Some(ShebangRewrite {
+            from: plan.source.venv.clone(),
+            to: plan.target.venv.clone(),
+        }),
         zstd_level: 3,
     })?;
     dst.request(&Request::Stage)?;
@@ -202,7 +264,11 @@ fn stream(
                 bar.set_position(p.bytes);
                 bar.set_message(format!("{}/{} files", p.files, p.total_files));
             }
-            Frame::Msg(Response::Sent { raw_bytes, compressed_bytes, .. }) => break (raw_bytes, compressed_bytes),
+            Frame::Msg(Response::Sent {
+                raw_bytes,
+                compressed_bytes,
+                ..
+            }) => break (raw_bytes, compressed_bytes),
             Frame::Msg(other) => return Err(err!("unexpected answer from {sname}: {other:?}")),
         }
     };
@@ -210,7 +276,12 @@ fn stream(
     dst.request(&Request::EndData)?;
     match dst.response(&mut |_| {})? {
         Response::Staged { .. } => {}
-        other => return Err(err!("unexpected answer from {}: {other:?}", plan.target.name)),
+        other => {
+            return Err(err!(
+                "unexpected answer from {}: {other:?}",
+                plan.target.name
+            ));
+        }
     }
     src.close()?;
     Ok(sent)

@@ -61,10 +61,18 @@ pub fn select_sets(manifest: &Manifest, names: &[String]) -> Result<Vec<Set>> {
     names
         .iter()
         .map(|n| {
-            manifest.sets.iter().find(|s| &s.name == n).cloned().ok_or_else(|| {
-                let known: Vec<&str> = manifest.sets.iter().map(|s| s.name.as_str()).collect();
-                err!(hint = format!("sets in {}: {}", manifest.path.display(), known.join(", ")), "Unknown set {n:?}")
-            })
+            manifest
+                .sets
+                .iter()
+                .find(|s| &s.name == n)
+                .cloned()
+                .ok_or_else(|| {
+                    let known: Vec<&str> = manifest.sets.iter().map(|s| s.name.as_str()).collect();
+                    err!(
+                        hint = format!("sets in {}: {}", manifest.path.display(), known.join(", ")),
+                        "Unknown set {n:?}"
+                    )
+                })
         })
         .collect()
 }
@@ -74,7 +82,11 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
     let src_host = manifest.host(&args.source)?;
     let dst_host = manifest.host(&args.target)?;
     if src_host.name == dst_host.name {
-        return Err(err!(hint = "name two different hosts", "Source and target are the same host ({})", src_host.name));
+        return Err(err!(
+            hint = "name two different hosts",
+            "Source and target are the same host ({})",
+            src_host.name
+        ));
     }
     let sets = select_sets(&manifest, &args.sets)?;
     let plan = make_plan(global, &manifest, &sets, src_host, dst_host)?;
@@ -82,25 +94,49 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
     if args.json {
         print!("{}", report::plan_json(&plan));
     } else {
-        print!("{}", report::plan_text(&plan, global.verbose > 0, progress::color_stdout()));
+        print!(
+            "{}",
+            report::plan_text(&plan, global.verbose > 0, progress::color_stdout())
+        );
     }
     for w in &plan.warnings {
-        let set = w.set.as_deref().map(|s| format!("[{s}] ")).unwrap_or_default();
+        let set = w
+            .set
+            .as_deref()
+            .map(|s| format!("[{s}] "))
+            .unwrap_or_default();
         eprintln!("warning: {set}{}", w.message);
     }
     save_plan(&plan, &args.out)?;
     if !global.quiet {
-        eprintln!("Plan saved to {}; run `overlay apply` to carry it out.", args.out.display());
+        eprintln!(
+            "Plan saved to {}; run `overlay apply` to carry it out.",
+            args.out.display()
+        );
     }
-    Ok(if args.check && plan.has_changes() { EXIT_CHANGES } else { EXIT_OK })
+    Ok(if args.check && plan.has_changes() {
+        EXIT_CHANGES
+    } else {
+        EXIT_OK
+    })
 }
 
 /// Connect to both hosts, scan, hash, and decide.
-pub fn make_plan(global: &GlobalArgs, manifest: &Manifest, sets: &[Set], src_host: &Host, dst_host: &Host) -> Result<Plan> {
+pub fn make_plan(
+    global: &GlobalArgs,
+    manifest: &Manifest,
+    sets: &[Set],
+    src_host: &Host,
+    dst_host: &Host,
+) -> Result<Plan> {
     let opts = connect_options(global);
     let globs: Vec<String> = {
         let mut seen = BTreeSet::new();
-        sets.iter().flat_map(|s| s.files.iter()).filter(|g| seen.insert(g.as_str())).cloned().collect()
+        sets.iter()
+            .flat_map(|s| s.files.iter())
+            .filter(|g| seen.insert(g.as_str()))
+            .cloned()
+            .collect()
     };
 
     let connect_scan = |host: &Host| -> Result<(Client, ScanReport)> {
@@ -139,12 +175,32 @@ pub fn make_plan(global: &GlobalArgs, manifest: &Manifest, sets: &[Set], src_hos
         }
     };
     let (s, d) = both(
-        || src.stat(&src_host.venv, src_paths.into_iter().collect(), true, Some(shebang), false, &mut progress(&sbar)),
-        || dst.stat(&dst_host.venv, dst_paths.into_iter().collect(), true, None, true, &mut progress(&dbar)),
+        || {
+            src.stat(
+                &src_host.venv,
+                src_paths.into_iter().collect(),
+                true,
+                Some(shebang),
+                false,
+                &mut progress(&sbar),
+            )
+        },
+        || {
+            dst.stat(
+                &dst_host.venv,
+                dst_paths.into_iter().collect(),
+                true,
+                None,
+                true,
+                &mut progress(&dbar),
+            )
+        },
     );
     sbar.finish_and_clear();
     dbar.finish_and_clear();
-    let index = |v: Vec<Entry>| -> HashMap<String, Entry> { v.into_iter().map(|e| (e.path.clone(), e)).collect() };
+    let index = |v: Vec<Entry>| -> HashMap<String, Entry> {
+        v.into_iter().map(|e| (e.path.clone(), e)).collect()
+    };
     let src_entries = index(s?);
     let dst_entries = index(d?);
     let (set_plans, warnings) = plan::compute(
@@ -186,7 +242,10 @@ pub fn save_plan(plan: &Plan, out: &Path) -> Result<()> {
             overlay::error::io_cause(&e)
         )
     };
-    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(fail)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
     serde_json::to_writer_pretty(&mut tmp, plan).map_err(|e| fail(std::io::Error::other(e)))?;

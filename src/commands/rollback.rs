@@ -18,7 +18,11 @@ use crate::commands::plan::connect_options;
 use crate::progress::status;
 
 /// A host by manifest name, or else the target of the last plan.
-fn resolve(global: &GlobalArgs, host: Option<&str>, plan: &Path) -> Result<(String, Endpoint, String)> {
+fn resolve(
+    global: &GlobalArgs,
+    host: Option<&str>,
+    plan: &Path,
+) -> Result<(String, Endpoint, String)> {
     if global.manifest.exists() || host.is_some_and(|_| !plan.exists()) {
         if let Some(name) = host {
             let m = Manifest::load(&global.manifest)?;
@@ -39,19 +43,39 @@ fn resolve(global: &GlobalArgs, host: Option<&str>, plan: &Path) -> Result<(Stri
             plan.display()
         ));
     }
-    Ok((p.target.name.clone(), endpoint(&p.target.ssh), p.target.venv.clone()))
+    Ok((
+        p.target.name.clone(),
+        endpoint(&p.target.ssh),
+        p.target.venv.clone(),
+    ))
 }
 
 pub fn rollback(global: &GlobalArgs, args: &RollbackArgs) -> Result<u8> {
     let (name, ep, venv) = resolve(global, args.host.as_deref(), &args.plan)?;
     let mut c = Client::connect(&name, &ep, &connect_options(global))?;
-    let r = c.call(&Request::Rollback { venv: venv.clone(), to: args.to.clone() }, &mut |_| {})?;
+    let r = c.call(
+        &Request::Rollback {
+            venv: venv.clone(),
+            to: args.to.clone(),
+        },
+        &mut |_| {},
+    )?;
     c.close()?;
     let Response::RolledBack(report) = r else {
         return Err(err!("unexpected answer from {name}: {r:?}"));
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("serializes"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("serializes")
+        );
+    }
+    if let Some(msg) = &report.recovered {
+        status(global, &format!("{name}: {msg}"));
+        return Ok(EXIT_OK);
+    }
+    for k in &report.kept_edited {
+        eprintln!("warning: {k}");
     }
     status(
         global,
@@ -71,18 +95,42 @@ pub fn history(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
     let mut c = Client::connect(&name, &ep, &connect_options(global))?;
     let r = c.call(&Request::History { venv: venv.clone() }, &mut |_| {})?;
     c.close()?;
-    let Response::History { generations } = r else {
+    let Response::History {
+        generations,
+        recovered,
+    } = r
+    else {
         return Err(err!("unexpected answer from {name}: {r:?}"));
     };
+    if let Some(msg) = recovered {
+        status(global, &format!("{name}: {msg}"));
+    }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&generations).expect("serializes"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&generations).expect("serializes")
+        );
         return Ok(EXIT_OK);
     }
-    println!("{:<22} {:<20} {:<12} {:>6} {:>8} {:>7} {:>10} {:>10}  {}", "ID", "TIME (UTC)", "STATUS", "ADD", "REPLACE", "DELETE", "NEW", "BACKUP", "FROM");
+    println!(
+        "{:<22} {:<20} {:<12} {:>6} {:>8} {:>7} {:>10} {:>10}  {}",
+        "ID", "TIME (UTC)", "STATUS", "ADD", "REPLACE", "DELETE", "NEW", "BACKUP", "FROM"
+    );
     for g in &generations {
-        let status = serde_json::to_value(g.status).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+        let status = serde_json::to_value(g.status)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
         let t = overlay::journal::format_time(g.created);
-        let when = format!("{}-{}-{} {}:{}:{}", &t[0..4], &t[4..6], &t[6..8], &t[9..11], &t[11..13], &t[13..15]);
+        let when = format!(
+            "{}-{}-{} {}:{}:{}",
+            &t[0..4],
+            &t[4..6],
+            &t[6..8],
+            &t[9..11],
+            &t[11..13],
+            &t[13..15]
+        );
         println!(
             "{:<22} {:<20} {:<12} {:>6} {:>8} {:>7} {:>10} {:>10}  {}",
             g.id,
@@ -92,7 +140,11 @@ pub fn history(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
             g.replaces,
             g.deletes,
             HumanBytes(g.bytes).to_string(),
-            if g.backup { HumanBytes(g.backup_bytes).to_string() } else { "none".into() },
+            if g.backup {
+                HumanBytes(g.backup_bytes).to_string()
+            } else {
+                "none".into()
+            },
             g.source
         );
     }
@@ -105,11 +157,31 @@ pub fn history(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
 pub fn prune(global: &GlobalArgs, args: &PruneArgs) -> Result<u8> {
     let (name, ep, venv) = resolve(global, args.host.as_deref(), &args.plan)?;
     let mut c = Client::connect(&name, &ep, &connect_options(global))?;
-    let r = c.call(&Request::Prune { venv, keep: args.keep }, &mut |_| {})?;
+    let r = c.call(
+        &Request::Prune {
+            venv,
+            keep: args.keep,
+        },
+        &mut |_| {},
+    )?;
     c.close()?;
-    let Response::Pruned { removed } = r else {
+    let Response::Pruned { removed, recovered } = r else {
         return Err(err!("unexpected answer from {name}: {r:?}"));
     };
-    status(global, &format!("Removed {} generation(s) on {name}{}", removed.len(), if removed.is_empty() { String::new() } else { format!(": {}", removed.join(", ")) }));
+    if let Some(msg) = recovered {
+        status(global, &format!("{name}: {msg}"));
+    }
+    status(
+        global,
+        &format!(
+            "Removed {} generation(s) on {name}{}",
+            removed.len(),
+            if removed.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", removed.join(", "))
+            }
+        ),
+    );
     Ok(EXIT_OK)
 }

@@ -5,8 +5,8 @@
 use std::io::Read;
 use std::process::{Command, Stdio};
 
-use crate::error::Result;
 use crate::err;
+use crate::error::Result;
 
 pub fn start_agent(host: &str) -> Result<super::AgentPipe> {
     let exe = super::agent_binary_path()?;
@@ -16,7 +16,12 @@ pub fn start_agent(host: &str) -> Result<super::AgentPipe> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| err!("Failed to start the agent for {host} ({}): {e}", exe.display()))?;
+        .map_err(|e| {
+            err!(
+                "Failed to start the agent for {host} ({}): {e}",
+                exe.display()
+            )
+        })?;
     let writer = child.stdin.take().expect("piped stdin");
     let reader = child.stdout.take().expect("piped stdout");
     let mut stderr = child.stderr.take().expect("piped stderr");
@@ -36,7 +41,10 @@ pub fn start_agent(host: &str) -> Result<super::AgentPipe> {
                 .map_err(|e| err!("Failed to wait for the agent on {host}: {e}"))?;
             let text = drain.join().unwrap_or_default();
             if !status.success() {
-                return Err(err!("The agent on {host} exited with {status}: {}", text.trim()));
+                return Err(err!(
+                    "The agent on {host} exited with {status}: {}",
+                    text.trim()
+                ));
             }
             Ok(text)
         }),

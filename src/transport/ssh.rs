@@ -19,7 +19,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use ssh2::{
@@ -60,8 +60,13 @@ const READ_SLICE_MS: u32 = 2;
 const WRITE_SLICE_MS: u32 = 20;
 /// How long a waiting reader or writer sleeps on the socket between attempts.
 const IDLE_POLL_MS: i32 = 50;
-/// Keepalive on an idle connection (the agent may hash for minutes).
-const KEEPALIVE_SECS: u32 = 30;
+/// TCP keepalive and user timeout, so a vanished host ends a connection
+/// that waits on an agent hashing for minutes. (libssh2's own keepalive is
+/// not used: a partly sent keepalive packet can wedge the session.)
+const TCP_KEEPIDLE_SECS: i32 = 30;
+const TCP_KEEPINTVL_SECS: i32 = 10;
+const TCP_KEEPCNT: i32 = 6;
+const TCP_USER_TIMEOUT_MS: i32 = 120_000;
 
 // ---------------------------------------------------------------------------
 // Public API
@@ -71,7 +76,7 @@ const KEEPALIVE_SECS: u32 = 30;
 /// make sure this agent build is on the host, and start `overlay agent` there.
 /// `host` is the manifest's host name, used in every message.
 pub fn start_agent(host: &str, target: &str, opts: &ConnectOptions) -> Result<AgentPipe> {
-    let env = LocalEnv::from_process()?;
+    let env = LocalEnv::from_process().map_err(|e| e.context(format_args!("on {host}")))?;
     start_agent_with(host, target, opts, &env)
 }
 
@@ -245,20 +250,20 @@ pub fn resolve(
             .filter(|v| !v.is_empty())
     };
 
-    if let Some(jump) = p.proxy_jump.as_ref().filter(|j| !j.is_empty()) {
-        if !jump.iter().all(|j| j.eq_ignore_ascii_case("none")) {
-            return Err(format!(
-                "~/.ssh/config sets ProxyJump {} for {alias}, which overlay does not support",
-                jump.join(",")
-            ));
-        }
+    if let Some(jump) = p.proxy_jump.as_ref().filter(|j| !j.is_empty())
+        && !jump.iter().all(|j| j.eq_ignore_ascii_case("none"))
+    {
+        return Err(format!(
+            "~/.ssh/config sets ProxyJump {} for {alias}, which overlay does not support",
+            jump.join(",")
+        ));
     }
-    if let Some(cmd) = field("proxycommand") {
-        if !(cmd.len() == 1 && cmd[0].eq_ignore_ascii_case("none")) {
-            return Err(format!(
-                "~/.ssh/config sets a ProxyCommand for {alias}, which overlay does not support"
-            ));
-        }
+    if let Some(cmd) = field("proxycommand")
+        && !(cmd.len() == 1 && cmd[0].eq_ignore_ascii_case("none"))
+    {
+        return Err(format!(
+            "~/.ssh/config sets a ProxyCommand for {alias}, which overlay does not support"
+        ));
     }
 
     let hostname = match &p.host_name {
@@ -459,10 +464,12 @@ pub(crate) fn start_agent_with(
         }
     };
     let r = resolve(target, &config, &env.user).map_err(|cause| {
-        err!(
-            hint = "write the host's ssh value as an alias from ~/.ssh/config or as [user@]host[:port]",
-            "Failed to resolve the ssh target of {who}: {cause}"
-        )
+        let hint = if cause.starts_with("~/.ssh/config") {
+            "overlay connects directly over TCP: fix that entry of ~/.ssh/config, or write the host's ssh value as [user@]host[:port] of an address reachable from here"
+        } else {
+            "write the host's ssh value as an alias from ~/.ssh/config or as [user@]host[:port]"
+        };
+        err!(hint = hint, "Failed to resolve the ssh target of {who}: {cause}")
     })?;
     let conn = connect(who, &r, opts, env)?;
     let remote = upload_agent(who, &conn, opts, env)?;
@@ -470,18 +477,13 @@ pub(crate) fn start_agent_with(
 }
 
 /// An authenticated session.
-pub(crate) struct Connected {
-    pub session: Session,
-    pub fd: RawFd,
-    pub addr: SocketAddr,
+struct Connected {
+    session: Session,
+    fd: RawFd,
+    addr: SocketAddr,
 }
 
-pub(crate) fn connect(
-    who: Who<'_>,
-    r: &Resolved,
-    opts: &ConnectOptions,
-    env: &LocalEnv,
-) -> Result<Connected> {
+fn connect(who: Who<'_>, r: &Resolved, opts: &ConnectOptions, env: &LocalEnv) -> Result<Connected> {
     let secs = fmt_secs(opts.timeout);
     let addrs: Vec<SocketAddr> = (r.hostname.as_str(), r.port)
         .to_socket_addrs()
@@ -537,10 +539,15 @@ pub(crate) fn connect(
                 r.hostname
             )
         };
-        return Err(err!(hint = hint, "Failed to connect to {who} at {}", failures.join(", ")));
+        return Err(err!(
+            hint = hint,
+            "Failed to connect to {who} at {}",
+            failures.join(", ")
+        ));
     };
     let _ = tcp.set_nodelay(true);
     let fd = tcp.as_raw_fd();
+    tcp_keepalive(fd);
 
     let fail = |what: &str, e: ssh2::Error| -> Error {
         if is_timeout(&e) {
@@ -567,7 +574,6 @@ pub(crate) fn connect(
 
     verify_host_key(who, &session, r, opts, env, addr)?;
     authenticate(who, &session, r, env, addr)?;
-    session.set_keepalive(false, KEEPALIVE_SECS);
     Ok(Connected { session, fd, addr })
 }
 
@@ -788,7 +794,10 @@ fn key_type_label(t: &str) -> String {
 /// OpenSSH's fingerprint: `SHA256:` and unpadded base64 of the blob's sha256.
 pub fn sha256_fingerprint(blob: &[u8]) -> String {
     let d = Sha256::digest(blob);
-    format!("SHA256:{}", base64_encode(d.as_slice()).trim_end_matches('='))
+    format!(
+        "SHA256:{}",
+        base64_encode(d.as_slice()).trim_end_matches('=')
+    )
 }
 
 fn verify_host_key(
@@ -942,13 +951,13 @@ fn ssh_command_for(target: &str, r: &Resolved) -> String {
 /// Append one OpenSSH-format line, creating the file (and its directory, 0700).
 fn append_known_host(file: &Path, name: &str, keytype: &str, key64: &str) -> io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)?;
-        }
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.exists()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
     }
     let needs_newline = match std::fs::read(file) {
         Ok(b) => !b.is_empty() && !b.ends_with(b"\n"),
@@ -1149,7 +1158,9 @@ fn authenticate(
         }
     }
     if disconnected {
-        tried.push("the server closed the connection (too many keys offered? see MaxAuthTries)".into());
+        tried.push(
+            "the server closed the connection (too many keys offered? see MaxAuthTries)".into(),
+        );
     }
     Err(err!(
         hint = format!(
@@ -1169,7 +1180,6 @@ mod libssh2_sys_codes {
     pub const FILE: i32 = -16;
     pub const AUTHENTICATION_FAILED: i32 = -18;
     pub const PUBLICKEY_UNVERIFIED: i32 = -19;
-    pub const EAGAIN: i32 = -37;
     pub const SOCKET_RECV: i32 = -43;
 }
 
@@ -1255,7 +1265,10 @@ fn upload_agent(
     opts: &ConnectOptions,
     env: &LocalEnv,
 ) -> Result<String> {
-    let digest = agent_digest(&env.agent_binary)?;
+    let digest = agent_digest(&env.agent_binary).map_err(|e| Error {
+        message: format!("{} (to start the agent on {who})", e.message),
+        hint: e.hint,
+    })?;
     conn.session
         .set_timeout(duration_ms(opts.timeout.max(UPLOAD_OP_TIMEOUT)));
     let fail = |what: String, e: ssh2::Error| {
@@ -1316,25 +1329,23 @@ fn upload_agent(
         sftp.setstat(&tmp, chmod)
             .map_err(|e| fail(format!("cannot make {} executable", tmp.display()), e))?;
         let flags = RenameFlags::OVERWRITE | RenameFlags::ATOMIC | RenameFlags::NATIVE;
-        if let Err(e) = sftp.rename(&tmp, &final_path, Some(flags)) {
+        if sftp.rename(&tmp, &final_path, Some(flags)).is_err() {
             // SFTP v3 (OpenSSH) refuses to rename over an existing file.
             let _ = sftp.unlink(&final_path);
-            if let Err(e2) = sftp.rename(&tmp, &final_path, Some(flags)) {
+            if let Err(e) = sftp.rename(&tmp, &final_path, Some(flags)) {
                 // Another controller may have put the same build there meanwhile.
                 if !is_usable_agent(&sftp, &final_path, digest.size) {
-                    let _ = e;
                     return Err(fail(
                         format!("cannot rename it to {}", final_path.display()),
-                        e2,
+                        e,
                     ));
                 }
             }
         }
         Ok(())
     });
-    if result.is_err() {
-        let _ = sftp.unlink(&tmp);
-    }
+    // Gone after a successful rename; left over otherwise.
+    let _ = sftp.unlink(&tmp);
     result?;
     if !is_usable_agent(&sftp, &final_path, digest.size) {
         return Err(err!(
@@ -1361,7 +1372,7 @@ fn write_remote(who: Who<'_>, sftp: &Sftp, local: &Path, remote: &Path) -> Resul
     let mut src = std::fs::File::open(local).map_err(|e| {
         err!(
             hint = "set OVERLAY_AGENT_BINARY to the path of a static overlay binary",
-            "Failed to read the agent binary {}: {}",
+            "Failed to read the agent binary {} to upload it to {who}: {}",
             local.display(),
             crate::error::io_cause(&e)
         )
@@ -1386,7 +1397,7 @@ fn write_remote(who: Who<'_>, sftp: &Sftp, local: &Path, remote: &Path) -> Resul
         let n = src.read(&mut buf).map_err(|e| {
             err!(
                 hint = "set OVERLAY_AGENT_BINARY to the path of a static overlay binary",
-                "Failed to read the agent binary {}: {}",
+                "Failed to read the agent binary {} to upload it to {who}: {}",
                 local.display(),
                 crate::error::io_cause(&e)
             )
@@ -1457,7 +1468,12 @@ fn exec_agent(who: Who<'_>, conn: Connected, remote: &str) -> Result<AgentPipe> 
             shared: shared.clone(),
         }),
         writer: Box::new(PipeWriter { shared }),
-        finish: Box::new(move || finish(&fin, &host, &remote)),
+        finish: Box::new(move || {
+            let result = finish(&fin, &host, &remote);
+            // The channel is done: dropping the writer later must not wait on it.
+            fin.lock().unwrap_or_else(|p| p.into_inner()).eof_sent = true;
+            result
+        }),
     })
 }
 
@@ -1474,7 +1490,7 @@ impl Read for PipeReader {
         if buf.is_empty() {
             return Ok(0);
         }
-        with_conn(&self.shared, READ_SLICE_MS, None, |c| {
+        with_conn(&self.shared, READ_SLICE_MS, |c| {
             c.channel.stream(0).read(buf)
         })
     }
@@ -1485,7 +1501,7 @@ impl Write for PipeWriter {
         if buf.is_empty() {
             return Ok(0);
         }
-        with_conn(&self.shared, WRITE_SLICE_MS, None, |c| {
+        with_conn(&self.shared, WRITE_SLICE_MS, |c| {
             if c.eof_sent {
                 return Err(io::Error::new(
                     io::ErrorKind::BrokenPipe,
@@ -1505,14 +1521,15 @@ impl Write for PipeWriter {
 
 impl Drop for PipeWriter {
     /// Closing the writer closes the agent's stdin, as with a local child.
+    /// (Not bounded by a deadline: an abandoned half-sent packet would wedge
+    /// the session; a dead peer ends it through the TCP timeouts.)
     fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let _ = send_eof(&self.shared, Some(deadline));
+        let _ = send_eof(&self.shared);
     }
 }
 
-fn send_eof(shared: &Shared, deadline: Option<Instant>) -> io::Result<()> {
-    with_conn(shared, WRITE_SLICE_MS, deadline, |c| {
+fn send_eof(shared: &Shared) -> io::Result<()> {
+    with_conn(shared, WRITE_SLICE_MS, |c| {
         if !c.eof_sent {
             c.channel.send_eof()?;
             c.eof_sent = true;
@@ -1522,11 +1539,12 @@ fn send_eof(shared: &Shared, deadline: Option<Instant>) -> io::Result<()> {
 }
 
 /// Run `f` under the lock with libssh2 bounded to `slice_ms`; while it would
-/// block, release the lock and wait on the socket, then try again.
+/// block, release the lock and wait on the socket, then call `f` again. Each
+/// caller repeats its own call until it completes, as libssh2 requires of a
+/// call that returned half-way.
 fn with_conn<T>(
     shared: &Shared,
     slice_ms: u32,
-    deadline: Option<Instant>,
     mut f: impl FnMut(&mut Conn) -> io::Result<T>,
 ) -> io::Result<T> {
     loop {
@@ -1538,9 +1556,6 @@ fn with_conn<T>(
                 other => return other,
             }
         };
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
-        }
         wait_socket(fd, dirs, IDLE_POLL_MS);
     }
 }
@@ -1570,6 +1585,30 @@ fn wait_socket(fd: RawFd, dirs: BlockDirections, timeout_ms: i32) {
     }
 }
 
+fn tcp_keepalive(fd: RawFd) {
+    let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| {
+        // SAFETY: fd is an open socket; the option value is a c_int.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, TCP_KEEPIDLE_SECS);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, TCP_KEEPINTVL_SECS);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, TCP_KEEPCNT);
+    set(
+        libc::IPPROTO_TCP,
+        libc::TCP_USER_TIMEOUT,
+        TCP_USER_TIMEOUT_MS,
+    );
+}
+
 fn finish(shared: &Shared, who: &str, remote: &str) -> Result<String> {
     let lost = |e: io::Error| {
         err!(
@@ -1577,28 +1616,33 @@ fn finish(shared: &Shared, who: &str, remote: &str) -> Result<String> {
             "Failed to wait for the agent on {who}: {e}"
         )
     };
-    send_eof(shared, None).or_else(|e| {
-        // The agent may already have closed the channel.
-        if e.kind() == io::ErrorKind::BrokenPipe {
-            Ok(())
-        } else {
-            Err(e)
-        }
-    })
-    .map_err(lost)?;
+    send_eof(shared)
+        .or_else(|e| {
+            // The agent may already have closed the channel.
+            if e.kind() == io::ErrorKind::BrokenPipe {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .map_err(lost)?;
     // Discard unread output, then collect stderr until the agent is done.
     let mut buf = vec![0u8; 32768];
     loop {
-        let n = with_conn(shared, READ_SLICE_MS, None, |c| c.channel.stream(0).read(&mut buf))
-            .map_err(lost)?;
+        let n = with_conn(shared, READ_SLICE_MS, |c| {
+            c.channel.stream(0).read(&mut buf)
+        })
+        .map_err(lost)?;
         if n == 0 {
             break;
         }
     }
     let mut stderr = Vec::new();
     loop {
-        let n = with_conn(shared, READ_SLICE_MS, None, |c| c.channel.stream(1).read(&mut buf))
-            .map_err(lost)?;
+        let n = with_conn(shared, READ_SLICE_MS, |c| {
+            c.channel.stream(1).read(&mut buf)
+        })
+        .map_err(lost)?;
         if n == 0 {
             break;
         }
@@ -1606,7 +1650,7 @@ fn finish(shared: &Shared, who: &str, remote: &str) -> Result<String> {
             stderr.extend_from_slice(&buf[..n]);
         }
     }
-    with_conn(shared, WRITE_SLICE_MS, None, |c| {
+    with_conn(shared, WRITE_SLICE_MS, |c| {
         c.channel.wait_close().map_err(io::Error::from)
     })
     .map_err(lost)?;
@@ -1713,3 +1757,775 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn local() -> LocalUser {
+        LocalUser {
+            name: "alice".into(),
+            home: PathBuf::from("/home/alice"),
+        }
+    }
+
+    #[test]
+    fn parses_targets() {
+        let t = |s: &str| parse_target(s).unwrap();
+        assert_eq!(
+            t("box"),
+            Target {
+                user: None,
+                host: "box".into(),
+                port: None
+            }
+        );
+        assert_eq!(
+            t("deploy@box.lan:2222"),
+            Target {
+                user: Some("deploy".into()),
+                host: "box.lan".into(),
+                port: Some(2222)
+            }
+        );
+        assert_eq!(t("a@b@box").user.as_deref(), Some("a@b"));
+        assert_eq!(
+            t("[::1]:2200"),
+            Target {
+                user: None,
+                host: "::1".into(),
+                port: Some(2200)
+            }
+        );
+        assert_eq!(t("root@[fe80::1]").host, "fe80::1");
+        assert_eq!(t("fe80::1").port, None);
+        assert_eq!(t("fe80::1").host, "fe80::1");
+        for bad in [
+            "",
+            "  ",
+            "@box",
+            "box:",
+            "box:x",
+            "box:0",
+            "box:70000",
+            "[::1",
+            "[::1]x",
+            "-oProxyCommand=sh",
+            "a b",
+            "user@",
+        ] {
+            assert!(parse_target(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    const CONFIG: &str = "\
+Host web
+    HostName web.internal
+    User deploy
+    Port 2222
+    IdentityFile ~/.ssh/web_key
+    IdentityFile %d/.ssh/%r@%h
+    UserKnownHostsFile ~/.ssh/kh_web /etc/kh_%n
+    HostKeyAlias webalias
+    IdentityAgent ~/.ssh/agent.sock
+
+Host *.lan
+    User lanuser
+    HostName %h.example.org
+
+Host jump
+    ProxyJump bastion
+
+Host pc
+    ProxyCommand nc %h %p
+
+Host noagent
+    IdentityAgent none
+    UserKnownHostsFile none
+
+Host *
+    ForwardAgent no
+    SomeOptionNobodyKnows yes
+    Port 22
+";
+
+    #[test]
+    fn resolves_through_a_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config");
+        std::fs::write(&path, CONFIG).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let l = local();
+
+        let r = resolve("web", &text, &l).unwrap();
+        assert_eq!(r.hostname, "web.internal");
+        assert_eq!((r.user.as_str(), r.port), ("deploy", 2222));
+        assert_eq!(
+            r.identity_files,
+            vec![
+                PathBuf::from("/home/alice/.ssh/web_key"),
+                PathBuf::from("/home/alice/.ssh/deploy@web.internal"),
+            ]
+        );
+        assert!(r.identity_files_configured);
+        assert_eq!(
+            r.known_hosts_files,
+            vec![
+                PathBuf::from("/home/alice/.ssh/kh_web"),
+                PathBuf::from("/etc/kh_web")
+            ]
+        );
+        assert_eq!(r.host_key_alias.as_deref(), Some("webalias"));
+        assert_eq!(r.known_hosts_name(), "[webalias]:2222");
+        assert_eq!(
+            r.agent,
+            AgentSocket::Path("/home/alice/.ssh/agent.sock".into())
+        );
+
+        // The manifest's user and port win over the config's.
+        let r = resolve("root@WEB:2200", &text, &l).unwrap();
+        assert_eq!(
+            (r.user.as_str(), r.port, r.hostname.as_str()),
+            ("root", 2200, "web.internal")
+        );
+
+        let r = resolve("box.lan", &text, &l).unwrap();
+        assert_eq!(
+            (r.user.as_str(), r.hostname.as_str()),
+            ("lanuser", "box.lan.example.org")
+        );
+
+        // Nothing configured: local user, port 22, default key files and known_hosts.
+        let r = resolve("10.0.0.7", &text, &l).unwrap();
+        assert_eq!(
+            (r.user.as_str(), r.port, r.hostname.as_str()),
+            ("alice", 22, "10.0.0.7")
+        );
+        assert!(!r.identity_files_configured);
+        assert_eq!(
+            r.identity_files[0],
+            PathBuf::from("/home/alice/.ssh/id_ed25519")
+        );
+        assert_eq!(r.identity_files.len(), 3);
+        assert_eq!(
+            r.known_hosts_files[0],
+            PathBuf::from("/home/alice/.ssh/known_hosts")
+        );
+        assert_eq!(r.known_hosts_name(), "10.0.0.7");
+        assert_eq!(r.agent, AgentSocket::FromEnv);
+
+        let r = resolve("noagent", &text, &l).unwrap();
+        assert_eq!(r.agent, AgentSocket::Disabled);
+        assert!(r.known_hosts_files.is_empty());
+
+        assert!(
+            resolve("jump", &text, &l)
+                .unwrap_err()
+                .contains("ProxyJump")
+        );
+        assert!(
+            resolve("pc", &text, &l)
+                .unwrap_err()
+                .contains("ProxyCommand")
+        );
+        assert!(resolve("box:x", &text, &l).is_err());
+        // No config at all.
+        let r = resolve("u@h:2", "", &l).unwrap();
+        assert_eq!(
+            (r.user.as_str(), r.hostname.as_str(), r.port),
+            ("u", "h", 2)
+        );
+        assert_eq!(r.known_hosts_name(), "[h]:2");
+    }
+
+    #[test]
+    fn matches_known_hosts_patterns() {
+        assert!(match_host_patterns("box,10.0.0.1", "box"));
+        assert!(match_host_patterns("BOX", "box"));
+        assert!(match_host_patterns("*.lan", "a.lan"));
+        assert!(!match_host_patterns("*.lan", "a.lan.evil"));
+        assert!(match_host_patterns("[10.0.0.?]:2222", "[10.0.0.5]:2222"));
+        assert!(!match_host_patterns("[box]:2222", "box"));
+        assert!(!match_host_patterns("*.lan,!bad.lan", "bad.lan"));
+        assert!(match_host_patterns("*.lan,!bad.lan", "good.lan"));
+        assert!(wildmatch("a*b*c", "aXbYbZc"));
+        assert!(!wildmatch("a*b", "aXbY"));
+
+        let text = "# comment\n\nbox ssh-ed25519 AAAA one\n@revoked * ssh-rsa BBBB\n@cert-authority *.lan ssh-ed25519 CCCC\nbroken-line\n";
+        let e = parse_known_hosts(Path::new("kh"), text);
+        assert_eq!(e.len(), 3);
+        assert_eq!(
+            (
+                e[0].line,
+                e[0].hosts.as_str(),
+                e[0].keytype.as_str(),
+                e[0].key.as_str()
+            ),
+            (3, "box", "ssh-ed25519", "AAAA")
+        );
+        assert_eq!(e[1].marker.as_deref(), Some("@revoked"));
+        assert_eq!(e[2].marker.as_deref(), Some("@cert-authority"));
+    }
+
+    #[test]
+    fn helpers() {
+        assert_eq!(base64_encode(b""), "");
+        assert_eq!(base64_encode(b"f"), "Zg==");
+        assert_eq!(base64_encode(b"fo"), "Zm8=");
+        assert_eq!(base64_encode(b"foobar"), "Zm9vYmFy");
+        assert_eq!(base64_decode("Zm9vYmE=").unwrap(), b"fooba");
+        assert_eq!(
+            base64_decode(PROBE_KEY).map(|b| key_type_of_blob(&b)),
+            Some(Some("ssh-ed25519".into()))
+        );
+        assert_eq!(sh_quote("/home/o'brien/x"), r"'/home/o'\''brien/x'");
+        let weird = "/tmp/a b'c\"$(x)`y`\\n";
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf %s {}", sh_quote(weird)))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), weird);
+        assert_eq!(percent_host("%h.x%%", "a"), "a.x%");
+        assert_eq!(fmt_secs(Duration::from_secs(10)), "10 s");
+        assert_eq!(fmt_secs(Duration::from_millis(1500)), "1.5 s");
+        assert_eq!(hex(&[0, 255, 16]), "00ff10");
+    }
+
+    #[test]
+    fn detects_passphrase_protected_keys() {
+        if !Path::new("/usr/bin/ssh-keygen").exists() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for (name, pass) in [("plain", ""), ("enc", "secret")] {
+            let st = std::process::Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", pass, "-f"])
+                .arg(dir.path().join(name))
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        assert!(!key_file_is_encrypted(&dir.path().join("plain")));
+        assert!(key_file_is_encrypted(&dir.path().join("enc")));
+    }
+
+    // -----------------------------------------------------------------------
+    // Against a real OpenSSH server. Run as root:
+    //   cargo test --lib transport::ssh -- --ignored --nocapture
+    // -----------------------------------------------------------------------
+
+    use std::process::{Child, Command, Stdio};
+
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Removes what the test created under root's home (file, then empty dirs).
+    struct RemoveOnDrop(Vec<PathBuf>);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = std::fs::remove_file(p).or_else(|_| std::fs::remove_dir(p));
+            }
+        }
+    }
+
+    fn run(cmd: &mut Command) -> String {
+        let out = cmd.output().expect("run");
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn keygen(path: &Path, pass: &str) {
+        run(Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", pass, "-C", "test-key", "-f"])
+            .arg(path));
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.9:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    const ECHO_C: &str = r#"
+#include <unistd.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    static char buf[65536];
+    ssize_t n;
+    int first = 1, fail = 0;
+    if (argc != 2 || strcmp(argv[1], "agent") != 0) { write(2, "bad args\n", 9); return 2; }
+    while ((n = read(0, buf, sizeof buf)) > 0) {
+        if (first && buf[0] == 'X') fail = 1;
+        first = 0;
+        for (ssize_t off = 0; off < n;) {
+            ssize_t w = write(1, buf + off, n - off);
+            if (w <= 0) return 4;
+            off += w;
+        }
+    }
+    if (fail) { write(2, "failing as asked\n", 17); return 3; }
+    write(2, "echo done\n", 10);
+    return 0;
+}
+"#;
+
+    fn show(label: &str, e: &Error) {
+        eprintln!(
+            "--- {label}\nerror: {}\nhint: {}",
+            e.message,
+            e.hint.as_deref().unwrap_or("-")
+        );
+    }
+
+    fn expect_err(r: Result<AgentPipe>) -> Error {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    #[ignore = "starts a real sshd on 127.0.0.9; run as root with --ignored"]
+    fn against_real_sshd() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/sbin/sshd").exists() {
+            eprintln!("skipped: needs root and /usr/sbin/sshd");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let home = d.join("home");
+        let ssh_dir = home.join(".ssh");
+        std::fs::create_dir_all(&ssh_dir).unwrap();
+        keygen(&d.join("hostkey"), "");
+        keygen(&ssh_dir.join("id_ed25519"), "");
+        keygen(&ssh_dir.join("wrong"), "");
+        keygen(&ssh_dir.join("enc"), "secret");
+        keygen(&d.join("other_host"), "");
+        std::fs::copy(ssh_dir.join("id_ed25519.pub"), d.join("authorized_keys")).unwrap();
+        let port = free_port();
+        std::fs::write(
+            d.join("sshd_config"),
+            format!(
+                "ListenAddress 127.0.0.9\nPort {port}\nHostKey {dir}/hostkey\nPidFile {dir}/sshd.pid\n\
+                 AuthorizedKeysFile {dir}/authorized_keys\nPermitRootLogin prohibit-password\n\
+                 StrictModes no\nUsePAM no\nSubsystem sftp internal-sftp\nLogLevel ERROR\n",
+                dir = d.display()
+            ),
+        )
+        .unwrap();
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        let _sshd = Kill(
+            Command::new("/usr/sbin/sshd")
+                .args(["-D", "-e", "-f"])
+                .arg(d.join("sshd_config"))
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let addr: SocketAddr = format!("127.0.0.9:{port}").parse().unwrap();
+        let t0 = Instant::now();
+        while TcpStream::connect(addr).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "sshd did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+
+        std::fs::write(d.join("echo.c"), ECHO_C).unwrap();
+        run(Command::new("musl-gcc")
+            .args(["-static", "-O2", "-o"])
+            .arg(d.join("echo-agent"))
+            .arg(d.join("echo.c")));
+
+        let kh = ssh_dir.join("known_hosts");
+        let other_pub = std::fs::read_to_string(d.join("other_host.pub")).unwrap();
+        let other_key = other_pub.split_whitespace().nth(1).unwrap();
+        std::fs::write(
+            ssh_dir.join("kh_tampered"),
+            format!("[127.0.0.9]:{port} ssh-ed25519 {other_key}\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            ssh_dir.join("kh_rsa"),
+            format!("[127.0.0.9]:{port} ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQDTqBo3sR/kVyxX\n"),
+        )
+        .unwrap();
+        let entry = |alias: &str, extra: &str| {
+            format!(
+                "Host {alias}\n    HostName 127.0.0.9\n    Port {port}\n    User root\n{extra}\n"
+            )
+        };
+        let config = [
+            entry("box", "    IdentityFile ~/.ssh/id_ed25519"),
+            entry("tampered", "    UserKnownHostsFile ~/.ssh/kh_tampered"),
+            entry("rsaknown", "    UserKnownHostsFile ~/.ssh/kh_rsa"),
+            entry("hashed", "    UserKnownHostsFile ~/.ssh/kh_hashed"),
+            entry("wrongkey", "    IdentityFile ~/.ssh/wrong\n    IdentityFile ~/.ssh/enc\n    IdentityFile ~/.ssh/missing"),
+            entry("viaagent", "    IdentityFile ~/.ssh/wrong"),
+        ]
+        .concat();
+        std::fs::write(ssh_dir.join("config"), config).unwrap();
+        let env = LocalEnv {
+            user: LocalUser {
+                name: "nobody-here".into(),
+                home: home.clone(),
+            },
+            config_path: ssh_dir.join("config"),
+            agent_sock: None,
+            agent_binary: d.join("echo-agent"),
+            global_known_hosts: vec![],
+        };
+        let opts = ConnectOptions {
+            timeout: Duration::from_secs(5),
+            accept_new_host_key: false,
+        };
+        let accept = ConnectOptions {
+            accept_new_host_key: true,
+            ..opts.clone()
+        };
+        let fp = run(Command::new("ssh-keygen")
+            .arg("-lf")
+            .arg(d.join("hostkey.pub")));
+        let fp = fp.split_whitespace().nth(1).unwrap().to_string();
+        let remote = format!(
+            "/root/.cache/overlay/overlay-{}",
+            &agent_digest(&env.agent_binary).unwrap().hex[..16]
+        );
+        let _ = std::fs::remove_file(&remote);
+        let _cleanup = RemoveOnDrop(
+            [remote.as_str(), "/root/.cache/overlay", "/root/.cache"]
+                .into_iter()
+                .filter(|p| !Path::new(p).exists())
+                .map(PathBuf::from)
+                .collect(),
+        );
+
+        // 1. Unknown host key: refused, with the OpenSSH fingerprint.
+        let e = expect_err(start_agent_with("ct1", "box", &opts, &env));
+        show("unknown host key", &e);
+        assert!(
+            e.message.contains("ct1 (ssh box)") && e.message.contains("unknown"),
+            "{e:?}"
+        );
+        assert!(e.message.contains(&fp), "{e:?} vs {fp}");
+        assert!(e.hint.as_deref().unwrap().contains("--accept-new-host-key"));
+        assert!(!kh.exists());
+
+        // 2. Accepted once: recorded in OpenSSH format, then trusted.
+        let mut pipe = start_agent_with("ct1", "box", &accept, &env).unwrap();
+        let line = std::fs::read_to_string(&kh).unwrap();
+        assert!(
+            line.starts_with(&format!("[127.0.0.9]:{port} ssh-ed25519 ")),
+            "{line}"
+        );
+        run(Command::new("ssh-keygen")
+            .arg("-F")
+            .arg(format!("[127.0.0.9]:{port}"))
+            .arg("-f")
+            .arg(&kh));
+        pipe.writer.write_all(b"hello agent").unwrap();
+        pipe.writer.flush().unwrap();
+        let mut got = [0u8; 11];
+        pipe.reader.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hello agent");
+        drop(pipe.writer);
+        assert_eq!((pipe.finish)().unwrap(), "echo done\n");
+        let meta = std::fs::metadata(&remote).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o755);
+        assert_eq!(
+            meta.len(),
+            std::fs::metadata(&env.agent_binary).unwrap().len()
+        );
+        let mtime = meta.modified().unwrap();
+
+        // 3. Negotiated algorithms.
+        let r = resolve(
+            "box",
+            &std::fs::read_to_string(&env.config_path).unwrap(),
+            &env.user,
+        )
+        .unwrap();
+        let conn = connect(
+            Who {
+                host: "ct1",
+                target: "box",
+            },
+            &r,
+            &opts,
+            &env,
+        )
+        .unwrap();
+        eprintln!(
+            "--- negotiated: kex {:?}, hostkey {:?}, cipher c>s {:?} s>c {:?}, mac {:?}",
+            conn.session.methods(MethodType::Kex),
+            conn.session.methods(MethodType::HostKey),
+            conn.session.methods(MethodType::CryptCs),
+            conn.session.methods(MethodType::CryptSc),
+            conn.session.methods(MethodType::MacCs),
+        );
+        eprintln!(
+            "--- libssh2 ciphers: {:?}",
+            conn.session.supported_algs(MethodType::CryptCs).unwrap()
+        );
+        assert_eq!(
+            conn.session.methods(MethodType::CryptCs),
+            Some("aes128-gcm@openssh.com")
+        );
+        assert_eq!(
+            conn.session.methods(MethodType::CryptSc),
+            Some("aes128-gcm@openssh.com")
+        );
+        drop(conn);
+
+        // 4. Reuse: the second start does not upload again; the reader can
+        //    wait while another thread writes; bulk data both ways at once.
+        std::thread::sleep(Duration::from_millis(1100));
+        let pipe = start_agent_with("ct1", "box", &opts, &env).unwrap();
+        assert_eq!(
+            std::fs::metadata(&remote).unwrap().modified().unwrap(),
+            mtime
+        );
+        let AgentPipe {
+            mut reader,
+            mut writer,
+            finish,
+        } = pipe;
+        let waiting = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1000];
+            reader.read_exact(&mut buf).unwrap();
+            (reader, buf)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        for i in 0..10u8 {
+            writer.write_all(&[b'a' + i; 100]).unwrap();
+        }
+        let (mut reader, buf) = waiting.join().unwrap();
+        eprintln!("--- ping-pong while a reader waits: {:?}", t.elapsed());
+        assert!((0..10u8).all(|i| {
+            buf[i as usize * 100..][..100]
+                .iter()
+                .all(|&b| b == b'a' + i)
+        }));
+        let data: Vec<u8> = (0..(24u32 << 20))
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let expected = Sha256::digest(&data);
+        let t = Instant::now();
+        let sender = std::thread::spawn(move || {
+            writer.write_all(&data).unwrap();
+            drop(writer); // EOF
+        });
+        let mut back = Vec::new();
+        reader.read_to_end(&mut back).unwrap();
+        sender.join().unwrap();
+        eprintln!("--- 24 MiB echoed in {:?}", t.elapsed());
+        assert_eq!(back.len(), 24 << 20);
+        assert_eq!(Sha256::digest(&back), expected);
+        assert_eq!(finish().unwrap(), "echo done\n");
+
+        // 5. A damaged copy on the host is replaced (rename over an existing file).
+        std::fs::write(&remote, b"truncated").unwrap();
+        let pipe = start_agent_with("ct1", "box", &opts, &env).unwrap();
+        assert_eq!(
+            std::fs::metadata(&remote).unwrap().len(),
+            std::fs::metadata(&env.agent_binary).unwrap().len()
+        );
+        // Failing agent: its status and stderr reach the caller.
+        let AgentPipe {
+            reader,
+            mut writer,
+            finish,
+        } = pipe;
+        writer.write_all(b"X please fail").unwrap();
+        drop(writer);
+        drop(reader);
+        let e = finish().unwrap_err();
+        show("agent exits 3", &e);
+        assert!(
+            e.message.contains("status 3") && e.message.contains("failing as asked"),
+            "{e:?}"
+        );
+
+        // 6. Changed host key: refused, even with --accept-new-host-key.
+        for o in [&opts, &accept] {
+            let e = expect_err(start_agent_with("ct2", "tampered", o, &env));
+            show("changed host key", &e);
+            assert!(
+                e.message.contains("CHANGED") && e.message.contains("kh_tampered"),
+                "{e:?}"
+            );
+            assert!(
+                e.hint
+                    .as_deref()
+                    .unwrap()
+                    .contains(&format!("ssh-keygen -R '[127.0.0.9]:{port}' -f"))
+            );
+        }
+        // Known only by another key type: refused.
+        let e = expect_err(start_agent_with("ct2", "rsaknown", &accept, &env));
+        show("other key type", &e);
+        assert!(e.message.contains("RSA key"), "{e:?}");
+        // Hashed known_hosts entries are understood.
+        std::fs::copy(&kh, ssh_dir.join("kh_hashed")).unwrap();
+        run(Command::new("ssh-keygen")
+            .arg("-H")
+            .arg("-f")
+            .arg(ssh_dir.join("kh_hashed")));
+        assert!(
+            std::fs::read_to_string(ssh_dir.join("kh_hashed"))
+                .unwrap()
+                .starts_with("|1|")
+        );
+        let pipe = start_agent_with("ct2", "hashed", &opts, &env).unwrap();
+        drop(pipe.writer);
+        assert_eq!((pipe.finish)().unwrap(), "echo done\n");
+
+        // 7. Wrong keys: everything tried is listed.
+        let e = expect_err(start_agent_with("ct3", "wrongkey", &opts, &env));
+        show("wrong key", &e);
+        assert!(
+            e.message
+                .starts_with("Failed to authenticate as root on ct3 (ssh wrongkey) (127.0.0.9:"),
+            "{e:?}"
+        );
+        assert!(
+            e.message.contains("wrong (not accepted)")
+                && e.message.contains("passphrase-protected")
+                && e.message.contains("missing (missing)"),
+            "{e:?}"
+        );
+
+        // 8. ssh-agent.
+        let sock = d.join("agent.sock");
+        let _agent = Kill(
+            Command::new("ssh-agent")
+                .arg("-D")
+                .arg("-a")
+                .arg(&sock)
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let t0 = Instant::now();
+        while !sock.exists() {
+            assert!(t0.elapsed() < Duration::from_secs(5));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        run(Command::new("ssh-add")
+            .arg("-q")
+            .arg(ssh_dir.join("id_ed25519"))
+            .env("SSH_AUTH_SOCK", &sock));
+        let with_agent = LocalEnv {
+            agent_sock: Some(sock.clone()),
+            ..env.clone()
+        };
+        let pipe = start_agent_with("ct4", "viaagent", &opts, &with_agent).unwrap();
+        drop(pipe.writer);
+        assert_eq!((pipe.finish)().unwrap(), "echo done\n");
+
+        // 9. Closed port: refused at once.
+        let closed = free_port();
+        let t = Instant::now();
+        let e = expect_err(start_agent_with(
+            "ct5",
+            &format!("root@127.0.0.9:{closed}"),
+            &accept,
+            &env,
+        ));
+        show("closed port", &e);
+        assert!(
+            e.message.contains("connection refused")
+                && e.message.contains(&format!("127.0.0.9:{closed}")),
+            "{e:?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(1));
+
+        // 10. A server that accepts but never speaks, and one that never accepts.
+        let short = ConnectOptions {
+            timeout: Duration::from_secs(1),
+            accept_new_host_key: true,
+        };
+        let silent = std::net::TcpListener::bind("127.0.0.9:0").unwrap();
+        let silent_port = silent.local_addr().unwrap().port();
+        let holder = std::thread::spawn(move || {
+            let (s, _) = silent.accept().unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(s);
+        });
+        let t = Instant::now();
+        let e = expect_err(start_agent_with(
+            "ct6",
+            &format!("127.0.0.9:{silent_port}"),
+            &short,
+            &env,
+        ));
+        show("silent server", &e);
+        assert!(e.message.contains("no answer within 1 s"), "{e:?}");
+        assert!(
+            t.elapsed() < Duration::from_millis(2500),
+            "{:?}",
+            t.elapsed()
+        );
+        holder.join().unwrap();
+        let backlog = std::net::TcpListener::bind("127.0.0.9:0").unwrap();
+        let t = Instant::now();
+        let e = expect_err(start_agent_with(
+            "ct6",
+            &format!("127.0.0.9:{}", backlog.local_addr().unwrap().port()),
+            &short,
+            &env,
+        ));
+        show("never accepted", &e);
+        assert!(
+            t.elapsed() < Duration::from_millis(2500),
+            "{:?}",
+            t.elapsed()
+        );
+        // A listener whose accept queue is full drops SYNs: the TCP connect
+        // itself times out.
+        let full = std::net::TcpListener::bind("127.0.0.9:0").unwrap();
+        let full_addr = full.local_addr().unwrap();
+        // SAFETY: re-listen on an open socket to shrink its backlog to 0.
+        unsafe { libc::listen(full.as_raw_fd(), 0) };
+        let _fillers: Vec<TcpStream> = (0..3)
+            .filter_map(|_| TcpStream::connect_timeout(&full_addr, Duration::from_millis(300)).ok())
+            .collect();
+        let t = Instant::now();
+        let e = expect_err(start_agent_with(
+            "ct7",
+            &format!("root@{full_addr}"),
+            &short,
+            &env,
+        ));
+        show("SYN dropped", &e);
+        assert!(e.message.contains("timed out after 1 s"), "{e:?}");
+        assert!(
+            t.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            t.elapsed()
+        );
+        // A non-routable address (may also fail at once if there is no route).
+        let t = Instant::now();
+        let e = expect_err(start_agent_with("ct7", "10.255.255.1", &short, &env));
+        show("non-routable", &e);
+        assert!(
+            t.elapsed() < Duration::from_millis(2500),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+}
