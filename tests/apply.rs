@@ -4,15 +4,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::Testbed;
-use sha2::{Digest, Sha256};
+use common::{Testbed, assert_same, snapshot};
 
 const SETS: &str = r#"
 [sets.torch]
@@ -24,61 +22,6 @@ dists = ["nvidia-*"]
 [sets.sglang-patches]
 files = ["minisglang/srt/speculative/**", "minisglang/srt/server_args.py"]
 "#;
-
-/// Every path of a venv (but overlay's own state) with type, mode, size and
-/// content hash or link target.
-fn snapshot(venv: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for e in walkdir::WalkDir::new(venv).min_depth(1).sort_by_file_name() {
-        let e = e.unwrap();
-        let rel = e
-            .path()
-            .strip_prefix(venv)
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        if rel == ".overlay" || rel.starts_with(".overlay/") {
-            continue;
-        }
-        let m = fs::symlink_metadata(e.path()).unwrap();
-        let mode = m.permissions().mode() & 0o7777;
-        let desc = if m.file_type().is_symlink() {
-            format!("link {}", fs::read_link(e.path()).unwrap().display())
-        } else if m.is_dir() {
-            format!("dir {mode:o}")
-        } else {
-            let sha = overlay::inventory::hex(&Sha256::digest(fs::read(e.path()).unwrap()));
-            format!("file {mode:o} {} {sha}", m.len())
-        };
-        out.insert(rel, desc);
-    }
-    out
-}
-
-fn assert_same(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>, what: &str) {
-    let mut diffs = Vec::new();
-    for (k, v) in a {
-        match b.get(k) {
-            None => diffs.push(format!("- {k} ({v})")),
-            Some(w) if w != v => diffs.push(format!("~ {k}: {v} -> {w}")),
-            _ => {}
-        }
-    }
-    for k in b.keys().filter(|k| !a.contains_key(*k)) {
-        diffs.push(format!("+ {k}"));
-    }
-    assert!(
-        diffs.is_empty(),
-        "{what}: {} differences:\n{}",
-        diffs.len(),
-        diffs
-            .iter()
-            .take(30)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-}
 
 fn ok(out: Output, what: &str) -> Output {
     assert!(

@@ -1,0 +1,300 @@
+//! `overlay plan` end to end on real sshd test hosts: the plan matches an
+//! independent computation from the RECORD files, and bad input gets a clear
+//! error that names the host or the path, with a hint, and changes nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+
+use common::{Testbed, assert_same, snapshot};
+
+const SETS: &str = r#"
+[sets.torch]
+dists = ["minitorch"]
+[sets.torchvision]
+dists = ["minitorchvision"]
+[sets.nvidia-cu13]
+dists = ["nvidia-*"]
+[sets.sglang-patches]
+files = ["minisglang/srt/speculative/**", "minisglang/srt/server_args.py"]
+"#;
+
+type Changes = BTreeMap<String, (String, u64)>;
+
+fn changes_of(doc: &serde_json::Value, set: &str, skip_keep: bool) -> (Changes, u64) {
+    let s = doc["sets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == set)
+        .unwrap_or_else(|| panic!("no set {set}: {doc}"));
+    let changes = s["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !(skip_keep && c["action"] == "keep"))
+        .map(|c| {
+            (
+                c["path"].as_str().unwrap().to_string(),
+                (
+                    c["action"].as_str().unwrap().to_string(),
+                    c["size"].as_u64().unwrap(),
+                ),
+            )
+        })
+        .collect();
+    (changes, s["unchanged"].as_u64().unwrap())
+}
+
+#[test]
+fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
+    if !common::requires_root() {
+        return;
+    }
+    let tb = Testbed::new(2);
+    tb.write_manifest(SETS);
+    let before = (snapshot(tb.host_venv_dir(0)), snapshot(tb.host_venv_dir(1)));
+    let out = tb
+        .overlay(&["plan", "src", "dst", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reference = tb.record_plan(0, 1);
+    assert_eq!(plan["source"], "src");
+    assert_eq!(plan["target"], "dst");
+    for set in ["torch", "torchvision", "nvidia-cu13", "sglang-patches"] {
+        let (ours, unchanged) = changes_of(&plan, set, false);
+        let (theirs, ref_unchanged) = changes_of(&reference, set, true);
+        assert_eq!(
+            ours, theirs,
+            "set {set}: overlay's plan differs from the RECORD-based reference"
+        );
+        assert_eq!(unchanged, ref_unchanged, "set {set}: unchanged count");
+    }
+    // The keep decision shows up as a warning naming the owner.
+    let warnings = plan["warnings"].to_string();
+    assert!(
+        warnings.contains("eagle_utils.py") && warnings.contains("minisglang"),
+        "{warnings}"
+    );
+    // Versions show the true build from version.py.
+    let torch = &plan["sets"][0]["versions"][0];
+    assert_eq!(torch["from"], "2.9.1+cu128");
+    assert_eq!(torch["to"], "2.11.0+cu130");
+    // plan never modifies either venv.
+    assert_same(
+        &before.0,
+        &snapshot(tb.host_venv_dir(0)),
+        "source after plan",
+    );
+    assert_same(
+        &before.1,
+        &snapshot(tb.host_venv_dir(1)),
+        "target after plan",
+    );
+    // --check: exit 1 when there are changes; text output lists paths with -v.
+    let out = tb
+        .overlay(&["plan", "src", "dst", "--check", "-v"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("minitorch 2.9.1+cu128 -> 2.11.0+cu130"),
+        "{text}"
+    );
+    assert!(
+        text.contains("+ minisglang/srt/speculative/ddtree_utils.py"),
+        "{text}"
+    );
+    assert!(tb.work.join(".overlay/plan.json").exists());
+}
+
+/// Run a plan that must fail: exit 2, every needle in stderr, a hint, and no venv changed.
+fn fails(tb: &Testbed, args: &[&str], needles: &[&str]) {
+    let before = snapshot(tb.host_venv_dir(1));
+    let out = tb.overlay(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: stderr lacks {n:?}:\n{err}");
+    }
+    assert!(err.contains("hint:"), "{args:?}: no hint:\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        &format!("target after {args:?}"),
+    );
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_changes_nothing() {
+    if !common::requires_root() {
+        return;
+    }
+    let tb = Testbed::new(2);
+    let (ip, port) = tb.hosts[1].addr.clone().unwrap();
+    tb.write_manifest(&format!(
+        r#"
+[hosts.closed]
+ssh = "root@127.0.0.1:1"
+venv = "/root/venv"
+[hosts.stranger]
+ssh = "nobody@{ip}:{port}"
+venv = "/root/venv"
+[hosts.novenv]
+ssh = "dst"
+venv = "/root/no-such-venv"
+{SETS}
+[sets.absent]
+dists = ["no-such-dist"]
+"#
+    ));
+    fails(
+        &tb,
+        &["plan", "src", "ct404"],
+        &["Unknown host \"ct404\"", "known hosts"],
+    );
+    fails(
+        &tb,
+        &["plan", "src", "closed", "--connect-timeout", "2"],
+        &["closed", "127.0.0.1:1"],
+    );
+    fails(
+        &tb,
+        &["plan", "src", "stranger"],
+        &["stranger", "authenticate"],
+    );
+    fails(
+        &tb,
+        &["plan", "src", "novenv"],
+        &["novenv", "/root/no-such-venv"],
+    );
+    fails(
+        &tb,
+        &["plan", "src", "dst", "--set", "absent"],
+        &["Set absent matches nothing", "src"],
+    );
+
+    // A damaged RECORD with a path that escapes the venv.
+    let site = tb.site_packages(1);
+    let info = fs::read_dir(&site)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("minitorch-2.9.1.dist-info"))
+        .unwrap();
+    let record = info.join("RECORD");
+    let good = fs::read(&record).unwrap();
+    let mut bad = good.clone();
+    bad.extend_from_slice(b"../../../../etc/passwd,sha256=AAAA,10\n");
+    fs::write(&record, &bad).unwrap();
+    fails(
+        &tb,
+        &["plan", "src", "dst", "--set", "torch"],
+        &["dst", "minitorch", "RECORD", "escapes the venv"],
+    );
+    // A METADATA without a version.
+    fs::write(&record, &good).unwrap();
+    let meta = info.join("METADATA");
+    let good_meta = fs::read_to_string(&meta).unwrap();
+    fs::write(
+        &meta,
+        good_meta
+            .lines()
+            .filter(|l| !l.starts_with("Version:"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .unwrap();
+    fails(
+        &tb,
+        &["plan", "src", "dst", "--set", "torch"],
+        &["dst", "METADATA"],
+    );
+    fs::write(&meta, good_meta).unwrap();
+
+    // A changed host key is refused, even with --accept-new-host-key.
+    let kh = tb.client.join(".ssh/known_hosts");
+    let good_kh = fs::read_to_string(&kh).unwrap();
+    let other = tb.dir().join("otherkey");
+    common::run(
+        std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", ""])
+            .arg("-f")
+            .arg(&other),
+    );
+    let other_pub = fs::read_to_string(other.with_extension("pub")).unwrap();
+    let other_key: Vec<&str> = other_pub.split_whitespace().collect();
+    let tampered: String = good_kh
+        .lines()
+        .map(|l| {
+            if l.starts_with(&format!("[{ip}]:{port}")) {
+                format!("[{ip}]:{port} {} {}\n", other_key[0], other_key[1])
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    fs::write(&kh, tampered).unwrap();
+    fails(
+        &tb,
+        &["plan", "src", "dst", "--accept-new-host-key"],
+        &["dst", "CHANGED"],
+    );
+    // An unknown host key is refused without --accept-new-host-key, and trusted with it.
+    let without: String = good_kh
+        .lines()
+        .filter(|l| !l.starts_with(&format!("[{ip}]:{port}")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    fs::write(&kh, without).unwrap();
+    fails(
+        &tb,
+        &["plan", "src", "dst", "--set", "torch"],
+        &["dst", "accept-new-host-key"],
+    );
+    let out = tb
+        .overlay(&[
+            "plan",
+            "src",
+            "dst",
+            "--set",
+            "torch",
+            "--accept-new-host-key",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        fs::read_to_string(&kh)
+            .unwrap()
+            .contains(&format!("[{ip}]:{port}"))
+    );
+}
+
+#[test]
+fn a_glob_that_escapes_the_venv_is_a_manifest_error_with_line_and_column() {
+    let tb = Testbed::local(2);
+    tb.write_manifest("[sets.evil]\nfiles = [\"../../../../etc/passwd\"]\n");
+    let out = tb.overlay(&["plan", "src", "dst"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("overlay.toml:")
+            && err.contains("escapes site-packages")
+            && err.contains("hint:"),
+        "{err}"
+    );
+}
