@@ -211,7 +211,9 @@ fn read_build(venv: &Venv, version: &str, files: &[String]) -> Option<String> {
         else {
             continue;
         };
-        let text = std::fs::read_to_string(venv.site().join(f)).ok()?;
+        let Ok(text) = std::fs::read_to_string(venv.site().join(f)) else {
+            continue;
+        };
         for line in text.lines() {
             let Some(rest) = line.trim().strip_prefix("__version__") else {
                 continue;

@@ -195,6 +195,12 @@ impl Manifest {
                         format!("set {name}: {pattern:?} is not a distribution name or glob"),
                     ));
                 }
+                if let Err(e) = globset::Glob::new(&normalize_glob(pattern)) {
+                    return Err(at(
+                        d.span(),
+                        format!("set {name}: bad glob {pattern:?}: {e}"),
+                    ));
+                }
                 dists.push(normalize_glob(pattern));
             }
             let mut files = Vec::new();

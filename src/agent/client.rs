@@ -31,7 +31,7 @@ impl Client {
         match c.recv()? {
             Response::Hello { protocol, .. } if protocol == PROTOCOL_VERSION => Ok(c),
             Response::Hello { protocol, version } => Err(err!(
-                hint = "remove ~/.cache/overlay on that host so the current agent is uploaded",
+                hint = "the agent binary differs from this controller (is OVERLAY_AGENT_BINARY another build?); use one overlay build on both ends",
                 "The agent on {host} (overlay {version}) speaks protocol {protocol}, this controller {PROTOCOL_VERSION}"
             )),
             other => Err(err!(

@@ -58,23 +58,23 @@ pub fn select_sets(manifest: &Manifest, names: &[String]) -> Result<Vec<Set>> {
         }
         return Ok(manifest.sets.clone());
     }
-    names
+    if let Some(n) = names
         .iter()
-        .map(|n| {
-            manifest
-                .sets
-                .iter()
-                .find(|s| &s.name == n)
-                .cloned()
-                .ok_or_else(|| {
-                    let known: Vec<&str> = manifest.sets.iter().map(|s| s.name.as_str()).collect();
-                    err!(
-                        hint = format!("sets in {}: {}", manifest.path.display(), known.join(", ")),
-                        "Unknown set {n:?}"
-                    )
-                })
-        })
-        .collect()
+        .find(|n| !manifest.sets.iter().any(|s| &s.name == *n))
+    {
+        let known: Vec<&str> = manifest.sets.iter().map(|s| s.name.as_str()).collect();
+        return Err(err!(
+            hint = format!("sets in {}: {}", manifest.path.display(), known.join(", ")),
+            "Unknown set {n:?}"
+        ));
+    }
+    // Manifest order, each set once: the order decides which set carries a shared path.
+    Ok(manifest
+        .sets
+        .iter()
+        .filter(|s| names.contains(&s.name))
+        .cloned()
+        .collect())
 }
 
 pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
