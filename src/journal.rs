@@ -294,7 +294,7 @@ impl State {
             }
             let ok = match (&c.action, &c.target) {
                 (Action::Add, _) => !e.kind.exists(),
-                (_, Some(t)) => same_kind(t, &e.kind),
+                (_, Some(t)) => t.same_as(&e.kind),
                 (_, None) => false,
             };
             if !ok {
@@ -488,7 +488,7 @@ impl State {
             .zip(&now)
             .filter(|(c, e)| match c.action {
                 Action::Delete => e.kind.exists(),
-                _ => !c.source.as_ref().is_some_and(|s| same_kind(s, &e.kind)),
+                _ => !c.source.as_ref().is_some_and(|s| s.same_as(&e.kind)),
             })
             .map(|(c, _)| c.path.as_str())
             .collect();
@@ -673,7 +673,7 @@ impl State {
         let bad: Vec<&str> = before
             .iter()
             .zip(&now)
-            .filter(|(b, n)| !same_kind(&b.kind, &n.kind))
+            .filter(|(b, n)| !b.kind.same_as(&n.kind))
             .map(|(b, _)| b.path.as_str())
             .collect();
         if !bad.is_empty() {
@@ -938,28 +938,6 @@ impl Generation {
             backup: self.meta.backup,
             status: self.status(),
         }
-    }
-}
-
-/// Same content, type, mode and link target (files need hashes).
-pub fn same_kind(a: &Kind, b: &Kind) -> bool {
-    match (a, b) {
-        (Kind::Missing, Kind::Missing) => true,
-        (
-            Kind::File {
-                size: s1,
-                mode: m1,
-                sha256: h1,
-            },
-            Kind::File {
-                size: s2,
-                mode: m2,
-                sha256: h2,
-            },
-        ) => s1 == s2 && m1 == m2 && h1.is_some() && h1 == h2,
-        (Kind::Symlink { target: t1 }, Kind::Symlink { target: t2 }) => t1 == t2,
-        (Kind::Dir { .. }, Kind::Dir { .. }) => true,
-        _ => false,
     }
 }
 

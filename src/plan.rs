@@ -143,26 +143,6 @@ pub fn members<'a>(set: &Set, scan: &'a ScanReport, globs: &[String]) -> Members
     }
 }
 
-/// Are two entries the same for the purpose of a mirror?
-fn same(a: &Kind, b: &Kind) -> bool {
-    match (a, b) {
-        (
-            Kind::File {
-                size: s1,
-                mode: m1,
-                sha256: h1,
-            },
-            Kind::File {
-                size: s2,
-                mode: m2,
-                sha256: h2,
-            },
-        ) => s1 == s2 && m1 == m2 && h1.is_some() && h1 == h2,
-        (Kind::Symlink { target: t1 }, Kind::Symlink { target: t2 }) => t1 == t2,
-        _ => false,
-    }
-}
-
 fn version_of(d: &Dist) -> String {
     d.build.clone().unwrap_or_else(|| d.version.clone())
 }
@@ -270,6 +250,16 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
             stale_bytecode: Vec::new(),
         };
         let mut stale = BTreeSet::new();
+        // Target distributions outside this set that own `path`, as "name version".
+        let foreign_owners = |path: &str| -> Vec<String> {
+            owners
+                .get(path)
+                .into_iter()
+                .flatten()
+                .filter(|d| !matches_any(&set.dists, &d.normalized))
+                .map(|d| format!("{} {}", d.name, d.version))
+                .collect()
+        };
         let mut record = |plan: &mut SetPlan,
                           path: &str,
                           action: Action,
@@ -341,7 +331,7 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
                 .filter(|k| k.exists());
             let action = match t {
                 None => Action::Add,
-                Some(t) if same(&s.kind, t) => {
+                Some(t) if s.kind.same_as(t) => {
                     plan.unchanged += 1;
                     plan.unchanged_bytes += s.kind.size();
                     continue;
@@ -349,13 +339,7 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
                 Some(_) => Action::Replace,
             };
             if sm.dist_paths.contains(path) {
-                let foreign: Vec<String> = owners
-                    .get(path.as_str())
-                    .into_iter()
-                    .flatten()
-                    .filter(|d| !matches_any(&set.dists, &d.normalized))
-                    .map(|d| format!("{} {}", d.name, d.version))
-                    .collect();
+                let foreign = foreign_owners(path);
                 if !foreign.is_empty() && t.is_some() {
                     warn(
                         &mut warnings,
@@ -384,13 +368,7 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
             if all_source.contains(path.as_str()) {
                 continue; // another set carries this path from the source
             }
-            let foreign: Vec<String> = owners
-                .get(path.as_str())
-                .into_iter()
-                .flatten()
-                .filter(|d| !matches_any(&set.dists, &d.normalized))
-                .map(|d| format!("{} {}", d.name, d.version))
-                .collect();
+            let foreign = foreign_owners(path);
             if !foreign.is_empty() {
                 warn(
                     &mut warnings,

@@ -278,6 +278,28 @@ impl Kind {
     pub fn exists(&self) -> bool {
         !matches!(self, Kind::Missing)
     }
+
+    /// Same content, type, mode and link target: what a mirror compares.
+    /// Files compare equal only when both were hashed.
+    pub fn same_as(&self, other: &Kind) -> bool {
+        match (self, other) {
+            (Kind::Missing, Kind::Missing) | (Kind::Dir { .. }, Kind::Dir { .. }) => true,
+            (
+                Kind::File {
+                    size: s1,
+                    mode: m1,
+                    sha256: h1,
+                },
+                Kind::File {
+                    size: s2,
+                    mode: m2,
+                    sha256: h2,
+                },
+            ) => s1 == s2 && m1 == m2 && h1.is_some() && h1 == h2,
+            (Kind::Symlink { target: t1 }, Kind::Symlink { target: t2 }) => t1 == t2,
+            _ => false,
+        }
+    }
 }
 
 /// Write one frame and flush.
