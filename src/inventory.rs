@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::agent::protocol::{Dist, Entry, Kind, ScanReport, ShebangRewrite};
+use crate::agent::protocol::{Dist, Entry, Facts, Kind, ScanReport, ShebangRewrite};
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::manifest::normalize_name;
@@ -202,9 +202,15 @@ pub fn parse_record(text: &str, site_rel: &str) -> std::result::Result<Vec<Strin
     Ok(out)
 }
 
-/// Read the true build from `<pkg>/version.py` (`__version__ = '2.11.0+cu130'`)
-/// when it refines the dist-info version.
-fn read_build(venv: &Venv, version: &str, files: &[String]) -> Option<String> {
+/// Read `<pkg>/version.py` files: the true build (`__version__ =
+/// '2.11.0+cu130'`) when it refines the dist-info version, and the CUDA
+/// version (`cuda = '13.0'`, or `cuda: Optional[str] = '13.0'` as torch writes it).
+fn read_version_py(
+    venv: &Venv,
+    version: &str,
+    files: &[String],
+) -> (Option<String>, Option<String>) {
+    let (mut build, mut cuda) = (None, None);
     for f in files {
         let mut parts = f.split('/');
         let (Some(_pkg), Some("version.py"), None) = (parts.next(), parts.next(), parts.next())
@@ -215,17 +221,32 @@ fn read_build(venv: &Venv, version: &str, files: &[String]) -> Option<String> {
             continue;
         };
         for line in text.lines() {
-            let Some(rest) = line.trim().strip_prefix("__version__") else {
+            let line = line.trim();
+            let Some((lhs, rhs)) = line.split_once('=') else {
                 continue;
             };
-            let rest = rest.trim_start().strip_prefix('=').map(str::trim)?;
-            let v = rest.trim_matches(|c| c == '\'' || c == '"');
-            if v != version && v.starts_with(version) && v[version.len()..].starts_with('+') {
-                return Some(v.to_string());
+            let name = lhs.split(':').next().unwrap_or("").trim();
+            let value = rhs.trim().trim_matches(|c| c == '\'' || c == '"');
+            match name {
+                "__version__"
+                    if value != version
+                        && value.starts_with(version)
+                        && value[version.len()..].starts_with('+') =>
+                {
+                    build.get_or_insert_with(|| value.to_string());
+                }
+                "cuda"
+                    if value != "None"
+                        && !value.is_empty()
+                        && value.chars().all(|c| c.is_ascii_digit() || c == '.') =>
+                {
+                    cuda.get_or_insert_with(|| value.to_string());
+                }
+                _ => {}
             }
         }
     }
-    None
+    (build, cuda)
 }
 
 /// Scan one dist-info directory.
@@ -242,6 +263,9 @@ fn scan_dist(venv: &Venv, dist_info: &str) -> Dist {
         dist_info: dist_info.to_string(),
         files: Vec::new(),
         problem: None,
+        requires_dist: Vec::new(),
+        provides_extra: Vec::new(),
+        cuda: None,
     };
     let mut problems = Vec::new();
     match std::fs::read_to_string(dir.join("METADATA")) {
@@ -258,6 +282,15 @@ fn scan_dist(venv: &Venv, dist_info: &str) -> Dist {
                     dist.normalized = normalize_name(&n);
                     dist.name = n;
                     dist.version = v;
+                    let all = |k: &str| -> Vec<String> {
+                        headers
+                            .iter()
+                            .filter(|(h, _)| h.eq_ignore_ascii_case(k))
+                            .map(|(_, v)| v.clone())
+                            .collect()
+                    };
+                    dist.requires_dist = all("Requires-Dist");
+                    dist.provides_extra = all("Provides-Extra");
                 }
                 _ => problems.push(format!(
                     "{dist_info}/METADATA has no Name or Version header"
@@ -300,7 +333,7 @@ fn scan_dist(venv: &Venv, dist_info: &str) -> Dist {
     }
     dist.files = files.into_iter().collect();
     if problems.is_empty() {
-        dist.build = read_build(venv, &dist.version, &dist.files);
+        (dist.build, dist.cuda) = read_version_py(venv, &dist.version, &dist.files);
     } else {
         dist.problem = Some(problems.join("; "));
     }
@@ -379,7 +412,23 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
         }
         globs.push(found);
     }
+    let python_full = std::fs::read_to_string(venv.root.join("pyvenv.cfg"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            matches!(k.trim(), "version" | "version_info").then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| format!("{}.0", venv.python));
+    let uname = rustix::system::uname();
+    let facts = Facts {
+        python_full,
+        machine: uname.machine().to_string_lossy().into_owned(),
+        release: uname.release().to_string_lossy().into_owned(),
+        kernel_version: uname.version().to_string_lossy().into_owned(),
+    };
     Ok(ScanReport {
+        facts,
         venv: venv_root.to_string(),
         site_packages: venv.site_rel.clone(),
         python: venv.python.clone(),

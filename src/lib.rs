@@ -10,5 +10,6 @@ pub mod inventory;
 pub mod journal;
 pub mod manifest;
 pub mod plan;
+pub mod preflight;
 pub mod report;
 pub mod transport;

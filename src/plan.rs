@@ -467,6 +467,9 @@ mod tests {
             dist_info: format!("{name}-{version}.dist-info"),
             files: files.iter().map(|s| s.to_string()).collect(),
             problem: None,
+            requires_dist: vec![],
+            provides_extra: vec![],
+            cuda: None,
         }
     }
 
@@ -480,6 +483,7 @@ mod tests {
                 .into_iter()
                 .map(|g| g.into_iter().map(String::from).collect())
                 .collect(),
+            facts: Default::default(),
         }
     }
 

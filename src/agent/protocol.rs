@@ -218,6 +218,8 @@ pub struct ScanReport {
     pub dists: Vec<Dist>,
     /// For each requested file glob, in request order, the matching paths.
     pub globs: Vec<Vec<String>>,
+    #[serde(default)]
+    pub facts: Facts,
 }
 
 /// One installed distribution (a `*.dist-info` directory).
@@ -237,6 +239,26 @@ pub struct Dist {
     pub files: Vec<String>,
     /// Why RECORD or METADATA could not be read, if so.
     pub problem: Option<String>,
+    /// METADATA `Requires-Dist` lines, verbatim.
+    #[serde(default)]
+    pub requires_dist: Vec<String>,
+    /// METADATA `Provides-Extra`.
+    #[serde(default)]
+    pub provides_extra: Vec<String>,
+    /// The CUDA version a `<pkg>/version.py` declares (`cuda = '13.0'`).
+    #[serde(default)]
+    pub cuda: Option<String>,
+}
+
+/// What the agent knows of its host, for evaluating markers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Facts {
+    /// `version` from pyvenv.cfg, e.g. `3.11.2`.
+    pub python_full: String,
+    /// `uname -m`, `-r`, `-v`.
+    pub machine: String,
+    pub release: String,
+    pub kernel_version: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
