@@ -7,7 +7,8 @@ use clap::{Args, Parser, Subcommand};
 /// Overlay package sets from a working Python venv on one host onto another
 /// host's venv, over SSH: exact, predictable, reversible.
 ///
-/// Exit codes: 0 success; 1 `--check` found changes; 2 error.
+/// Exit codes: 0 success; 1 `--check` found changes; 2 error; 3 the
+/// `[verify]` check failed.
 #[derive(Debug, Parser)]
 #[command(name = "overlay", version, propagate_version = true)]
 pub struct Cli {
@@ -67,6 +68,10 @@ pub enum Command {
     /// Remove old generations and their backups.
     Prune(PruneArgs),
 
+    /// Run the manifest's `[verify]` smoke test in the host's venv and show
+    /// its whole output. Exit 3 when the check fails.
+    Verify(VerifyArgs),
+
     /// Serve the controller on stdin/stdout (started by overlay itself on each host).
     #[command(hide = true)]
     Agent,
@@ -90,6 +95,11 @@ pub struct PlanArgs {
     /// Exit with 1 if there is anything to change (like `git diff --exit-code`).
     #[arg(long)]
     pub check: bool,
+
+    /// Treat predicted problems (requirements, CUDA builds, ELF loading) as
+    /// errors: exit 2, and `overlay apply` refuses the plan without `--force`.
+    #[arg(long)]
+    pub strict: bool,
 
     /// Where to save the plan.
     #[arg(
@@ -122,6 +132,36 @@ pub struct ApplyArgs {
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+
+    /// Apply a plan that predicts problems even though it was made with `--strict`.
+    #[arg(long)]
+    pub force: bool,
+
+    /// After the switch, run the manifest's `[verify]` check on the target.
+    #[arg(long)]
+    pub verify: bool,
+
+    /// When the `--verify` check fails, roll the generation back (needs `--backup`).
+    #[arg(long, requires_all = ["verify", "backup"])]
+    pub rollback_on_failure: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The host whose venv to check (default: the target of the last plan).
+    pub host: Option<String>,
+
+    /// Give up on the check after this many seconds.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    pub timeout: u64,
+
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The plan that names the default host.
+    #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
+    pub plan: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -13,3 +13,4 @@ pub mod plan;
 pub mod preflight;
 pub mod report;
 pub mod transport;
+pub mod verify;

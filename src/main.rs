@@ -13,6 +13,7 @@ use clap::Parser;
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_CHANGES: u8 = 1;
 pub const EXIT_ERROR: u8 = 2;
+pub const EXIT_VERIFY_FAILED: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse() {
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
         cli::Command::Rollback(args) => commands::rollback::rollback(&cli.global, &args),
         cli::Command::History(args) => commands::rollback::history(&cli.global, &args),
         cli::Command::Prune(args) => commands::rollback::prune(&cli.global, &args),
+        cli::Command::Verify(args) => commands::verify::run(&cli.global, &args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -20,6 +20,16 @@ pub struct Manifest {
     /// Sets in the order the manifest lists them.
     pub sets: Vec<Set>,
     pub verify: Option<Verify>,
+    pub preflight: Preflight,
+}
+
+/// `[preflight]`: how `plan` treats predicted breakage.
+#[derive(Debug, Clone, Default)]
+pub struct Preflight {
+    /// Predicted problems are errors, not warnings.
+    pub strict: bool,
+    /// More distributions (globs) that must agree on the CUDA major.
+    pub cuda_family: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +63,16 @@ struct RawManifest {
     #[serde(default)]
     sets: BTreeMap<Spanned<String>, Spanned<RawSet>>,
     verify: Option<RawVerify>,
+    preflight: Option<RawPreflight>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPreflight {
+    #[serde(default)]
+    strict: bool,
+    #[serde(default)]
+    cuda_family: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -228,11 +248,18 @@ impl Manifest {
             env: v.env,
             python: v.python,
         });
+        let preflight = raw
+            .preflight
+            .map_or_else(Preflight::default, |p| Preflight {
+                strict: p.strict,
+                cuda_family: p.cuda_family.iter().map(|g| normalize_glob(g)).collect(),
+            });
         Ok(Manifest {
             path: path.to_path_buf(),
             hosts,
             sets: sets.into_iter().map(|(_, s)| s).collect(),
             verify,
+            preflight,
         })
     }
 

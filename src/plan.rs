@@ -30,6 +30,12 @@ pub struct Plan {
     pub target: HostInfo,
     pub sets: Vec<SetPlan>,
     pub warnings: Vec<Warning>,
+    /// Predicted breakage after the overlay (see `preflight`).
+    #[serde(default)]
+    pub problems: Vec<crate::preflight::Problem>,
+    /// `--strict` or `[preflight] strict`: problems are errors, and apply refuses the plan without `--force`.
+    #[serde(default)]
+    pub strict: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -13,6 +13,8 @@ pub struct PlanJson<'a> {
     pub target: &'a str,
     pub sets: Vec<SetJson<'a>>,
     pub warnings: &'a [Warning],
+    pub problems: &'a [crate::preflight::Problem],
+    pub strict: bool,
 }
 
 #[derive(Serialize)]
@@ -55,6 +57,8 @@ pub fn plan_json(plan: &Plan) -> String {
             })
             .collect(),
         warnings: &plan.warnings,
+        problems: &plan.problems,
+        strict: plan.strict,
     };
     serde_json::to_string_pretty(&doc).expect("plan serializes") + "\n"
 }
@@ -102,17 +106,19 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
             let (n, bytes) = t[&action];
             let _ = writeln!(
                 out,
-                "  {} {:>7} files  {:>10}",
+                "  {} {:>7} {}  {:>10}",
                 paint(code, &format!("{label:<9}")),
                 n,
+                files(n),
                 HumanBytes(bytes).to_string()
             );
         }
         let _ = writeln!(
             out,
-            "  {:<9} {:>7} files  {:>10}",
+            "  {:<9} {:>7} {}  {:>10}",
             "unchanged",
             set.unchanged,
+            files(set.unchanged),
             HumanBytes(set.unchanged_bytes).to_string()
         );
         if !set.stale_bytecode.is_empty() {
@@ -153,10 +159,17 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
     }
     let _ = writeln!(
         out,
-        "\n{n} changes, {} to transfer, {} warning{}",
+        "\n{n} changes, {} to transfer, {} warning{}, {} predicted problem{}",
         HumanBytes(send),
         plan.warnings.len(),
-        if plan.warnings.len() == 1 { "" } else { "s" }
+        if plan.warnings.len() == 1 { "" } else { "s" },
+        plan.problems.len(),
+        if plan.problems.len() == 1 { "" } else { "s" }
     );
     out
+}
+
+/// "file " or "files", keeping the columns aligned.
+fn files(n: u64) -> &'static str {
+    if n == 1 { "file " } else { "files" }
 }

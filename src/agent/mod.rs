@@ -194,6 +194,15 @@ impl Session {
                     },
                 )
             }
+            Request::Verify(req) => crate::verify::run(&req).map(Response::Verified),
+            Request::ElfInfo { venv, paths } => with_progress(output, &counters, || {
+                crate::preflight::elf_infos(&venv, &paths)
+            })?
+            .map(|infos| Response::ElfInfo { infos }),
+            Request::Preflight(req) => {
+                with_progress(output, &counters, || crate::preflight::run_on_target(&req))?
+                    .map(Response::Preflight)
+            }
             Request::EndData => Err(err!("EndData without Stage")),
             Request::Hello { .. } | Request::Bye | Request::Stage => {
                 unreachable!("handled by serve")

@@ -15,7 +15,7 @@ use crate::err;
 use crate::error::{Error, Result};
 
 /// Bumped whenever a frame changes shape.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest frame accepted (a listing of a very large venv fits easily).
 const MAX_FRAME: usize = (1 << 30) - 1;
@@ -83,6 +83,15 @@ pub enum Request {
         venv: String,
         resume: bool,
     },
+    /// Run the `[verify]` check in the venv.
+    Verify(Box<crate::verify::VerifyRequest>),
+    /// Source side: ELF facts of these files (site-packages relative).
+    ElfInfo {
+        venv: String,
+        paths: Vec<String>,
+    },
+    /// Target side: predict what fails to load after the overlay.
+    Preflight(Box<crate::preflight::PreflightRequest>),
     Bye,
 }
 
@@ -140,6 +149,11 @@ pub enum Response {
     Recovered {
         outcome: Option<String>,
     },
+    Verified(crate::verify::VerifyReport),
+    ElfInfo {
+        infos: Vec<Option<crate::preflight::elf::ElfInfo>>,
+    },
+    Preflight(crate::preflight::PreflightReport),
     Error(Error),
     Bye,
 }

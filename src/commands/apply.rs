@@ -87,6 +87,10 @@ struct ApplyJson {
     sent_bytes: u64,
     seconds: f64,
     backup: bool,
+    /// With --verify: whether the check passed.
+    verified: Option<bool>,
+    /// With --rollback-on-failure: the generation was rolled back.
+    rolled_back: bool,
 }
 
 pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
@@ -122,6 +126,25 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         return Ok(EXIT_OK);
     }
 
+    if plan.strict && !plan.problems.is_empty() && !args.force {
+        return Err(err!(
+            hint = "fix what `overlay plan` predicts, or pass --force to apply anyway",
+            "The plan predicts {} problem{} after the overlay and was made with --strict; {tname} is unchanged",
+            plan.problems.len(),
+            if plan.problems.len() == 1 { "" } else { "s" }
+        ));
+    }
+    // Read the check before touching anything, so a missing [verify] fails early.
+    let verify_req = if args.verify {
+        Some(crate::commands::verify::request(
+            global,
+            &plan.target.venv,
+            600,
+            None,
+        )?)
+    } else {
+        None
+    };
     let changes = gen_changes(&plan);
     if changes.is_empty() {
         if args.json {
@@ -198,6 +221,36 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         Response::Committed { .. } => {}
         other => return Err(err!("unexpected answer from {tname}: {other:?}")),
     }
+    let mut exit = EXIT_OK;
+    let mut rolled_back = false;
+    if let Some(mut req) = verify_req {
+        req.generation = Some(generation.clone());
+        let report = crate::commands::verify::run_check(global, &mut dst, req, false)?;
+        if !report.ok {
+            exit = crate::EXIT_VERIFY_FAILED;
+            if args.rollback_on_failure {
+                match dst.call(
+                    &Request::Rollback {
+                        venv: plan.target.venv.clone(),
+                        to: Some(generation.clone()),
+                    },
+                    &mut |_| {},
+                )? {
+                    Response::RolledBack(r) => {
+                        rolled_back = true;
+                        status(
+                            global,
+                            &format!(
+                                "verify failed: rolled back generation {generation} on {tname} ({} files restored, {} removed, {} paths verified)",
+                                r.restored, r.removed, r.verified
+                            ),
+                        );
+                    }
+                    other => return Err(err!("unexpected answer from {tname}: {other:?}")),
+                }
+            }
+        }
+    }
     dst.close()?;
     let secs = started.elapsed().as_secs_f64();
     if args.json {
@@ -210,6 +263,8 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             sent_bytes: sent,
             seconds: secs,
             backup: args.backup,
+            verified: args.verify.then_some(exit == EXIT_OK),
+            rolled_back,
         };
         println!(
             "{}",
@@ -224,14 +279,14 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             send.len(),
             HumanBytes(sent),
             HumanBytes(raw),
-            if args.backup {
+            if args.backup && !rolled_back {
                 format!("; roll back with `overlay rollback {tname}`")
             } else {
                 String::new()
             }
         ),
     );
-    Ok(EXIT_OK)
+    Ok(exit)
 }
 
 /// Relay the source's tar + zstd stream to the target's staging.

@@ -5,11 +5,15 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 use overlay::agent::client::Client;
-use overlay::agent::protocol::{Entry, ScanReport, ShebangRewrite};
+use std::collections::HashSet;
+
+use overlay::agent::protocol::{Entry, Request, Response, ScanReport, ShebangRewrite};
 use overlay::err;
 use overlay::error::Result;
 use overlay::manifest::{Host, Manifest, Set};
+use overlay::plan::Action;
 use overlay::plan::{self, HostInfo, PLAN_FORMAT, Plan, Side};
+use overlay::preflight::{Check, PreflightRequest, Problem, cuda, requirements};
 use overlay::report;
 use overlay::transport::{ConnectOptions, Endpoint};
 
@@ -89,6 +93,7 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
         ));
     }
     let sets = select_sets(&manifest, &args.sets)?;
+    STRICT.with(|s| s.set(args.strict));
     let plan = make_plan(global, &manifest, &sets, src_host, dst_host)?;
 
     if args.json {
@@ -107,7 +112,29 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
             .unwrap_or_default();
         eprintln!("warning: {set}{}", w.message);
     }
+    for p in &plan.problems {
+        let level = if plan.strict { "error" } else { "warning" };
+        let check = serde_json::to_value(p.check)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        let dist = p
+            .dist
+            .as_deref()
+            .map(|d| format!("{d}: "))
+            .unwrap_or_default();
+        eprintln!("{level}: [{check}] {dist}{}", p.reason);
+    }
     save_plan(&plan, &args.out)?;
+    if plan.strict && !plan.problems.is_empty() {
+        return Err(err!(
+            hint = "fix the plan (add the missing sets or packages), or run `overlay apply --force` to apply it anyway",
+            "The plan predicts {} problem{} after the overlay (strict); saved to {}, but `overlay apply` will refuse it",
+            plan.problems.len(),
+            if plan.problems.len() == 1 { "" } else { "s" },
+            args.out.display()
+        ));
+    }
     if !global.quiet {
         eprintln!(
             "Plan saved to {}; run `overlay apply` to carry it out.",
@@ -218,6 +245,13 @@ pub fn make_plan(
             entries: &dst_entries,
         },
     )?;
+    let problems = preflight(
+        &manifest,
+        sets,
+        (&mut src, &src_scan, &src_host.venv),
+        (&mut dst, &dst_scan, &dst_host.venv),
+        &set_plans,
+    )?;
     let _ = both(|| src.close(), || dst.close());
     Ok(Plan {
         format: PLAN_FORMAT,
@@ -229,7 +263,135 @@ pub fn make_plan(
         target,
         sets: set_plans,
         warnings,
+        problems,
+        strict: manifest.preflight.strict || global_strict(),
     })
+}
+
+thread_local! {
+    static STRICT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn global_strict() -> bool {
+    STRICT.with(|s| s.get())
+}
+
+/// Predict what would fail after the overlay: requirements, CUDA majors, ELF loading.
+fn preflight(
+    manifest: &Manifest,
+    sets: &[Set],
+    (src, src_scan, src_venv): (&mut Client, &ScanReport, &str),
+    (dst, dst_scan, dst_venv): (&mut Client, &ScanReport, &str),
+    set_plans: &[overlay::plan::SetPlan],
+) -> Result<Vec<Problem>> {
+    let mut deleted: HashSet<&str> = HashSet::new();
+    let mut placed: Vec<&str> = Vec::new();
+    for s in set_plans {
+        for c in &s.changes {
+            match c.action {
+                Action::Delete => {
+                    deleted.insert(c.path.as_str());
+                }
+                _ => placed.push(c.path.as_str()),
+            }
+        }
+    }
+    let after = overlay::preflight::dists_after(&dst_scan.dists, &src_scan.dists, sets, &deleted);
+    let mut problems = Vec::new();
+
+    // 1. Requirements, for the target's interpreter and platform. Problems
+    //    the target already has are marked as such.
+    if let Some(env) = requirements::environment(&dst_scan.facts, &dst_scan.python) {
+        let before: Vec<&overlay::agent::protocol::Dist> = dst_scan.dists.iter().collect();
+        let already: HashSet<String> = requirements::check(&before, &env)
+            .into_iter()
+            .map(|p| p.reason)
+            .collect();
+        for mut p in requirements::check(&after, &env) {
+            if already.contains(&p.reason) {
+                p.reason.push_str(" (already so before the overlay)");
+            }
+            problems.push(p);
+        }
+    }
+
+    // 2. ELF: facts of the shared objects the overlay brings, then the target simulates its loader.
+    let shared: Vec<String> = placed
+        .iter()
+        .filter(|p| overlay::preflight::looks_shared(p))
+        .map(|p| p.to_string())
+        .collect();
+    let infos = if shared.is_empty() {
+        Vec::new()
+    } else {
+        match src.call(
+            &Request::ElfInfo {
+                venv: src_venv.to_string(),
+                paths: shared.clone(),
+            },
+            &mut |_| {},
+        )? {
+            Response::ElfInfo { infos } => infos,
+            other => return Err(err!("unexpected answer from {}: {other:?}", src.host)),
+        }
+    };
+    let ld_library_path: Vec<String> = manifest
+        .verify
+        .as_ref()
+        .and_then(|v| v.env.get("LD_LIBRARY_PATH"))
+        .map(|v| {
+            let site = format!(
+                "{}/{}",
+                dst_venv.trim_end_matches('/'),
+                dst_scan.site_packages
+            );
+            v.replace("{site_packages}", &site)
+                .replace("{venv}", dst_venv)
+                .split(':')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    let req = PreflightRequest {
+        venv: dst_venv.to_string(),
+        placed: placed
+            .iter()
+            .map(|p| p.to_string())
+            .map(|p| {
+                let info = shared
+                    .iter()
+                    .position(|s| *s == p)
+                    .and_then(|i| infos.get(i).cloned().flatten());
+                (p, info)
+            })
+            .collect(),
+        deleted: deleted.iter().map(|p| p.to_string()).collect(),
+        ld_library_path,
+        torch_users: overlay::preflight::torch_users(&after),
+    };
+    let report = match dst.call(&Request::Preflight(Box::new(req)), &mut |_| {})? {
+        Response::Preflight(r) => r,
+        other => return Err(err!("unexpected answer from {}: {other:?}", dst.host)),
+    };
+    for (file, reason) in report.problems {
+        problems.push(Problem {
+            check: Check::Elf,
+            dist: overlay::preflight::owner(&after, &file).map(|d| d.name.clone()),
+            file: Some(file),
+            reason,
+        });
+    }
+
+    // 3. CUDA majors of the packages that link together.
+    problems.extend(cuda::check(
+        &after,
+        &manifest.preflight.cuda_family,
+        &report.cudart,
+    ));
+    problems.sort();
+    problems.dedup();
+    Ok(problems)
 }
 
 /// Write the plan atomically (temp file, then rename).

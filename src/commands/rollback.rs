@@ -18,7 +18,7 @@ use crate::commands::plan::connect_options;
 use crate::progress::status;
 
 /// A host by manifest name, or else the target of the last plan.
-fn resolve(
+pub fn resolve(
     global: &GlobalArgs,
     host: Option<&str>,
     plan: &Path,

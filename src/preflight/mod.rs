@@ -32,3 +32,272 @@ pub struct Problem {
     pub file: Option<String>,
     pub reason: String,
 }
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::PathBuf;
+
+use crate::error::Result;
+use crate::inventory::Venv;
+use elf::{ElfInfo, LoaderConfig, LoaderView, OverlayView};
+
+/// Libraries that come with the GPU driver, not with any wheel: a host
+/// without a GPU has none, and that is not the overlay's doing.
+const DRIVER_LIBS: &[&str] = &[
+    "libcuda.so.1",
+    "libnvidia-ml.so.1",
+    "libnvidia-ptxjitcompiler.so.1",
+];
+
+/// What the target agent needs to predict loader failures after the overlay.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PreflightRequest {
+    pub venv: String,
+    /// Paths (relative to site-packages) the overlay adds or replaces, with
+    /// their ELF facts from the source (`None`: not an ELF object).
+    pub placed: Vec<(String, Option<ElfInfo>)>,
+    /// Paths the overlay deletes.
+    pub deleted: Vec<String>,
+    /// Absolute directories, from the manifest's `[verify] env.LD_LIBRARY_PATH`.
+    pub ld_library_path: Vec<String>,
+    /// Top-level package directories of distributions that import torch:
+    /// for objects below them, what torch preloads counts as loaded.
+    pub torch_users: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PreflightReport {
+    /// (object relative to site-packages, reason).
+    pub problems: Vec<(String, String)>,
+    /// CUDA runtime majors each shared object needs after the overlay.
+    pub cudart: BTreeMap<String, BTreeSet<u32>>,
+    /// Shared objects checked.
+    pub checked: u64,
+}
+
+/// Does this file name look like a shared object?
+pub fn looks_shared(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.ends_with(".so") || name.contains(".so.")
+}
+
+/// ELF facts of files in a venv (source side), `None` for non-ELF files.
+pub fn elf_infos(venv_root: &str, paths: &[String]) -> Result<Vec<Option<ElfInfo>>> {
+    let venv = Venv::open(venv_root)?;
+    let mut out = Vec::with_capacity(paths.len());
+    for p in paths {
+        let (abs, _) = venv.resolve(p)?;
+        out.push(elf::read_elf(&abs).ok().flatten());
+    }
+    Ok(out)
+}
+
+fn cudart_majors(info: &ElfInfo) -> BTreeSet<u32> {
+    info.needed
+        .iter()
+        .chain(info.version_needs.iter().map(|(f, _)| f))
+        .filter_map(|f| cuda::cudart_major(f))
+        .collect()
+}
+
+/// Target side: simulate the loader over the venv as it will be.
+pub fn run_on_target(req: &PreflightRequest) -> Result<PreflightReport> {
+    let venv = Venv::open(&req.venv)?;
+    let site = venv.site();
+    let abs = |rel: &str| -> Result<PathBuf> { Ok(venv.resolve(rel)?.0) };
+
+    // Before the overlay: the sonames and file names that go away or change.
+    let mut disturbed: HashSet<String> = HashSet::new();
+    let mut view = OverlayView::new();
+    let mut placed_objects = Vec::new();
+    for (rel, info) in &req.placed {
+        let p = abs(rel)?;
+        if let Some(old) = elf::read_elf(&p).ok().flatten() {
+            disturbed.extend(old.soname.clone());
+            disturbed.extend(p.file_name().map(|n| n.to_string_lossy().into_owned()));
+        }
+        if info.is_some() {
+            placed_objects.push((rel.clone(), p.clone()));
+        }
+        view.set(p, info.clone());
+    }
+    for rel in &req.deleted {
+        let p = abs(rel)?;
+        if let Some(old) = elf::read_elf(&p).ok().flatten() {
+            disturbed.extend(old.soname.clone());
+            disturbed.extend(p.file_name().map(|n| n.to_string_lossy().into_owned()));
+        }
+        view.set(p, None);
+    }
+
+    // Every shared object in site-packages after the overlay.
+    let placed_set: HashSet<&str> = req.placed.iter().map(|(r, _)| r.as_str()).collect();
+    let deleted_set: HashSet<&str> = req.deleted.iter().map(String::as_str).collect();
+    let mut report = PreflightReport::default();
+    let mut roots: Vec<(String, PathBuf)> = placed_objects;
+    for e in walkdir::WalkDir::new(&site)
+        .follow_links(false)
+        .into_iter()
+        .filter_entry(|e| e.file_name() != "__pycache__")
+        .flatten()
+    {
+        if !e.file_type().is_file() {
+            continue;
+        }
+        let Some(rel) = e
+            .path()
+            .strip_prefix(&site)
+            .ok()
+            .and_then(|r| r.to_str())
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        if !looks_shared(&rel)
+            || placed_set.contains(rel.as_str())
+            || deleted_set.contains(rel.as_str())
+        {
+            continue;
+        }
+        let Some(info) = view.elf(e.path()) else {
+            continue;
+        };
+        let majors = cudart_majors(&info);
+        if !majors.is_empty() {
+            report.cudart.insert(rel.clone(), majors);
+        }
+        // A staying object is checked when it links to something the overlay disturbs.
+        if info.needed.iter().any(|n| disturbed.contains(n)) {
+            roots.push((rel, e.path().to_path_buf()));
+        }
+    }
+    for (rel, info) in &req.placed {
+        if let Some(info) = info {
+            let majors = cudart_majors(info);
+            if !majors.is_empty() {
+                report.cudart.insert(rel.clone(), majors);
+            }
+        }
+    }
+
+    let mut cfg = LoaderConfig::system();
+    cfg.ld_library_path = req.ld_library_path.iter().map(PathBuf::from).collect();
+    let interpreter = std::fs::canonicalize(venv.root.join("bin/python")).ok();
+    let torch_preload: Vec<PathBuf> = ["torch/lib/libtorch_global_deps.so"]
+        .iter()
+        .map(|r| site.join(r))
+        .chain(
+            std::fs::read_dir(site.join("torch"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("_C.") && n.ends_with(".so"))
+                }),
+        )
+        .filter(|p| view.elf(p).is_some())
+        .collect();
+    let site_str = site.to_string_lossy().into_owned();
+    for (rel, path) in &roots {
+        let mut c = LoaderConfig {
+            global: Vec::new(),
+            ..cfg.clone()
+        };
+        c.global.extend(interpreter.clone());
+        if req
+            .torch_users
+            .iter()
+            .any(|t| rel.starts_with(&format!("{t}/")))
+        {
+            c.global.extend(torch_preload.iter().cloned());
+        }
+        report.checked += 1;
+        for p in elf::check_object(path, &mut view, &c) {
+            if DRIVER_LIBS
+                .iter()
+                .any(|d| p.reason.contains(&format!("needs {d},")))
+            {
+                continue;
+            }
+            let file = p.file.to_string_lossy();
+            let shown = file
+                .strip_prefix(&format!("{site_str}/"))
+                .map(str::to_string)
+                .unwrap_or_else(|| file.into_owned());
+            let reason = if shown == *rel {
+                p.reason
+            } else {
+                format!("{shown} (loaded by {rel}): {}", p.reason)
+            };
+            report.problems.push((rel.clone(), reason));
+        }
+    }
+    report.problems.sort();
+    report.problems.dedup();
+    Ok(report)
+}
+
+/// Distributions installed after the plan: those of the target that stay,
+/// plus those the sets bring from the source.
+pub fn dists_after<'a>(
+    target: &'a [crate::agent::protocol::Dist],
+    source: &'a [crate::agent::protocol::Dist],
+    sets: &[crate::manifest::Set],
+    deleted: &HashSet<&str>,
+) -> Vec<&'a crate::agent::protocol::Dist> {
+    let arriving: Vec<&crate::agent::protocol::Dist> = source
+        .iter()
+        .filter(|d| {
+            sets.iter()
+                .any(|s| crate::manifest::matches_any(&s.dists, &d.normalized))
+        })
+        .collect();
+    let arriving_infos: HashSet<&str> = arriving.iter().map(|d| d.dist_info.as_str()).collect();
+    let mut out: Vec<&crate::agent::protocol::Dist> = target
+        .iter()
+        .filter(|d| {
+            !deleted.contains(format!("{}/METADATA", d.dist_info).as_str())
+                && !arriving_infos.contains(d.dist_info.as_str())
+        })
+        .collect();
+    out.extend(arriving);
+    out
+}
+
+/// The top-level directories owned by distributions that require torch.
+pub fn torch_users(dists: &[&crate::agent::protocol::Dist]) -> Vec<String> {
+    let mut out = BTreeSet::new();
+    for d in dists {
+        let needs_torch = d.requires_dist.iter().any(|r| {
+            let name: String = r
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                .collect();
+            crate::manifest::normalize_name(&name) == "torch"
+        });
+        if needs_torch || d.normalized == "torch" {
+            for f in &d.files {
+                if let Some((top, _)) = f.split_once('/')
+                    && !top.ends_with(".dist-info")
+                    && !top.starts_with("..")
+                {
+                    out.insert(top.to_string());
+                }
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Owner distribution of a path (after the overlay), for messages.
+pub fn owner<'a>(
+    dists: &[&'a crate::agent::protocol::Dist],
+    path: &str,
+) -> Option<&'a crate::agent::protocol::Dist> {
+    dists
+        .iter()
+        .find(|d| d.files.iter().any(|f| f == path))
+        .copied()
+}

@@ -1,0 +1,113 @@
+//! `overlay verify [HOST]`: run the manifest's `[verify]` check in the
+//! target venv and show its whole output: the full traceback, then the
+//! final exception line on its own.
+
+use overlay::agent::client::Client;
+use overlay::agent::protocol::{Request, Response};
+use overlay::err;
+use overlay::error::Result;
+use overlay::manifest::Manifest;
+use overlay::transport::Endpoint;
+use overlay::verify::{VerifyReport, VerifyRequest};
+
+use crate::cli::{GlobalArgs, VerifyArgs};
+use crate::commands::plan::connect_options;
+use crate::commands::rollback::resolve;
+use crate::progress::status;
+use crate::{EXIT_OK, EXIT_VERIFY_FAILED};
+
+/// The manifest's check, ready to send.
+pub fn request(
+    global: &GlobalArgs,
+    venv: &str,
+    timeout: u64,
+    generation: Option<String>,
+) -> Result<VerifyRequest> {
+    let manifest = Manifest::load(&global.manifest)?;
+    let v = manifest
+        .verify
+        .as_ref()
+        .and_then(|v| v.python.as_ref().map(|p| (v, p)))
+        .ok_or_else(|| {
+            err!(
+                hint = "add a [verify] table with `python = '''...'''` (docs/verify.md)",
+                "{} has no [verify] check",
+                manifest.path.display()
+            )
+        })?;
+    Ok(VerifyRequest {
+        venv: venv.to_string(),
+        env: v.0.env.clone(),
+        python: v.1.clone(),
+        timeout_secs: timeout,
+        generation,
+    })
+}
+
+/// Run the check on a connected host; print the whole output; save a local log.
+pub fn run_check(
+    global: &GlobalArgs,
+    client: &mut Client,
+    req: VerifyRequest,
+    json: bool,
+) -> Result<VerifyReport> {
+    let host = client.host.clone();
+    status(global, &format!("Verifying {host} ({})...", req.venv));
+    let r = client.call(&Request::Verify(Box::new(req)), &mut |_| {})?;
+    let Response::Verified(report) = r else {
+        return Err(err!("unexpected answer from {host}: {r:?}"));
+    };
+    // A local copy of the log, next to the plan.
+    let local = std::path::Path::new(".overlay").join(format!("verify-{host}.log"));
+    let _ = std::fs::create_dir_all(".overlay");
+    let _ = std::fs::write(
+        &local,
+        format!(
+            "--- stdout ---\n{}\n--- stderr ---\n{}",
+            report.stdout, report.stderr
+        ),
+    );
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("serializes")
+        );
+    } else {
+        print!("{}", report.stdout);
+        // The whole error output, then the final line on its own.
+        eprint!("{}", report.stderr);
+    }
+    if report.ok {
+        status(
+            global,
+            &format!(
+                "verify passed on {host} in {:.1}s (log: {host}:{}, {})",
+                report.millis as f64 / 1000.0,
+                report.log,
+                local.display()
+            ),
+        );
+    } else if !json {
+        eprintln!();
+        eprintln!(
+            "verify failed on {host}: {}",
+            report.final_line().unwrap_or("(no error output)")
+        );
+        eprintln!("logs: {host}:{} and {}", report.log, local.display());
+    }
+    Ok(report)
+}
+
+pub fn run(global: &GlobalArgs, args: &VerifyArgs) -> Result<u8> {
+    let (name, ep, venv): (String, Endpoint, String) =
+        resolve(global, args.host.as_deref(), &args.plan)?;
+    let req = request(global, &venv, args.timeout, None)?;
+    let mut c = Client::connect(&name, &ep, &connect_options(global))?;
+    let report = run_check(global, &mut c, req, args.json)?;
+    c.close()?;
+    Ok(if report.ok {
+        EXIT_OK
+    } else {
+        EXIT_VERIFY_FAILED
+    })
+}

@@ -1,0 +1,157 @@
+//! `[verify]`: the smoke test run in the target venv, with the manifest's
+//! environment. Output is captured whole (never truncated), stored in a log
+//! on the target (`<venv>/.overlay/verify/<time>.log`, and in the generation's
+//! folder when run by `apply --verify`), and returned to the controller.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::err;
+use crate::error::{Result, io_cause};
+use crate::inventory::Venv;
+use crate::journal::{STATE_DIR, format_time};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VerifyRequest {
+    pub venv: String,
+    /// Environment for the check; `{site_packages}` and `{venv}` are expanded.
+    pub env: BTreeMap<String, String>,
+    /// Python source run with the venv's interpreter.
+    pub python: String,
+    pub timeout_secs: u64,
+    /// Also log into this generation's folder.
+    pub generation: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub ok: bool,
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    /// The log on the target.
+    pub log: String,
+    pub millis: u64,
+}
+
+impl VerifyReport {
+    /// The final line of the error (the exception), if it failed.
+    pub fn final_line(&self) -> Option<&str> {
+        self.stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(str::trim)
+    }
+}
+
+/// Expand `{site_packages}` and `{venv}` in a manifest value.
+pub fn expand(value: &str, venv: &Venv) -> String {
+    value
+        .replace("{site_packages}", &venv.site().to_string_lossy())
+        .replace("{venv}", &venv.root.to_string_lossy())
+}
+
+/// Run the check on this host.
+pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
+    let venv = Venv::open(&req.venv)?;
+    let python = venv.root.join("bin/python");
+    let env: BTreeMap<String, String> = req
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), expand(v, &venv)))
+        .collect();
+    let started = Instant::now();
+    let mut child = Command::new(&python)
+        .arg("-c")
+        .arg(&req.python)
+        .envs(&env)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(&venv.root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            err!(
+                hint =
+                    "is the venv intact? `python -m venv --upgrade` repairs its interpreter links",
+                "Failed to run {}: {}",
+                python.display(),
+                io_cause(&e)
+            )
+        })?;
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped")));
+    let errs = drain(Box::new(child.stderr.take().expect("piped")));
+    let deadline = started + Duration::from_secs(req.timeout_secs.max(1));
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(s) = child
+            .try_wait()
+            .map_err(|e| err!("Failed to wait for the check: {e}"))?
+        {
+            break s;
+        }
+        if Instant::now() > deadline {
+            timed_out = true;
+            let _ = child.kill();
+            break child
+                .wait()
+                .map_err(|e| err!("Failed to wait for the check: {e}"))?;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = out.join().unwrap_or_default();
+    let mut stderr = errs.join().unwrap_or_default();
+    if timed_out {
+        stderr.push_str(&format!(
+            "\noverlay: the check did not finish within {} s and was killed\n",
+            req.timeout_secs
+        ));
+    }
+    let millis = started.elapsed().as_millis() as u64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let text = format!(
+        "# overlay verify on {}\n# python: {}\n# env: {env:?}\n# exit: {:?}{}\n# millis: {millis}\n--- code ---\n{}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+        format_time(now),
+        python.display(),
+        status.code(),
+        if timed_out { " (timed out)" } else { "" },
+        req.python,
+    );
+    let dir = venv.root.join(STATE_DIR).join("verify");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| err!("Failed to create {}: {}", dir.display(), io_cause(&e)))?;
+    let log = dir.join(format!("{}.log", format_time(now)));
+    std::fs::write(&log, &text)
+        .map_err(|e| err!("Failed to write {}: {}", log.display(), io_cause(&e)))?;
+    if let Some(g) = &req.generation {
+        let gdir = venv.root.join(STATE_DIR).join("generations").join(g);
+        if gdir.is_dir() {
+            let _ = std::fs::write(gdir.join("verify.log"), &text);
+        }
+    }
+    Ok(VerifyReport {
+        ok: status.success() && !timed_out,
+        exit_code: status.code(),
+        timed_out,
+        stdout,
+        stderr,
+        log: log.to_string_lossy().into_owned(),
+        millis,
+    })
+}

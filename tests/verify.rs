@@ -1,0 +1,153 @@
+//! Predicted breakage on the fixture scenario, confirmed by `overlay verify`
+//! and `apply --verify --rollback-on-failure` on real venvs.
+
+mod common;
+
+use std::fs;
+
+use common::{Testbed, assert_same, snapshot};
+
+const VERIFY: &str = r#"
+[preflight]
+cuda_family = ["minitorch", "minitorchvision"]
+
+[verify]
+env = { MINITORCH_CHECK = "1" }
+python = '''
+import minitorch, minitorchvision
+import minitorch._C as c
+print("build:", c.build_info())
+assert minitorch.version.cuda.startswith("13"), minitorch.version.cuda
+'''
+"#;
+
+const ALL: &str = r#"
+[sets.torch]
+dists = ["minitorch"]
+[sets.torchvision]
+dists = ["minitorchvision"]
+[sets.nvidia-cu13]
+dists = ["nvidia-*"]
+[sets.sglang-patches]
+files = ["minisglang/srt/speculative/**", "minisglang/srt/server_args.py"]
+"#;
+
+fn plan(tb: &Testbed, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["plan", "src", "dst", "--json"];
+    a.extend_from_slice(args);
+    let out = tb.overlay(&a).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_consistent_overlay_predicts_nothing_and_verifies() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(&format!("{ALL}{VERIFY}"));
+    // Before: the target is the CUDA 12.8 build; the check fails and says why, whole.
+    let out = tb.overlay(&["verify", "dst"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Traceback (most recent call last)"), "{err}");
+    assert!(
+        err.contains("verify failed on dst: AssertionError: 12.8"),
+        "{err}"
+    );
+    assert!(tb.work.join(".overlay/verify-dst.log").exists());
+    let logs = fs::read_dir(tb.host_venv_dir(1).join(".overlay/verify"))
+        .unwrap()
+        .count();
+    assert_eq!(logs, 1, "a log on the target");
+
+    let p = plan(&tb, &[]);
+    assert_eq!(
+        p["problems"].as_array().unwrap().len(),
+        0,
+        "{}",
+        p["problems"]
+    );
+    let out = tb
+        .overlay(&["apply", "--backup", "--verify"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("build: minitorch 2.11.0+cu130"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(err.contains("verify passed on dst"), "{err}");
+}
+
+#[test]
+fn torch_without_its_cuda_libraries_is_predicted_and_rolled_back_on_failure() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(&format!("{ALL}{VERIFY}"));
+    let before = snapshot(tb.host_venv_dir(1));
+    let p = plan(&tb, &["--set", "torch"]);
+    let problems = p["problems"].as_array().unwrap();
+    let text = p["problems"].to_string();
+    // ELF: the new _C cannot find the CUDA 13 runtime the nvidia set would bring.
+    assert!(
+        problems
+            .iter()
+            .any(|x| x["check"] == "elf"
+                && x["reason"].as_str().unwrap().contains("libcudart.so.13")),
+        "{text}"
+    );
+    // CUDA: torchvision stays on 12.8 while torch moves to 13.0.
+    assert!(
+        problems.iter().any(|x| x["check"] == "cuda"
+            && x["dist"] == "minitorchvision"
+            && x["reason"].as_str().unwrap().contains("CUDA 12")),
+        "{text}"
+    );
+    // --strict makes them errors; apply refuses that plan without --force.
+    let out = tb
+        .overlay(&["plan", "src", "dst", "--set", "torch", "--strict"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after a refused strict plan",
+    );
+
+    // The prediction holds: with --force, the check fails on import, and the generation is rolled back.
+    let out = tb
+        .overlay(&[
+            "apply",
+            "--backup",
+            "--force",
+            "--verify",
+            "--rollback-on-failure",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("libcudart.so.13"),
+        "the real import error is shown whole:\n{err}"
+    );
+    assert!(err.contains("rolled back generation"), "{err}");
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after the automatic rollback",
+    );
+}
