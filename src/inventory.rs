@@ -512,6 +512,7 @@ pub fn stat(
     counters: &Counters,
 ) -> Result<Vec<Entry>> {
     let venv = Venv::open(venv_root)?;
+    let cache = crate::hashcache::HashCache::open(&venv.root);
     let bin_prefix = "bin/";
     // First pass: lstat everything, so progress knows the totals.
     let mut resolved = Vec::with_capacity(paths.len());
@@ -582,9 +583,26 @@ pub fn stat(
                         } else {
                             None
                         };
-                        let (size, sha) = hash_file(abs, rw, counters).map_err(|e| {
-                            err!("Failed to read {}: {}", abs.display(), io_cause(&e))
-                        })?;
+                        let cached = if rw.is_none() {
+                            cache.get(abs, &m)
+                        } else {
+                            None
+                        };
+                        let (size, sha) = match cached {
+                            Some(sha) => {
+                                counters.bytes.fetch_add(m.len(), Ordering::Relaxed);
+                                (m.len(), sha)
+                            }
+                            None => {
+                                let (size, sha) = hash_file(abs, rw, counters).map_err(|e| {
+                                    err!("Failed to read {}: {}", abs.display(), io_cause(&e))
+                                })?;
+                                if rw.is_none() && size == m.len() {
+                                    cache.put(abs, &m, &sha);
+                                }
+                                (size, sha)
+                            }
+                        };
                         Kind::File {
                             size,
                             mode,
@@ -632,6 +650,7 @@ pub fn stat(
             })
         })
         .collect();
+    cache.save();
     entries.into_iter().collect()
 }
 

@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod apply;
 pub mod error;
+pub mod hashcache;
 pub mod inventory;
 pub mod journal;
 pub mod manifest;
