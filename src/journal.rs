@@ -465,7 +465,17 @@ impl State {
             })?;
             fs::remove_dir(&dir).map_err(io(format_args!("remove empty {}", dir.display())))?;
         }
-        fsync_dir(&site);
+        // Make the renames durable: every directory that gained or lost an entry.
+        let mut parents: BTreeSet<PathBuf> = BTreeSet::new();
+        for c in &changes {
+            if let Some(p) = self.target_path(&c.path)?.parent() {
+                parents.insert(p.to_path_buf());
+            }
+        }
+        parents.insert(site.clone());
+        for p in &parents {
+            fsync_dir(p);
+        }
         g.append(Record::Switched)?;
         Ok(changed)
     }
