@@ -1,13 +1,15 @@
-//! The hash cache on each host: sha256 of a file keyed by its path and its
-//! stamp (device, inode, size, mtime and ctime in nanoseconds). An entry is
+//! Caches on each host of what was learned from a file's content, keyed by
+//! its path and its stamp (device, inode, size, mtime and ctime in
+//! nanoseconds): sha256 hashes ([`HashCache`]) and ELF facts (the preflight's
+//! [`StampCache<ElfInfo>`](crate::preflight::elf::ElfInfo)). An entry is
 //! used only while every part of the stamp is unchanged, so an unchanged venv
 //! re-plans at the speed of `stat`. Files modified in the last few seconds
 //! are not cached (the "racy" case: a write in the same clock tick as the
 //! hash would leave the stamp unchanged).
 //!
-//! The cache lives outside the venv, in `~/.cache/overlay/hashes/` of the
-//! user the agent runs as, one file per venv; `OVERLAY_NO_HASH_CACHE=1`
-//! turns it off.
+//! The caches live outside the venv, in `~/.cache/overlay/{hashes,elf}/` of
+//! the user the agent runs as, one file per venv; `OVERLAY_NO_HASH_CACHE=1`
+//! turns them off.
 
 use std::collections::HashMap;
 use std::fs::Metadata;
@@ -15,6 +17,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -39,26 +42,48 @@ impl Stamp {
     }
 }
 
-#[derive(Default, Serialize, Deserialize)]
-struct Store {
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(bound = "V: Serialize + DeserializeOwned")]
+struct Store<V> {
     version: u32,
-    entries: HashMap<String, (Stamp, String)>,
+    entries: HashMap<String, (Stamp, V)>,
+}
+
+impl<V> Default for Store<V> {
+    fn default() -> Self {
+        Store {
+            version: VERSION,
+            entries: HashMap::new(),
+        }
+    }
 }
 
 const VERSION: u32 = 1;
 /// Files changed this recently are never cached.
 const RACY_NS: i128 = 3_000_000_000;
 
-pub struct HashCache {
+/// The sha256 cache.
+pub type HashCache = StampCache<String>;
+
+/// Values learned from files, valid while the file's stamp is unchanged.
+#[derive(Debug)]
+pub struct StampCache<V> {
     file: Option<PathBuf>,
     racy_ns: i128,
-    store: Mutex<Store>,
+    store: Mutex<Store<V>>,
     dirty: Mutex<bool>,
 }
 
-impl HashCache {
-    /// The cache for the venv at `root` (disabled when there is no home).
+impl StampCache<String> {
+    /// The hash cache for the venv at `root` (disabled when there is no home).
     pub fn open(root: &Path) -> HashCache {
+        StampCache::open_kind(root, "hashes")
+    }
+}
+
+impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
+    /// The cache of `kind` for the venv at `root` (disabled when there is no home).
+    pub fn open_kind(root: &Path, kind: &str) -> StampCache<V> {
         let disabled =
             std::env::var_os("OVERLAY_NO_HASH_CACHE").is_some_and(|v| !v.is_empty() && v != "0");
         let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
@@ -67,7 +92,8 @@ impl HashCache {
                 let key = crate::inventory::hex(&Sha256::digest(root.to_string_lossy().as_bytes()));
                 Some(
                     PathBuf::from(h)
-                        .join(".cache/overlay/hashes")
+                        .join(".cache/overlay")
+                        .join(kind)
                         .join(format!("{}.json", &key[..16])),
                 )
             }
@@ -76,14 +102,14 @@ impl HashCache {
         let store = file
             .as_ref()
             .and_then(|f| std::fs::read(f).ok())
-            .and_then(|b| serde_json::from_slice::<Store>(&b).ok())
+            .and_then(|b| serde_json::from_slice::<Store<V>>(&b).ok())
             .filter(|s| s.version == VERSION)
             .unwrap_or_default();
-        HashCache::with_file(file, RACY_NS, store)
+        StampCache::with_file(file, RACY_NS, store)
     }
 
-    fn with_file(file: Option<PathBuf>, racy_ns: i128, store: Store) -> HashCache {
-        HashCache {
+    fn with_file(file: Option<PathBuf>, racy_ns: i128, store: Store<V>) -> StampCache<V> {
+        StampCache {
             file,
             racy_ns,
             store: Mutex::new(store),
@@ -91,16 +117,16 @@ impl HashCache {
         }
     }
 
-    /// The cached hash of `path`, if its stamp is unchanged.
-    pub fn get(&self, path: &Path, m: &Metadata) -> Option<String> {
+    /// The cached value for `path`, if its stamp is unchanged.
+    pub fn get(&self, path: &Path, m: &Metadata) -> Option<V> {
         self.file.as_ref()?;
         let store = self.store.lock().ok()?;
         let (stamp, sha) = store.entries.get(path.to_str()?)?;
         (*stamp == Stamp::of(m)).then(|| sha.clone())
     }
 
-    /// Remember a hash taken from content read with metadata `m`.
-    pub fn put(&self, path: &Path, m: &Metadata, sha: &str) {
+    /// Remember a value learned from content read with metadata `m`.
+    pub fn put(&self, path: &Path, m: &Metadata, value: &V) {
         if self.file.is_none() {
             return;
         }
@@ -113,7 +139,7 @@ impl HashCache {
         }
         let Some(key) = path.to_str() else { return };
         if let Ok(mut s) = self.store.lock() {
-            s.entries.insert(key.to_string(), (stamp, sha.to_string()));
+            s.entries.insert(key.to_string(), (stamp, value.clone()));
             if let Ok(mut d) = self.dirty.lock() {
                 *d = true;
             }
@@ -160,11 +186,12 @@ mod tests {
         let store_file = dir.path().join("cache.json");
         let c = HashCache::with_file(Some(store_file.clone()), 0, Store::default());
         let m = std::fs::metadata(&f).unwrap();
-        c.put(&f, &m, "h1");
+        c.put(&f, &m, &"h1".to_string());
         assert_eq!(c.get(&f, &m).as_deref(), Some("h1"));
         c.save();
         // A new process reads it back.
-        let store: Store = serde_json::from_slice(&std::fs::read(&store_file).unwrap()).unwrap();
+        let store: Store<String> =
+            serde_json::from_slice(&std::fs::read(&store_file).unwrap()).unwrap();
         let c = HashCache::with_file(Some(store_file), 0, store);
         assert_eq!(
             c.get(&f, &std::fs::metadata(&f).unwrap()).as_deref(),
@@ -192,7 +219,7 @@ mod tests {
         std::fs::write(&f, b"x").unwrap();
         let c = HashCache::with_file(Some(dir.path().join("c.json")), RACY_NS, Store::default());
         let m = std::fs::metadata(&f).unwrap();
-        c.put(&f, &m, "h");
+        c.put(&f, &m, &"h".to_string());
         assert_eq!(c.get(&f, &m), None);
     }
 }

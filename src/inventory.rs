@@ -598,7 +598,7 @@ pub fn stat(
                                     err!("Failed to read {}: {}", abs.display(), io_cause(&e))
                                 })?;
                                 if rw.is_none() && size == m.len() {
-                                    cache.put(abs, &m, &sha);
+                                    cache.put(abs, &m, &sha.clone());
                                 }
                                 (size, sha)
                             }

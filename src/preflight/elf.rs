@@ -350,11 +350,21 @@ pub struct OverlayView {
     disk: HashMap<PathBuf, OnDisk>,
     /// Directory -> its canonical form on disk (None if it does not exist).
     dirs: HashMap<PathBuf, Option<PathBuf>>,
+    /// ELF facts kept between runs, keyed by file stamp.
+    persistent: Option<Arc<crate::hashcache::StampCache<Option<ElfInfo>>>>,
 }
 
 impl OverlayView {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Read disk objects through (and into) a persistent cache.
+    pub fn with_cache(cache: Arc<crate::hashcache::StampCache<Option<ElfInfo>>>) -> Self {
+        OverlayView {
+            persistent: Some(cache),
+            ..Self::default()
+        }
     }
 
     /// After the overlay, `p` holds this object (Some) or is gone (None).
@@ -389,6 +399,7 @@ impl OverlayView {
         if let Some(v) = self.override_of(&p) {
             return v;
         }
+        let persistent = self.persistent.clone();
         let entry = self
             .disk
             .entry(p.clone())
@@ -397,7 +408,20 @@ impl OverlayView {
                     Ok(target) => OnDisk::Link(p.parent().unwrap_or(Path::new("/")).join(target)),
                     Err(_) => OnDisk::Absent,
                 },
-                Ok(m) if m.is_file() => OnDisk::File(read_elf(&p).ok().flatten().map(Arc::new)),
+                Ok(m) if m.is_file() => {
+                    let cached = persistent.as_ref().and_then(|c| c.get(&p, &m));
+                    let info = match cached {
+                        Some(info) => info,
+                        None => {
+                            let info = read_elf(&p).ok().flatten();
+                            if let Some(c) = &persistent {
+                                c.put(&p, &m, &info);
+                            }
+                            info
+                        }
+                    };
+                    OnDisk::File(info.map(Arc::new))
+                }
                 _ => OnDisk::Absent,
             });
         match entry.clone() {

@@ -107,7 +107,10 @@ pub fn run_on_target(req: &PreflightRequest) -> Result<PreflightReport> {
 
     // Before the overlay: the sonames and file names that go away or change.
     let mut disturbed: HashSet<String> = HashSet::new();
-    let mut view = OverlayView::new();
+    let cache = std::sync::Arc::new(crate::hashcache::StampCache::<Option<ElfInfo>>::open_kind(
+        &venv.root, "elf",
+    ));
+    let mut view = OverlayView::with_cache(cache.clone());
     let mut placed_objects = Vec::new();
     for (rel, info) in &req.placed {
         let p = abs(rel)?;
@@ -236,6 +239,7 @@ pub fn run_on_target(req: &PreflightRequest) -> Result<PreflightReport> {
     }
     report.problems.sort();
     report.problems.dedup();
+    cache.save();
     Ok(report)
 }
 
