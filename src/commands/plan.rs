@@ -93,8 +93,8 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
         ));
     }
     let sets = select_sets(&manifest, &args.sets)?;
-    STRICT.with(|s| s.set(args.strict));
-    let plan = make_plan(global, &manifest, &sets, src_host, dst_host)?;
+    let mut plan = make_plan(global, &manifest, &sets, src_host, dst_host)?;
+    plan.strict |= args.strict;
 
     if args.json {
         print!("{}", report::plan_json(&plan));
@@ -264,16 +264,8 @@ pub fn make_plan(
         sets: set_plans,
         warnings,
         problems,
-        strict: manifest.preflight.strict || global_strict(),
+        strict: manifest.preflight.strict,
     })
-}
-
-thread_local! {
-    static STRICT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-fn global_strict() -> bool {
-    STRICT.with(|s| s.get())
 }
 
 /// Predict what would fail after the overlay: requirements, CUDA majors, ELF loading.

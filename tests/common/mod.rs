@@ -147,15 +147,42 @@ pub fn wheels_dir() -> PathBuf {
     .clone()
 }
 
-/// A venv of `role` built once at /root/venv (bind-mounted) and copied for
-/// each SSH testbed: every SSH host has its venv at /root/venv, so the copy
-/// is exact (shebangs, pyvenv.cfg, RECORD, mtimes with `cp -a`).
-fn venv_template(role: &'static str) -> PathBuf {
-    static SOURCE: OnceLock<PathBuf> = OnceLock::new();
-    static TARGET: OnceLock<PathBuf> = OnceLock::new();
-    let cell = if role == "source" { &SOURCE } else { &TARGET };
+/// The preflight (`pf`) family of fixture wheels (`testbed.py wheels DIR
+/// --family pf`), built once like [`wheels_dir`].
+pub fn pf_wheels_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        cached("testbed-pfwheels-", |dir| {
+            run(testbed().args(["wheels", "--family", "pf"]).arg(dir));
+        })
+    })
+    .clone()
+}
+
+/// The wheels a venv of `role` is built from: roles `pf-*` use the pf family.
+pub fn wheels_for_role(role: &str) -> PathBuf {
+    if role.starts_with("pf-") {
+        pf_wheels_dir()
+    } else {
+        wheels_dir()
+    }
+}
+
+/// [`venv_template`] for any role of testbed.py (`source`, `target`,
+/// `pf-source`, `pf-target`), memoized per role.
+fn role_template(role: &str) -> PathBuf {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    static CELLS: OnceLock<Mutex<HashMap<String, Arc<OnceLock<PathBuf>>>>> = OnceLock::new();
+    let cell = CELLS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap()
+        .entry(role.to_string())
+        .or_default()
+        .clone();
     cell.get_or_init(|| {
-        let wheels = wheels_dir();
+        let wheels = wheels_for_role(role);
         cached(&format!("testbed-venv-{role}-"), |dir| {
             let _ = fs::remove_dir_all(dir);
             fs::create_dir_all(dir).unwrap();
@@ -169,6 +196,13 @@ fn venv_template(role: &'static str) -> PathBuf {
         .join("venv")
     })
     .clone()
+}
+
+/// A venv of `role` built once at /root/venv (bind-mounted) and copied for
+/// each SSH testbed: every SSH host has its venv at /root/venv, so the copy
+/// is exact (shebangs, pyvenv.cfg, RECORD, mtimes with `cp -a`).
+fn venv_template(role: &'static str) -> PathBuf {
+    role_template(role)
 }
 
 fn random_u64() -> u64 {
@@ -229,10 +263,31 @@ impl Testbed {
         Self::build(n_hosts, false)
     }
 
+    /// One host per entry of `roles` (testbed.py venv roles: "source",
+    /// "target", "pf-source", "pf-target"), named src, dst, dst2, ... in
+    /// that order; SSH hosts (root) when `ssh`, else the local transport.
+    /// `with_roles(&["pf-source", "pf-target"], false)` is the preflight pair.
+    pub fn with_roles(roles: &[&str], ssh: bool) -> Testbed {
+        let roles: Vec<String> = roles.iter().map(|r| r.to_string()).collect();
+        Self::build_roles(&roles, ssh)
+    }
+
     fn build(n_hosts: usize, ssh: bool) -> Testbed {
         assert!(n_hosts >= 1);
+        let roles: Vec<String> = (0..n_hosts)
+            .map(|i| if i == 0 { "source" } else { "target" }.to_string())
+            .collect();
+        Self::build_roles(&roles, ssh)
+    }
+
+    fn build_roles(roles: &[String], ssh: bool) -> Testbed {
+        let n_hosts = roles.len();
+        assert!(n_hosts >= 1);
         let t0 = Instant::now();
-        let wheels = wheels_dir();
+        for r in roles {
+            // Build each wheel family once, before the parallel venv builds.
+            wheels_for_role(r);
+        }
         let root = tempfile::Builder::new()
             .prefix("testbed-")
             .tempdir_in(target_tmp())
@@ -262,13 +317,15 @@ impl Testbed {
                 up: false,
             });
         }
-        let role = |i: usize| if i == 0 { "source" } else { "target" };
+        let role = |i: usize| roles[i].as_str();
         if ssh {
             // Copies of the cached templates (~0.1 s instead of ~3 s each).
+            let mut distinct: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+            distinct.sort();
+            distinct.dedup();
             std::thread::scope(|s| {
-                s.spawn(|| venv_template("source"));
-                if n_hosts > 1 {
-                    s.spawn(|| venv_template("target"));
+                for r in &distinct {
+                    s.spawn(move || role_template(r));
                 }
             });
             let copies: Vec<_> = tb
@@ -278,7 +335,7 @@ impl Testbed {
                 .map(|(i, h)| {
                     fs::create_dir_all(&h.dir).unwrap();
                     let mut c = Command::new("cp");
-                    c.arg("-a").arg(venv_template(role(i))).arg(&h.venv_dir);
+                    c.arg("-a").arg(role_template(role(i))).arg(&h.venv_dir);
                     (format!("{c:?}"), c.spawn().expect("spawn cp"))
                 })
                 .collect();
@@ -298,7 +355,7 @@ impl Testbed {
                         .arg(&h.venv_dir)
                         .args(["--at", &h.venv, "--role", role(i)])
                         .arg("--wheels")
-                        .arg(&wheels)
+                        .arg(wheels_for_role(role(i)))
                         .stdin(Stdio::null())
                         .stdout(Stdio::piped())
                         .stderr(Stdio::piped());
@@ -431,6 +488,30 @@ impl Testbed {
             .env_remove("SSH_AUTH_SOCK")
             .stdin(Stdio::null());
         c
+    }
+
+    /// Run Python `code` with host `i`'s venv interpreter, as that host sees
+    /// it: over ssh (`/root/venv/bin/python -c CODE`) for an SSH host, else
+    /// the local venv's bin/python run directly with a clean loader/Python
+    /// environment (no LD_LIBRARY_PATH, PYTHONPATH, PYTHONHOME).
+    pub fn python(&self, i: usize, code: &str) -> Command {
+        let h = &self.hosts[i];
+        if h.addr.is_some() {
+            let quoted = format!("'{}'", code.replace('\'', r"'\''"));
+            self.ssh(i, &format!("{}/bin/python -c {quoted}", h.venv))
+        } else {
+            let mut c = Command::new(h.venv_dir.join("bin/python"));
+            c.arg("-c")
+                .arg(code)
+                .env_remove("LD_LIBRARY_PATH")
+                .env_remove("LD_PRELOAD")
+                .env_remove("PYTHONPATH")
+                .env_remove("PYTHONHOME")
+                .env_remove("VIRTUAL_ENV")
+                .current_dir(&h.dir)
+                .stdin(Stdio::null());
+            c
+        }
     }
 
     /// The reference plan from testbed.py record-plan between hosts `src`
