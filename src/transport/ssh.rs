@@ -2098,7 +2098,6 @@ int main(int argc, char **argv) {
     }
 
     #[test]
-    #[ignore = "starts a real sshd on 127.0.0.9; run as root with --ignored"]
     fn against_real_sshd() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/sbin/sshd").exists() {
