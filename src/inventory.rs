@@ -419,6 +419,15 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
             let (k, v) = l.split_once('=')?;
             matches!(k.trim(), "version" | "version_info").then(|| v.trim().to_string())
         })
+        // virtualenv writes `3.11.2.final.0`: keep the numeric release.
+        .map(|v| {
+            v.split('.')
+                .take_while(|p| p.chars().all(|c| c.is_ascii_digit()) && !p.is_empty())
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(".")
+        })
+        .filter(|v| v.split('.').count() >= 2)
         .unwrap_or_else(|| format!("{}.0", venv.python));
     let uname = rustix::system::uname();
     let facts = Facts {

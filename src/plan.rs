@@ -445,6 +445,11 @@ pub fn totals(set: &SetPlan) -> BTreeMap<Action, (u64, u64)> {
 }
 
 impl Plan {
+    /// Predicted problems the overlay would cause (not those the target has already).
+    pub fn new_problems(&self) -> usize {
+        self.problems.iter().filter(|p| !p.preexisting).count()
+    }
+
     pub fn has_changes(&self) -> bool {
         self.sets
             .iter()

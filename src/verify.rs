@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -73,6 +74,7 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
         .envs(&env)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .current_dir(&venv.root)
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -106,6 +108,11 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
         }
         if Instant::now() > deadline {
             timed_out = true;
+            // The whole process group: children that hold the pipes open die too.
+            let _ = rustix::process::kill_process_group(
+                rustix::process::Pid::from_raw(child.id() as i32).expect("a child has a pid"),
+                rustix::process::Signal::KILL,
+            );
             let _ = child.kill();
             break child
                 .wait()
@@ -136,7 +143,10 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
     let dir = venv.root.join(STATE_DIR).join("verify");
     std::fs::create_dir_all(&dir)
         .map_err(|e| err!("Failed to create {}: {}", dir.display(), io_cause(&e)))?;
-    let log = dir.join(format!("{}.log", format_time(now)));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let log = dir.join(format!("{}-{:09}.log", format_time(now), nanos));
     std::fs::write(&log, &text)
         .map_err(|e| err!("Failed to write {}: {}", log.display(), io_cause(&e)))?;
     if let Some(g) = &req.generation {

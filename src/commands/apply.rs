@@ -126,18 +126,25 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         return Ok(EXIT_OK);
     }
 
-    if plan.strict && !plan.problems.is_empty() && !args.force {
+    if plan.strict && plan.new_problems() > 0 && !args.force {
         return Err(err!(
             hint = "fix what `overlay plan` predicts, or pass --force to apply anyway",
             "The plan predicts {} problem{} after the overlay and was made with --strict; {tname} is unchanged",
-            plan.problems.len(),
-            if plan.problems.len() == 1 { "" } else { "s" }
+            plan.new_problems(),
+            if plan.new_problems() == 1 { "" } else { "s" }
         ));
     }
     // Read the check before touching anything, so a missing [verify] fails early.
     let verify_req = if args.verify {
+        // The manifest the plan was made from, if it is still there.
+        let m = std::path::Path::new(&plan.manifest);
+        let manifest = if m.exists() {
+            m
+        } else {
+            global.manifest.as_path()
+        };
         Some(crate::commands::verify::request(
-            global,
+            manifest,
             &plan.target.venv,
             600,
             None,
@@ -221,12 +228,34 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         Response::Committed { .. } => {}
         other => return Err(err!("unexpected answer from {tname}: {other:?}")),
     }
+    let secs = started.elapsed().as_secs_f64();
+    status(
+        global,
+        &format!(
+            "Applied generation {generation} on {tname}: {} changes, {} files sent, {} on the wire for {} of files, in {secs:.1}s",
+            changes.len(),
+            send.len(),
+            HumanBytes(sent),
+            HumanBytes(raw),
+        ),
+    );
     let mut exit = EXIT_OK;
     let mut rolled_back = false;
     if let Some(mut req) = verify_req {
         req.generation = Some(generation.clone());
-        let report = crate::commands::verify::run_check(global, &mut dst, req, false)?;
-        if !report.ok {
+        // With --json, the check's output goes to stderr: stdout holds one JSON document.
+        let failure =
+            match crate::commands::verify::run_check(global, &mut dst, req, false, args.json) {
+                Ok(report) if report.ok => None,
+                Ok(report) => Some(
+                    report
+                        .final_line()
+                        .unwrap_or("the check failed")
+                        .to_string(),
+                ),
+                Err(e) => Some(format!("the check could not run: {}", e.message)),
+            };
+        if let Some(why) = failure {
             exit = crate::EXIT_VERIFY_FAILED;
             if args.rollback_on_failure {
                 match dst.call(
@@ -241,7 +270,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
                         status(
                             global,
                             &format!(
-                                "verify failed: rolled back generation {generation} on {tname} ({} files restored, {} removed, {} paths verified)",
+                                "verify failed ({why}): rolled back generation {generation} on {tname} ({} files restored, {} removed, {} paths verified)",
                                 r.restored, r.removed, r.verified
                             ),
                         );
@@ -252,7 +281,12 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         }
     }
     dst.close()?;
-    let secs = started.elapsed().as_secs_f64();
+    if args.backup && !rolled_back {
+        status(
+            global,
+            &format!("Roll back with `overlay rollback {tname}`."),
+        );
+    }
     if args.json {
         let doc = ApplyJson {
             generation: Some(generation.clone()),
@@ -261,7 +295,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             changes: changes.len() as u64,
             raw_bytes: raw,
             sent_bytes: sent,
-            seconds: secs,
+            seconds: started.elapsed().as_secs_f64(),
             backup: args.backup,
             verified: args.verify.then_some(exit == EXIT_OK),
             rolled_back,
@@ -271,21 +305,6 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             serde_json::to_string_pretty(&doc).expect("serializes")
         );
     }
-    status(
-        global,
-        &format!(
-            "Applied generation {generation} on {tname}: {} changes, {} files sent, {} on the wire for {} of files, in {secs:.1}s{}",
-            changes.len(),
-            send.len(),
-            HumanBytes(sent),
-            HumanBytes(raw),
-            if args.backup && !rolled_back {
-                format!("; roll back with `overlay rollback {tname}`")
-            } else {
-                String::new()
-            }
-        ),
-    );
     Ok(exit)
 }
 

@@ -113,7 +113,11 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
         eprintln!("warning: {set}{}", w.message);
     }
     for p in &plan.problems {
-        let level = if plan.strict { "error" } else { "warning" };
+        let level = if plan.strict && !p.preexisting {
+            "error"
+        } else {
+            "warning"
+        };
         let check = serde_json::to_value(p.check)
             .ok()
             .and_then(|v| v.as_str().map(String::from))
@@ -123,15 +127,20 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
             .as_deref()
             .map(|d| format!("{d}: "))
             .unwrap_or_default();
-        eprintln!("{level}: [{check}] {dist}{}", p.reason);
+        // Name the file unless the reason already starts with it.
+        let file = match &p.file {
+            Some(f) if !p.reason.starts_with(f.as_str()) => format!("{f}: "),
+            _ => String::new(),
+        };
+        eprintln!("{level}: [{check}] {dist}{file}{}", p.reason);
     }
     save_plan(&plan, &args.out)?;
-    if plan.strict && !plan.problems.is_empty() {
+    if plan.strict && plan.new_problems() > 0 {
         return Err(err!(
             hint = "fix the plan (add the missing sets or packages), or run `overlay apply --force` to apply it anyway",
             "The plan predicts {} problem{} after the overlay (strict); saved to {}, but `overlay apply` will refuse it",
-            plan.problems.len(),
-            if plan.problems.len() == 1 { "" } else { "s" },
+            plan.new_problems(),
+            if plan.new_problems() == 1 { "" } else { "s" },
             args.out.display()
         ));
     }
@@ -302,6 +311,7 @@ fn preflight(
         for mut p in requirements::check(&after, &env) {
             if already.contains(&p.reason) {
                 p.reason.push_str(" (already so before the overlay)");
+                p.preexisting = true;
             }
             problems.push(p);
         }
@@ -372,6 +382,7 @@ fn preflight(
             dist: overlay::preflight::owner(&after, &file).map(|d| d.name.clone()),
             file: Some(file),
             reason,
+            preexisting: false,
         });
     }
 

@@ -31,7 +31,7 @@ pub fn resolve(
         }
     }
     let p = load_plan(plan).map_err(|e| {
-        e.hint("name the host (`overlay rollback HOST`) with a manifest that defines it, or run from where `overlay plan` saved its plan")
+        e.hint("name the host (e.g. `overlay history HOST`) with a manifest that defines it, or run from where `overlay plan` saved its plan")
     })?;
     if let Some(name) = host
         && name != p.target.name

@@ -18,12 +18,12 @@ use crate::{EXIT_OK, EXIT_VERIFY_FAILED};
 
 /// The manifest's check, ready to send.
 pub fn request(
-    global: &GlobalArgs,
+    manifest: &std::path::Path,
     venv: &str,
     timeout: u64,
     generation: Option<String>,
 ) -> Result<VerifyRequest> {
-    let manifest = Manifest::load(&global.manifest)?;
+    let manifest = Manifest::load(manifest)?;
     let v = manifest
         .verify
         .as_ref()
@@ -50,6 +50,7 @@ pub fn run_check(
     client: &mut Client,
     req: VerifyRequest,
     json: bool,
+    output_to_stderr: bool,
 ) -> Result<VerifyReport> {
     let host = client.host.clone();
     status(global, &format!("Verifying {host} ({})...", req.venv));
@@ -72,6 +73,9 @@ pub fn run_check(
             "{}",
             serde_json::to_string_pretty(&report).expect("serializes")
         );
+    } else if output_to_stderr {
+        eprint!("{}", report.stdout);
+        eprint!("{}", report.stderr);
     } else {
         print!("{}", report.stdout);
         // The whole error output, then the final line on its own.
@@ -101,9 +105,9 @@ pub fn run_check(
 pub fn run(global: &GlobalArgs, args: &VerifyArgs) -> Result<u8> {
     let (name, ep, venv): (String, Endpoint, String) =
         resolve(global, args.host.as_deref(), &args.plan)?;
-    let req = request(global, &venv, args.timeout, None)?;
+    let req = request(&global.manifest, &venv, args.timeout, None)?;
     let mut c = Client::connect(&name, &ep, &connect_options(global))?;
-    let report = run_check(global, &mut c, req, args.json)?;
+    let report = run_check(global, &mut c, req, args.json, false)?;
     c.close()?;
     Ok(if report.ok {
         EXIT_OK

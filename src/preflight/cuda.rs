@@ -43,8 +43,12 @@ pub struct Evidence {
 pub fn label_major(version: &str) -> Option<u32> {
     let local = version.split_once('+')?.1;
     local.split(['.', '_', '-']).find_map(|part| {
-        let digits = part.strip_prefix("cu")?;
-        if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) {
+        let rest = part.strip_prefix("cu")?;
+        // `cu130`, and `cu124torch2.6` as some projects write it.
+        let digits: &str = &rest[..rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len())];
+        if digits.len() < 2 {
             return None;
         }
         let n = if digits.len() <= 2 {
@@ -140,6 +144,7 @@ pub fn check(
                     version(d),
                     describe(ev)
                 ),
+                preexisting: false,
             });
         }
     }
@@ -186,6 +191,7 @@ pub fn check(
                     ref_dist.name,
                     version(ref_dist)
                 ),
+                preexisting: false,
             });
         }
     }
@@ -233,6 +239,7 @@ mod tests {
         assert_eq!(label_major("2.9.1+cu128"), Some(12));
         assert_eq!(label_major("1.0+cu92"), Some(9));
         assert_eq!(label_major("1.0+cpu"), None);
+        assert_eq!(label_major("0.2.5+cu124torch2.6"), Some(12));
         assert_eq!(label_major("1.0"), None);
         assert_eq!(cudart_major("libcudart.so.13"), Some(13));
         assert_eq!(cudart_major("libcudart.so.12.8.90"), Some(12));

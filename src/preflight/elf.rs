@@ -565,6 +565,7 @@ impl ElfProblem {
             dist,
             file: Some(file.to_string_lossy().into_owned()),
             reason: self.reason.clone(),
+            preexisting: false,
         }
     }
 }

@@ -31,6 +31,9 @@ pub struct Problem {
     /// The file affected (relative to site-packages), if any.
     pub file: Option<String>,
     pub reason: String,
+    /// The target has this problem already, before the overlay.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preexisting: bool,
 }
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};

@@ -72,6 +72,7 @@ pub fn check(dists: &[&Dist], env: &MarkerEnvironment) -> Vec<Problem> {
                         dist: Some(dist.name.clone()),
                         file: Some(format!("{}/METADATA", dist.dist_info)),
                         reason: format!("cannot parse Requires-Dist {line:?}: {e}"),
+                        preexisting: false,
                     });
                     continue;
                 }
@@ -92,6 +93,7 @@ pub fn check(dists: &[&Dist], env: &MarkerEnvironment) -> Vec<Problem> {
                     dist: Some(dist.name.clone()),
                     file: None,
                     reason: format!("{who} requires {line}, but {name} is not installed"),
+                    preexisting: false,
                 });
                 continue;
             };
@@ -107,6 +109,7 @@ pub fn check(dists: &[&Dist], env: &MarkerEnvironment) -> Vec<Problem> {
                                 "{who} requires {line}, but {} {} is installed",
                                 target.name, target.version
                             ),
+                            preexisting: false,
                         });
                     }
                     Err(_) => {
@@ -118,6 +121,7 @@ pub fn check(dists: &[&Dist], env: &MarkerEnvironment) -> Vec<Problem> {
                                 "{} has a version that is not PEP 440: {:?}",
                                 target.name, target.version
                             ),
+                            preexisting: false,
                         });
                     }
                 }
@@ -138,6 +142,7 @@ pub fn check(dists: &[&Dist], env: &MarkerEnvironment) -> Vec<Problem> {
                                 "{who} requires {line}, but {} {} has no extra {e:?}",
                                 target.name, target.version
                             ),
+                            preexisting: false,
                         });
                     }
                 }
