@@ -23,7 +23,7 @@ use std::sync::mpsc;
 use sha2::{Digest, Sha256};
 
 use crate::agent::protocol::{
-    Kind, Progress, Response, SendFile, ShebangRewrite, write_data, write_frame,
+    FileStamp, Kind, Progress, Response, SendFile, ShebangRewrite, write_data, write_frame,
 };
 use crate::err;
 use crate::error::{Result, io_cause};
@@ -101,8 +101,9 @@ pub fn send(
     level: i32,
     out: &mut dyn Write,
     counters: &Counters,
-) -> Result<(u64, u64)> {
+) -> Result<(u64, u64, Vec<(usize, String)>)> {
     let venv = Venv::open(venv_root)?;
+    let mut hashes = Vec::with_capacity(files.len());
     counters
         .total_files
         .store(files.len() as u64, Ordering::Relaxed);
@@ -149,8 +150,14 @@ pub fn send(
                 tar.append_link(&mut h, &name, target)
                     .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
             }
-            Kind::File { size, mode, sha256 } => {
-                if !meta.is_file() {
+            Kind::File {
+                size,
+                mode,
+                sha256,
+                stamp,
+            } => {
+                // Unhashed in the plan: the stamp must be as the plan saw it.
+                if !meta.is_file() || (sha256.is_none() && *stamp != Some(FileStamp::of(&meta))) {
                     return Err(changed());
                 }
                 h.set_entry_type(tar::EntryType::Regular);
@@ -185,9 +192,17 @@ pub fn send(
                             .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
                         hex(&r.hasher.finalize())
                     };
-                if sha256.as_deref() != Some(digest.as_str()) {
-                    return Err(changed());
+                match sha256 {
+                    Some(want) if *want != digest => return Err(changed()),
+                    // Read while something wrote to it: the stamp moved.
+                    None if fs::symlink_metadata(&abs).map(|m| FileStamp::of(&m)).ok()
+                        != *stamp =>
+                    {
+                        return Err(changed());
+                    }
+                    _ => {}
                 }
+                hashes.push((f.index, digest));
                 raw += size;
                 counters.bytes.fetch_add(*size, Ordering::Relaxed);
             }
@@ -206,7 +221,7 @@ pub fn send(
     enc.finish()
         .map_err(|e| err!("Failed to finish the stream: {e}"))?;
     frames.flush().map_err(|e| err!("Failed to send: {e}"))?;
-    Ok((raw, frames.sent))
+    Ok((raw, frames.sent, hashes))
 }
 
 /// A `Read` over chunks arriving on a channel.
@@ -251,8 +266,9 @@ pub fn unpack(
     host_dir: &Path,
     input: ChannelReader,
     counters: &Counters,
-) -> Result<(u64, u64)> {
+) -> Result<(u64, u64, Vec<(usize, String)>)> {
     let staging = g.dir.join("staging");
+    let mut written = Vec::new();
     let is_root = rustix::process::geteuid().is_root();
     let dec = zstd::stream::read::Decoder::new(input).map_err(|e| err!("zstd: {e}"))?;
     let mut archive = tar::Archive::new(dec);
@@ -305,7 +321,12 @@ pub fn unpack(
                     );
                 }
             }
-            (Some(Kind::File { size, mode, sha256 }), tar::EntryType::Regular) => {
+            (
+                Some(Kind::File {
+                    size, mode, sha256, ..
+                }),
+                tar::EntryType::Regular,
+            ) => {
                 let mut out = OpenOptions::new()
                     .write(true)
                     .create_new(true)
@@ -329,7 +350,7 @@ pub fn unpack(
                     counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 let digest = hex(&hasher.finalize());
-                if n_total != *size || sha256.as_deref() != Some(digest.as_str()) {
+                if n_total != *size || sha256.as_ref().is_some_and(|want| *want != digest) {
                     return Err(err!(
                         hint = "run `overlay apply` again; if it repeats, check the source file and the network",
                         "{} arrived damaged (sha256 {digest}, {n_total} bytes; the plan says {} bytes)",
@@ -349,6 +370,7 @@ pub fn unpack(
                 out.sync_all()
                     .map_err(|e| stage_error(&dest, e, host_dir, g))?;
                 bytes += size;
+                written.push((i, digest));
             }
             (expected, got) => {
                 return Err(err!(
@@ -378,7 +400,7 @@ pub fn unpack(
     if let Ok(d) = File::open(&staging) {
         let _ = d.sync_all();
     }
-    Ok((files, bytes))
+    Ok((files, bytes, written))
 }
 
 /// Describe a write failure in staging; a full disk says how much is needed.

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::agent::protocol::{Dist, Entry, Facts, Kind, ScanReport, ShebangRewrite};
+use crate::agent::protocol::{Dist, Entry, Facts, FileStamp, Kind, ScanReport, ShebangRewrite};
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::manifest::normalize_name;
@@ -616,12 +616,14 @@ pub fn stat(
                             size,
                             mode,
                             sha256: Some(sha),
+                            stamp: Some(FileStamp::of(&m)),
                         }
                     } else {
                         Kind::File {
                             size: m.len(),
                             mode,
                             sha256: None,
+                            stamp: Some(FileStamp::of(&m)),
                         }
                     }
                 }

@@ -294,7 +294,7 @@ impl State {
             }
             let ok = match (&c.action, &c.target) {
                 (Action::Add, _) => !e.kind.exists(),
-                (_, Some(t)) => t.same_as(&e.kind),
+                (_, Some(t)) => t.unchanged_in(&e.kind),
                 (_, None) => false,
             };
             if !ok {
@@ -895,6 +895,47 @@ impl Generation {
             .map_err(io(format_args!("sync {}", path.display())))?;
         self.records.push(r);
         crash_hook();
+        Ok(())
+    }
+
+    /// After staging: check the hashes the target computed while writing
+    /// against those the source computed while reading, for files the plan
+    /// had not hashed, and record them (fsynced) for the checks after the switch.
+    pub fn record_hashes(
+        &mut self,
+        written: &[(usize, String)],
+        source: &[(usize, String)],
+    ) -> Result<()> {
+        let source: std::collections::HashMap<usize, &str> =
+            source.iter().map(|(i, h)| (*i, h.as_str())).collect();
+        let mut changed = false;
+        for (i, digest) in written {
+            let c = self
+                .meta
+                .changes
+                .get_mut(*i)
+                .ok_or_else(|| err!("no change {i} in the generation"))?;
+            if let Some(Kind::File { sha256, .. }) = &mut c.source
+                && sha256.is_none()
+            {
+                if source.get(i).copied() != Some(digest.as_str()) {
+                    return Err(err!(
+                        hint = "run `overlay apply` again; if it repeats, check the network and the source disk",
+                        "{} arrived damaged: the target wrote sha256 {digest}, the source read {}",
+                        c.path,
+                        source.get(i).copied().unwrap_or("nothing")
+                    ));
+                }
+                *sha256 = Some(digest.clone());
+                changed = true;
+            }
+        }
+        if changed {
+            write_synced(
+                &self.dir.join("meta.json"),
+                &serde_json::to_vec_pretty(&self.meta).expect("serializes"),
+            )?;
+        }
         Ok(())
     }
 

@@ -172,6 +172,23 @@ pub fn check_python(src: &HostInfo, dst: &HostInfo) -> Result<()> {
     Ok(())
 }
 
+/// The paths whose content decides the plan: regular files on both sides
+/// with the same size, and `bin/` scripts (their shebang may be rewritten,
+/// which changes their size on the source).
+pub fn needs_hash(src: &HashMap<String, Entry>, dst: &HashMap<String, Entry>) -> Vec<String> {
+    let mut out: Vec<String> = src
+        .iter()
+        .filter(|(p, s)| match (&s.kind, dst.get(*p).map(|e| &e.kind)) {
+            (Kind::File { .. }, _) if p.starts_with("../../../bin/") => true,
+            (Kind::File { size: a, .. }, Some(Kind::File { size: b, .. })) => a == b,
+            _ => false,
+        })
+        .map(|(p, _)| p.clone())
+        .collect();
+    out.sort();
+    out
+}
+
 /// Decide the plan. `sets` are the manifest's sets to carry out, in order.
 pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Vec<Warning>)> {
     let mut warnings = Vec::new();
@@ -466,6 +483,7 @@ mod tests {
             size,
             mode: 0o644,
             sha256: Some(sha.into()),
+            stamp: None,
         }
     }
 
@@ -635,6 +653,7 @@ mod tests {
                     size: 1,
                     mode: 0o755,
                     sha256: Some("h".into()),
+                    stamp: None,
                 },
             ),
             ("x/b", Kind::Symlink { target: "a".into() }),

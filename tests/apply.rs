@@ -583,6 +583,11 @@ fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
             .unwrap(),
         "fill tmpfs",
     );
+    // The venv's files are new copies now (new inodes): plan again.
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan on tmpfs",
+    );
     // Leave room for the generation's small metadata and half the new files.
     let df = ok(
         Command::new("df")

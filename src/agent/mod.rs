@@ -119,10 +119,11 @@ impl Session {
                     output,
                     &counters,
                 )
-                .map(|(raw, compressed)| Response::Sent {
+                .map(|(raw, compressed, hashes)| Response::Sent {
                     files: files.len() as u64,
                     raw_bytes: raw,
                     compressed_bytes: compressed,
+                    hashes,
                 })
             }
             Request::Prepare(req) => {
@@ -203,7 +204,7 @@ impl Session {
                 with_progress(output, &counters, || crate::preflight::run_on_target(&req))?
                     .map(Response::Preflight)
             }
-            Request::EndData => Err(err!("EndData without Stage")),
+            Request::EndData { .. } => Err(err!("EndData without Stage")),
             Request::Hello { .. } | Request::Bye | Request::Stage => {
                 unreachable!("handled by serve")
             }
@@ -226,6 +227,7 @@ impl Session {
         let host_dir = state.venv.root.clone();
         let mut ended = false;
         let mut aborted = false;
+        let mut source_hashes: Vec<(usize, String)> = Vec::new();
         let result = std::thread::scope(|scope| {
             let g_ref: &Generation = g;
             let worker =
@@ -240,7 +242,10 @@ impl Session {
                             tx = None; // the unpacker failed; keep draining
                         }
                     }
-                    Ok(Some(Frame::Msg(Request::EndData))) => break,
+                    Ok(Some(Frame::Msg(Request::EndData { hashes }))) => {
+                        source_hashes = hashes;
+                        break;
+                    }
                     Ok(Some(Frame::Msg(Request::Abort))) => {
                         aborted = true;
                         break;
@@ -263,6 +268,12 @@ impl Session {
             }
             return Ok(if ended { None } else { Some(Response::Aborted) });
         }
+        // Files the plan had not hashed: what the target wrote must be what the source read.
+        let result = result.and_then(|(files, bytes, written)| {
+            let (_, g) = self.opened()?;
+            g.record_hashes(&written, &source_hashes)?;
+            Ok((files, bytes))
+        });
         match result {
             Ok((files, bytes)) => {
                 let (_, g) = self.opened()?;
@@ -283,7 +294,7 @@ impl Session {
 /// Skip data frames until the end of a stream.
 fn drain(input: &mut dyn Read) -> Result<()> {
     while let Some(f) = read_any::<Request>(input)? {
-        if matches!(f, Frame::Msg(Request::EndData | Request::Abort)) {
+        if matches!(f, Frame::Msg(Request::EndData { .. } | Request::Abort)) {
             break;
         }
     }

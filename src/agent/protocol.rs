@@ -15,7 +15,7 @@ use crate::err;
 use crate::error::{Error, Result};
 
 /// Bumped whenever a frame changes shape.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest frame accepted (a listing of a very large venv fits easily).
 const MAX_FRAME: usize = (1 << 30) - 1;
@@ -55,7 +55,11 @@ pub enum Request {
     Prepare(Box<crate::journal::PrepareRequest>),
     /// Target side: data frames with the tar + zstd stream follow, then `EndData`.
     Stage,
-    EndData,
+    /// The end of the stream, with the sha256 the source computed while
+    /// reading each file the plan had not hashed (by change index).
+    EndData {
+        hashes: Vec<(usize, String)>,
+    },
     /// Target side: switch the staged files into place through the journal,
     /// then re-hash what changed.
     Switch,
@@ -121,6 +125,8 @@ pub enum Response {
         files: u64,
         raw_bytes: u64,
         compressed_bytes: u64,
+        /// sha256 of every file sent, computed while reading (by change index).
+        hashes: Vec<(usize, String)>,
     },
     Prepared {
         generation: String,
@@ -291,8 +297,12 @@ pub enum Kind {
     File {
         size: u64,
         mode: u32,
+        /// Taken only where a hash decides something (see `plan`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sha256: Option<String>,
+        /// Where no hash was taken, this tells whether the file changed since.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stamp: Option<FileStamp>,
     },
     Symlink {
         target: String,
@@ -304,7 +314,71 @@ pub enum Kind {
     Other,
 }
 
+/// A file's identity and last change: device, inode, mtime and ctime (ns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl FileStamp {
+    pub fn of(m: &std::fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            mtime_ns: m
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.mtime_nsec()),
+            ctime_ns: m
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.ctime_nsec()),
+        }
+    }
+}
+
 impl Kind {
+    /// Is `now` still what `self` (an earlier observation) saw? With a hash,
+    /// the content decides; without one, the size, mode and stamp must all
+    /// be unchanged.
+    pub fn unchanged_in(&self, now: &Kind) -> bool {
+        match (self, now) {
+            (
+                Kind::File {
+                    sha256: Some(_), ..
+                },
+                _,
+            ) => self.same_as(now),
+            (
+                Kind::File {
+                    size: s1,
+                    mode: m1,
+                    stamp: Some(t1),
+                    ..
+                },
+                Kind::File {
+                    size: s2,
+                    mode: m2,
+                    stamp: Some(t2),
+                    ..
+                },
+            ) => s1 == s2 && m1 == m2 && t1 == t2,
+            (Kind::File { .. }, _) => false,
+            _ => self.same_as(now),
+        }
+    }
+
+    pub fn sha256(&self) -> Option<&str> {
+        match self {
+            Kind::File { sha256, .. } => sha256.as_deref(),
+            _ => None,
+        }
+    }
+
     pub fn size(&self) -> u64 {
         match self {
             Kind::File { size, .. } => *size,
@@ -325,11 +399,13 @@ impl Kind {
                     size: s1,
                     mode: m1,
                     sha256: h1,
+                    ..
                 },
                 Kind::File {
                     size: s2,
                     mode: m2,
                     sha256: h2,
+                    ..
                 },
             ) => s1 == s2 && m1 == m2 && h1.is_some() && h1 == h2,
             (Kind::Symlink { target: t1 }, Kind::Symlink { target: t2 }) => t1 == t2,

@@ -341,13 +341,16 @@ fn stream(
             Frame::Msg(Response::Sent {
                 raw_bytes,
                 compressed_bytes,
+                hashes,
                 ..
-            }) => break (raw_bytes, compressed_bytes),
+            }) => break (raw_bytes, compressed_bytes, hashes),
             Frame::Msg(other) => return Err(err!("unexpected answer from {sname}: {other:?}")),
         }
     };
     bar.finish_and_clear();
-    dst.request(&Request::EndData)?;
+    let (raw, compressed, hashes) = sent;
+    let sent = (raw, compressed);
+    dst.request(&Request::EndData { hashes })?;
     match dst.response(&mut |_| {})? {
         Response::Staged { .. } => {}
         other => {

@@ -210,11 +210,43 @@ pub fn make_plan(
             bar.set_message(format!("{}/{} files", p.files, p.total_files));
         }
     };
+    // Phase 1: stat both sides, no content read.
     let (s, d) = both(
         || {
             src.stat(
                 &src_host.venv,
                 src_paths.into_iter().collect(),
+                false,
+                None,
+                false,
+                &mut |_| {},
+            )
+        },
+        || {
+            dst.stat(
+                &dst_host.venv,
+                dst_paths.into_iter().collect(),
+                false,
+                None,
+                true,
+                &mut |_| {},
+            )
+        },
+    );
+    let index = |v: Vec<Entry>| -> HashMap<String, Entry> {
+        v.into_iter().map(|e| (e.path.clone(), e)).collect()
+    };
+    let mut src_entries = index(s?);
+    let mut dst_entries = index(d?);
+    // Phase 2: hash only what decides something, as rsync --checksum does:
+    // files on both sides with the same size (a size difference already
+    // means "replace"), and scripts whose shebang is rewritten.
+    let to_hash: Vec<String> = plan::needs_hash(&src_entries, &dst_entries);
+    let (s, d) = both(
+        || {
+            src.stat(
+                &src_host.venv,
+                to_hash.clone(),
                 true,
                 Some(shebang),
                 false,
@@ -224,7 +256,7 @@ pub fn make_plan(
         || {
             dst.stat(
                 &dst_host.venv,
-                dst_paths.into_iter().collect(),
+                to_hash.clone(),
                 true,
                 None,
                 true,
@@ -234,11 +266,8 @@ pub fn make_plan(
     );
     sbar.finish_and_clear();
     dbar.finish_and_clear();
-    let index = |v: Vec<Entry>| -> HashMap<String, Entry> {
-        v.into_iter().map(|e| (e.path.clone(), e)).collect()
-    };
-    let src_entries = index(s?);
-    let dst_entries = index(d?);
+    src_entries.extend(index(s?));
+    dst_entries.extend(index(d?));
     let (set_plans, warnings) = plan::compute(
         sets,
         &Side {
