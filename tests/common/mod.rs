@@ -25,6 +25,12 @@
 //! testbed.py's content, like the wheels). `Testbed::local` builds the same
 //! venvs for the local transport instead (no root needed, ~3 s per venv).
 //!
+//! `Testbed::with_roles(&["pf-source", "pf-target"], ssh)` makes the same kind
+//! of testbed from other testbed.py roles: the `pf-*` roles are the preflight
+//! fixtures (their own wheel family, "Preflight scenario" in testbed.py), used
+//! by tests/preflight.rs. `Testbed::python(i, code)` runs Python in host `i`'s
+//! venv (over ssh or locally) to confirm what imports.
+//!
 //! Set OVERLAY_TESTBED_KEEP=1 to keep the testbed's directory after the test.
 #![allow(dead_code)]
 
