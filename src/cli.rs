@@ -133,6 +133,12 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// zstd level of the stream (negative: faster, less compression). The
+    /// default, 1, keeps 2 cores ahead of a ~300 MB/s SSH channel; raise it
+    /// for slow links (e.g. 6 for 100 Mbit/s).
+    #[arg(long, default_value_t = 1, value_name = "LEVEL", allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-7..=19))]
+    pub zstd_level: i32,
+
     /// Apply a plan that predicts problems even though it was made with `--strict`.
     #[arg(long)]
     pub force: bool,

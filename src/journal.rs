@@ -284,8 +284,22 @@ impl State {
     /// Open a new generation after checking the plan's preconditions.
     pub fn prepare(&self, req: &PrepareRequest, counters: &Counters) -> Result<Generation> {
         // Preconditions: what we replace or delete is as the plan saw it; what we add is absent.
-        let paths: Vec<String> = req.changes.iter().map(|c| c.path.clone()).collect();
-        let now_entries = crate::inventory::stat(&req.venv, &paths, true, None, false, counters)?;
+        // Hash only where the plan did (and the small bytecode files); elsewhere
+        // the stamp tells whether the file changed since the plan.
+        let hashed: Vec<bool> = req
+            .changes
+            .iter()
+            .map(|c| c.bytecode || c.target.as_ref().is_some_and(|t| t.sha256().is_some()))
+            .collect();
+        let now_entries = stat_mixed(
+            &req.venv,
+            &req.changes
+                .iter()
+                .map(|c| c.path.clone())
+                .collect::<Vec<_>>(),
+            &hashed,
+            counters,
+        )?;
         let mut drift = Vec::new();
         for (c, e) in req.changes.iter().zip(&now_entries) {
             self.target_path(&c.path)?;
@@ -672,18 +686,12 @@ impl State {
         let before: Vec<Entry> =
             serde_json::from_slice(&text).map_err(|e| err!("before.json is damaged: {e}"))?;
         let paths: Vec<String> = before.iter().map(|e| e.path.clone()).collect();
-        let now = crate::inventory::stat(
-            &self.venv.root.to_string_lossy(),
-            &paths,
-            true,
-            None,
-            false,
-            counters,
-        )?;
+        let hashed: Vec<bool> = before.iter().map(|e| e.kind.sha256().is_some()).collect();
+        let now = stat_mixed(&self.venv.root.to_string_lossy(), &paths, &hashed, counters)?;
         let bad: Vec<&str> = before
             .iter()
             .zip(&now)
-            .filter(|(b, n)| !b.kind.same_as(&n.kind))
+            .filter(|(b, n)| !b.kind.restored_in(&n.kind))
             .map(|(b, _)| b.path.as_str())
             .collect();
         if !bad.is_empty() {
@@ -990,6 +998,27 @@ impl Generation {
             status: self.status(),
         }
     }
+}
+
+/// Stat `paths`, hashing those marked in `hash`; entries come back in order.
+fn stat_mixed(
+    venv: &str,
+    paths: &[String],
+    hash: &[bool],
+    counters: &Counters,
+) -> Result<Vec<Entry>> {
+    let (with, without): (Vec<usize>, Vec<usize>) = (0..paths.len()).partition(|i| hash[*i]);
+    let pick = |idx: &[usize]| -> Vec<String> { idx.iter().map(|i| paths[*i].clone()).collect() };
+    let a = crate::inventory::stat(venv, &pick(&with), true, None, false, counters)?;
+    let b = crate::inventory::stat(venv, &pick(&without), false, None, false, counters)?;
+    let mut out: Vec<Option<Entry>> = vec![None; paths.len()];
+    for (i, e) in with.into_iter().zip(a).chain(without.into_iter().zip(b)) {
+        out[i] = Some(e);
+    }
+    Ok(out
+        .into_iter()
+        .map(|e| e.expect("every path stat'ed"))
+        .collect())
 }
 
 fn read_journal(path: &Path) -> Result<Vec<Record>> {

@@ -372,6 +372,41 @@ impl Kind {
         }
     }
 
+    /// After a rollback: is `now` the file that `self` was before the apply?
+    /// With a hash, the content decides. Without one, the same inode with the
+    /// same size and mtime: rollback renames the old inode back, and overlay
+    /// never writes into an existing inode (a rename changes only its ctime).
+    pub fn restored_in(&self, now: &Kind) -> bool {
+        match (self, now) {
+            (
+                Kind::File {
+                    sha256: Some(_), ..
+                },
+                _,
+            ) => self.same_as(now),
+            (
+                Kind::File {
+                    size: s1,
+                    mode: m1,
+                    stamp: Some(t1),
+                    ..
+                },
+                Kind::File {
+                    size: s2,
+                    mode: m2,
+                    stamp: Some(t2),
+                    ..
+                },
+            ) => {
+                s1 == s2
+                    && m1 == m2
+                    && (t1.dev, t1.ino, t1.mtime_ns) == (t2.dev, t2.ino, t2.mtime_ns)
+            }
+            (Kind::File { .. }, _) => false,
+            _ => self.same_as(now),
+        }
+    }
+
     pub fn sha256(&self) -> Option<&str> {
         match self {
             Kind::File { sha256, .. } => sha256.as_deref(),

@@ -202,7 +202,14 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         .collect();
     let (mut raw, mut sent) = (0u64, 0u64);
     if !send.is_empty() {
-        let result = stream(global, &plan, &opts, &mut dst, send.clone());
+        let result = stream(
+            global,
+            &plan,
+            &opts,
+            &mut dst,
+            send.clone(),
+            args.zstd_level,
+        );
         match result {
             Ok((r, s)) => {
                 raw = r;
@@ -315,6 +322,7 @@ fn stream(
     opts: &overlay::transport::ConnectOptions,
     dst: &mut Client,
     files: Vec<SendFile>,
+    level: i32,
 ) -> Result<(u64, u64)> {
     let sname = plan.source.name.clone();
     let mut src = Client::connect(&sname, &endpoint(&plan.source.ssh), opts)?;
@@ -325,7 +333,7 @@ fn stream(
             from: plan.source.venv.clone(),
             to: plan.target.venv.clone(),
         }),
-        zstd_level: 3,
+        zstd_level: level,
     })?;
     dst.request(&Request::Stage)?;
     let bars = HashBars::new(global.quiet);
