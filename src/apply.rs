@@ -269,6 +269,7 @@ pub fn unpack(
 ) -> Result<(u64, u64, Vec<(usize, String)>)> {
     let staging = g.dir.join("staging");
     let mut written = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
     let is_root = rustix::process::geteuid().is_root();
     let dec = zstd::stream::read::Decoder::new(input).map_err(|e| err!("zstd: {e}"))?;
     let mut archive = tar::Archive::new(dec);
@@ -334,7 +335,6 @@ pub fn unpack(
                     .open(&dest)
                     .map_err(|e| stage_error(&dest, e, host_dir, g))?;
                 let mut hasher = Sha256::new();
-                let mut buf = vec![0u8; 1 << 20];
                 let mut n_total = 0u64;
                 loop {
                     let n = entry

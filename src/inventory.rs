@@ -472,13 +472,25 @@ pub fn hash_file(
     shebang: Option<&ShebangRewrite>,
     counters: &Counters,
 ) -> std::io::Result<(u64, String)> {
+    thread_local! {
+        // One read buffer per worker thread, not one allocation per file.
+        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 1 << 20]);
+    }
+    BUF.with(|buf| hash_file_with(path, shebang, counters, &mut buf.borrow_mut()))
+}
+
+fn hash_file_with(
+    path: &Path,
+    shebang: Option<&ShebangRewrite>,
+    counters: &Counters,
+    buf: &mut [u8],
+) -> std::io::Result<(u64, String)> {
     let mut f = std::fs::File::open(path)?;
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
     let mut first = true;
     loop {
-        let n = f.read(&mut buf)?;
+        let n = f.read(buf)?;
         if n == 0 {
             break;
         }

@@ -1,6 +1,9 @@
 //! The `overlay` binary: parse arguments, dispatch to one function per
 //! command, print errors with their hints, and map outcomes to exit codes.
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc; // musl's malloc is slow under many threads
+
 mod cli;
 mod commands;
 mod progress;

@@ -166,6 +166,15 @@ pub fn make_plan(
     dst_host: &Host,
 ) -> Result<Plan> {
     let opts = connect_options(global);
+    let started = std::time::Instant::now();
+    let timing = |what: &str| {
+        if global.verbose >= 2 {
+            eprintln!(
+                "timing: {what} done at {:.2}s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    };
     let globs: Vec<String> = {
         let mut seen = BTreeSet::new();
         sets.iter()
@@ -185,6 +194,7 @@ pub fn make_plan(
     let (mut dst, dst_scan) = d?;
     let source = host_info(src_host, &src_scan);
     let target = host_info(dst_host, &dst_scan);
+    timing("connect and scan");
     plan::check_python(&source, &target)?;
 
     // Which paths each side must describe.
@@ -238,6 +248,7 @@ pub fn make_plan(
     };
     let mut src_entries = index(s?);
     let mut dst_entries = index(d?);
+    timing("stat");
     // Phase 2: hash only what decides something, as rsync --checksum does:
     // files on both sides with the same size (a size difference already
     // means "replace"), and scripts whose shebang is rewritten.
@@ -268,6 +279,10 @@ pub fn make_plan(
     dbar.finish_and_clear();
     src_entries.extend(index(s?));
     dst_entries.extend(index(d?));
+    timing(&format!(
+        "hash ({} same-size pairs and scripts)",
+        to_hash.len()
+    ));
     let (set_plans, warnings) = plan::compute(
         sets,
         &Side {
@@ -283,6 +298,7 @@ pub fn make_plan(
             entries: &dst_entries,
         },
     )?;
+    timing("decide");
     let problems = preflight(
         &manifest,
         sets,
@@ -290,6 +306,7 @@ pub fn make_plan(
         (&mut dst, &dst_scan, &dst_host.venv),
         &set_plans,
     )?;
+    timing("preflight");
     let _ = both(|| src.close(), || dst.close());
     Ok(Plan {
         format: PLAN_FORMAT,
@@ -442,7 +459,11 @@ pub fn save_plan(plan: &Plan, out: &Path) -> Result<()> {
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(fail)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
-    serde_json::to_writer_pretty(&mut tmp, plan).map_err(|e| fail(std::io::Error::other(e)))?;
+    // One buffered write: a plan of 35,000 paths is ~10 MB of JSON.
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut tmp);
+    serde_json::to_writer_pretty(&mut w, plan).map_err(|e| fail(std::io::Error::other(e)))?;
+    std::io::Write::flush(&mut w).map_err(fail)?;
+    drop(w);
     tmp.persist(out).map_err(|e| fail(e.error))?;
     Ok(())
 }
