@@ -9,16 +9,8 @@ use std::fs;
 
 use common::{Testbed, assert_same, snapshot};
 
-const SETS: &str = r#"
-[sets.torch]
-dists = ["minitorch"]
-[sets.torchvision]
-dists = ["minitorchvision"]
-[sets.nvidia-cu13]
-dists = ["nvidia-*"]
-[sets.sglang-patches]
-files = ["minisglang/srt/speculative/**", "minisglang/srt/server_args.py"]
-"#;
+/// The fixture scenario's four sets (see tests/common).
+const SETS: &str = common::SCENARIO_SETS;
 
 type Changes = BTreeMap<String, (String, u64)>;
 

@@ -21,16 +21,8 @@ assert minitorch.version.cuda.startswith("13"), minitorch.version.cuda
 '''
 "#;
 
-const ALL: &str = r#"
-[sets.torch]
-dists = ["minitorch"]
-[sets.torchvision]
-dists = ["minitorchvision"]
-[sets.nvidia-cu13]
-dists = ["nvidia-*"]
-[sets.sglang-patches]
-files = ["minisglang/srt/speculative/**", "minisglang/srt/server_args.py"]
-"#;
+/// The fixture scenario's four sets (see tests/common).
+const ALL: &str = common::SCENARIO_SETS;
 
 fn plan(tb: &Testbed, args: &[&str]) -> serde_json::Value {
     let mut a = vec!["plan", "src", "dst", "--json"];

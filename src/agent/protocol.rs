@@ -346,30 +346,7 @@ impl Kind {
     /// the content decides; without one, the size, mode and stamp must all
     /// be unchanged.
     pub fn unchanged_in(&self, now: &Kind) -> bool {
-        match (self, now) {
-            (
-                Kind::File {
-                    sha256: Some(_), ..
-                },
-                _,
-            ) => self.same_as(now),
-            (
-                Kind::File {
-                    size: s1,
-                    mode: m1,
-                    stamp: Some(t1),
-                    ..
-                },
-                Kind::File {
-                    size: s2,
-                    mode: m2,
-                    stamp: Some(t2),
-                    ..
-                },
-            ) => s1 == s2 && m1 == m2 && t1 == t2,
-            (Kind::File { .. }, _) => false,
-            _ => self.same_as(now),
-        }
+        self.matches_by(now, |a, b| a == b)
     }
 
     /// After a rollback: is `now` the file that `self` was before the apply?
@@ -377,6 +354,14 @@ impl Kind {
     /// same size and mtime: rollback renames the old inode back, and overlay
     /// never writes into an existing inode (a rename changes only its ctime).
     pub fn restored_in(&self, now: &Kind) -> bool {
+        self.matches_by(now, |a, b| {
+            (a.dev, a.ino, a.mtime_ns) == (b.dev, b.ino, b.mtime_ns)
+        })
+    }
+
+    /// Content decides where `self` has a hash; otherwise size, mode and
+    /// `same_stamp`. Non-files compare with [`Kind::same_as`].
+    fn matches_by(&self, now: &Kind, same_stamp: impl Fn(&FileStamp, &FileStamp) -> bool) -> bool {
         match (self, now) {
             (
                 Kind::File {
@@ -397,11 +382,7 @@ impl Kind {
                     stamp: Some(t2),
                     ..
                 },
-            ) => {
-                s1 == s2
-                    && m1 == m2
-                    && (t1.dev, t1.ino, t1.mtime_ns) == (t2.dev, t2.ino, t2.mtime_ns)
-            }
+            ) => s1 == s2 && m1 == m2 && same_stamp(t1, t2),
             (Kind::File { .. }, _) => false,
             _ => self.same_as(now),
         }

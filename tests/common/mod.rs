@@ -47,6 +47,20 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime};
 
+/// The four sets of the fixture scenario (testbed.py's docstring says what
+/// each should add, replace, delete and keep).
+#[allow(dead_code)]
+pub const SCENARIO_SETS: &str = r#"
+[sets.torch]
+dists = ["minitorch"]
+[sets.torchvision]
+dists = ["minitorchvision"]
+[sets.nvidia-cu13]
+dists = ["nvidia-*"]
+[sets.sglang-patches]
+files = ["minisglang/srt/speculative/**", "minisglang/srt/server_args.py"]
+"#;
+
 /// Where every test host sees its venv.
 pub const VENV: &str = "/root/venv";
 /// Site-packages relative to a venv dir (the fixtures are built for 3.11).
