@@ -108,6 +108,11 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
         StampCache::with_file(file, RACY_NS, store)
     }
 
+    /// A cache that remembers nothing (and reads no file).
+    pub fn disabled() -> StampCache<V> {
+        StampCache::with_file(None, RACY_NS, Store::default())
+    }
+
     fn with_file(file: Option<PathBuf>, racy_ns: i128, store: Store<V>) -> StampCache<V> {
         StampCache {
             file,

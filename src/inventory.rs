@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::agent::protocol::{Dist, Entry, Facts, FileStamp, Kind, ScanReport, ShebangRewrite};
+use crate::agent::protocol::{
+    Dist, Entry, Facts, FileStamp, HashMode, Kind, ScanReport, ShebangRewrite,
+};
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::manifest::normalize_name;
@@ -527,13 +529,16 @@ pub fn hex(bytes: &[u8]) -> String {
 pub fn stat(
     venv_root: &str,
     paths: &[String],
-    hash: bool,
+    hash: HashMode,
     shebang: Option<&ShebangRewrite>,
     pycache: bool,
     counters: &Counters,
 ) -> Result<Vec<Entry>> {
     let venv = Venv::open(venv_root)?;
-    let cache = crate::hashcache::HashCache::open(&venv.root);
+    let cache = match hash {
+        HashMode::None => crate::hashcache::HashCache::disabled(),
+        _ => crate::hashcache::HashCache::open(&venv.root),
+    };
     let bin_prefix = "bin/";
     // First pass: lstat everything, so progress knows the totals.
     let mut resolved = Vec::with_capacity(paths.len());
@@ -556,7 +561,10 @@ pub fn stat(
         .store(paths.len() as u64, Ordering::Relaxed);
     counters
         .total_bytes
-        .store(if hash { total } else { 0 }, Ordering::Relaxed);
+        .store(
+            if hash == HashMode::All { total } else { 0 },
+            Ordering::Relaxed,
+        );
 
     // Bytecode listing, one readdir per __pycache__ directory.
     let mut pyc_dirs: HashMap<PathBuf, Vec<String>> = HashMap::new();
@@ -598,18 +606,22 @@ pub fn stat(
                 },
                 Ok(m) if m.is_file() => {
                     let mode = m.permissions().mode() & 0o7777;
-                    if hash {
-                        let rw = if rel.starts_with(bin_prefix) {
-                            shebang
-                        } else {
-                            None
-                        };
-                        let cached = if rw.is_none() {
-                            cache.get(abs, &m)
-                        } else {
-                            None
-                        };
-                        let (size, sha) = match cached {
+                    let rw = if rel.starts_with(bin_prefix) {
+                        shebang
+                    } else {
+                        None
+                    };
+                    // A rewritten script's hash is never cached.
+                    let cached = || if rw.is_none() { cache.get(abs, &m) } else { None };
+                    if hash == HashMode::Cached {
+                        Kind::File {
+                            size: m.len(),
+                            mode,
+                            sha256: cached(),
+                            stamp: Some(FileStamp::of(&m)),
+                        }
+                    } else if hash == HashMode::All {
+                        let (size, sha) = match cached() {
                             Some(sha) => {
                                 counters.bytes.fetch_add(m.len(), Ordering::Relaxed);
                                 (m.len(), sha)

@@ -500,7 +500,7 @@ impl State {
         let now = crate::inventory::stat(
             &self.venv.root.to_string_lossy(),
             &paths,
-            true,
+            crate::agent::protocol::HashMode::All,
             None,
             false,
             counters,
@@ -1009,8 +1009,8 @@ fn stat_mixed(
 ) -> Result<Vec<Entry>> {
     let (with, without): (Vec<usize>, Vec<usize>) = (0..paths.len()).partition(|i| hash[*i]);
     let pick = |idx: &[usize]| -> Vec<String> { idx.iter().map(|i| paths[*i].clone()).collect() };
-    let a = crate::inventory::stat(venv, &pick(&with), true, None, false, counters)?;
-    let b = crate::inventory::stat(venv, &pick(&without), false, None, false, counters)?;
+    let a = crate::inventory::stat(venv, &pick(&with), crate::agent::protocol::HashMode::All, None, false, counters)?;
+    let b = crate::inventory::stat(venv, &pick(&without), crate::agent::protocol::HashMode::None, None, false, counters)?;
     let mut out: Vec<Option<Entry>> = vec![None; paths.len()];
     for (i, e) in with.into_iter().zip(a).chain(without.into_iter().zip(b)) {
         out[i] = Some(e);

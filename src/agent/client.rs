@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::transport::{self, AgentPipe, ConnectOptions, Endpoint};
 
 use super::protocol::{
+    HashMode,
     Entry, Frame, PROTOCOL_VERSION, Progress, Request, Response, ScanReport, ShebangRewrite,
     read_any, read_frame, write_data, write_frame,
 };
@@ -99,7 +100,7 @@ impl Client {
         &mut self,
         venv: &str,
         paths: Vec<String>,
-        hash: bool,
+        hash: HashMode,
         shebang: Option<ShebangRewrite>,
         pycache: bool,
         on_progress: &mut dyn FnMut(Progress),

@@ -15,13 +15,29 @@ use crate::err;
 use crate::error::{Error, Result};
 
 /// Bumped whenever a frame changes shape.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest frame accepted (a listing of a very large venv fits easily).
 const MAX_FRAME: usize = (1 << 30) - 1;
 
+/// How much of a file's content a stat reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HashMode {
+    /// Only metadata.
+    None,
+    /// Metadata, plus the sha256 where the host's hash cache still vouches
+    /// for it (no content is read).
+    Cached,
+    /// Metadata and sha256 of every regular file (from the cache or read).
+    All,
+}
+
+// Externally tagged (`{"stat": {...}}`), not `tag = "type"`: serde reads an
+// internally tagged enum by buffering the whole message first, which for a
+// stat of tens of thousands of paths cost more than the stat itself.
 #[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Request {
     Hello {
         protocol: u32,
@@ -33,12 +49,12 @@ pub enum Request {
         file_globs: Vec<String>,
     },
     /// Describe `paths` (relative to site-packages): type, size, mode, and
-    /// with `hash` their sha256. `shebang` rewrites script interpreters before
-    /// hashing; `pycache` lists each `.py` file's compiled bytecode.
+    /// their sha256 as `hash` asks. `shebang` rewrites script interpreters
+    /// before hashing; `pycache` lists each `.py` file's compiled bytecode.
     Stat {
         venv: String,
         paths: Vec<String>,
-        hash: bool,
+        hash: HashMode,
         shebang: Option<ShebangRewrite>,
         pycache: bool,
     },
@@ -108,8 +124,9 @@ pub struct SendFile {
     pub kind: Kind,
 }
 
+// Externally tagged, like `Request`.
 #[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Response {
     Hello {
         protocol: u32,
@@ -291,7 +308,7 @@ pub struct Entry {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", try_from = "KindRepr")]
 pub enum Kind {
     Missing,
     File {
@@ -312,6 +329,53 @@ pub enum Kind {
     },
     /// A device, socket or fifo: never touched.
     Other,
+}
+
+/// The flat shape `Kind` is read through. serde reads an internally tagged
+/// enum by first buffering every field of it; tens of thousands of entries
+/// per stat made that the controller's main cost, so `Kind` is read as this
+/// plain struct (same JSON) and checked after.
+#[derive(Deserialize)]
+struct KindRepr {
+    kind: KindTag,
+    size: Option<u64>,
+    mode: Option<u32>,
+    sha256: Option<String>,
+    stamp: Option<FileStamp>,
+    target: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum KindTag {
+    Missing,
+    File,
+    Symlink,
+    Dir,
+    Other,
+}
+
+impl TryFrom<KindRepr> for Kind {
+    type Error = String;
+    fn try_from(r: KindRepr) -> std::result::Result<Kind, String> {
+        let need = |what: &str| format!("a {what} entry lacks a field");
+        Ok(match r.kind {
+            KindTag::Missing => Kind::Missing,
+            KindTag::Other => Kind::Other,
+            KindTag::File => Kind::File {
+                size: r.size.ok_or_else(|| need("file"))?,
+                mode: r.mode.ok_or_else(|| need("file"))?,
+                sha256: r.sha256,
+                stamp: r.stamp,
+            },
+            KindTag::Symlink => Kind::Symlink {
+                target: r.target.ok_or_else(|| need("symlink"))?,
+            },
+            KindTag::Dir => Kind::Dir {
+                mode: r.mode.ok_or_else(|| need("dir"))?,
+            },
+        })
+    }
 }
 
 /// A file's identity and last change: device, inode, mtime and ctime (ns).

@@ -7,7 +7,9 @@ use std::path::Path;
 use overlay::agent::client::Client;
 use std::collections::HashSet;
 
-use overlay::agent::protocol::{Entry, Request, Response, ScanReport, ShebangRewrite};
+use overlay::agent::protocol::{
+    Entry, HashMode, Kind, Request, Response, ScanReport, ShebangRewrite,
+};
 use overlay::err;
 use overlay::error::Result;
 use overlay::manifest::{Host, Manifest, Set};
@@ -220,14 +222,15 @@ pub fn make_plan(
             bar.set_message(format!("{}/{} files", p.files, p.total_files));
         }
     };
-    // Phase 1: stat both sides, no content read.
+    // Phase 1: stat both sides; no content is read, but hashes the hosts'
+    // caches still vouch for come along.
     let (s, d) = both(
         || {
             src.stat(
                 &src_host.venv,
                 src_paths.into_iter().collect(),
-                false,
-                None,
+                HashMode::Cached,
+                Some(shebang.clone()),
                 false,
                 &mut |_| {},
             )
@@ -236,7 +239,7 @@ pub fn make_plan(
             dst.stat(
                 &dst_host.venv,
                 dst_paths.into_iter().collect(),
-                false,
+                HashMode::Cached,
                 None,
                 true,
                 &mut |_| {},
@@ -251,24 +254,44 @@ pub fn make_plan(
     timing("stat");
     // Phase 2: hash only what decides something, as rsync --checksum does:
     // files on both sides with the same size (a size difference already
-    // means "replace"), and scripts whose shebang is rewritten.
+    // means "replace"), and scripts whose shebang is rewritten; and of
+    // those only the sides the cache did not answer.
     let to_hash: Vec<String> = plan::needs_hash(&src_entries, &dst_entries);
+    let unhashed = |entries: &HashMap<String, Entry>| -> Vec<String> {
+        to_hash
+            .iter()
+            .filter(|p| {
+                matches!(
+                    entries.get(*p).map(|e| &e.kind),
+                    Some(Kind::File { sha256: None, .. })
+                )
+            })
+            .cloned()
+            .collect()
+    };
+    let (src_hash, dst_hash) = (unhashed(&src_entries), unhashed(&dst_entries));
     let (s, d) = both(
         || {
+            if src_hash.is_empty() {
+                return Ok(Vec::new());
+            }
             src.stat(
                 &src_host.venv,
-                to_hash.clone(),
-                true,
-                Some(shebang),
+                src_hash.clone(),
+                HashMode::All,
+                Some(shebang.clone()),
                 false,
                 &mut progress(&sbar),
             )
         },
         || {
+            if dst_hash.is_empty() {
+                return Ok(Vec::new());
+            }
             dst.stat(
                 &dst_host.venv,
-                to_hash.clone(),
-                true,
+                dst_hash.clone(),
+                HashMode::All,
                 None,
                 true,
                 &mut progress(&dbar),
@@ -280,8 +303,10 @@ pub fn make_plan(
     src_entries.extend(index(s?));
     dst_entries.extend(index(d?));
     timing(&format!(
-        "hash ({} same-size pairs and scripts)",
-        to_hash.len()
+        "hash ({} same-size pairs and scripts; read {} + {} files, the rest cached)",
+        to_hash.len(),
+        src_hash.len(),
+        dst_hash.len()
     ));
     let (set_plans, warnings) = plan::compute(
         sets,
