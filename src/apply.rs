@@ -1,13 +1,22 @@
 //! The transfer: the source agent reads exactly the added and replaced files
-//! into one tar stream, compressed with zstd and cut into data frames; the
-//! target agent decompresses and unpacks it into the generation's staging
+//! into one tar stream, cuts it into 1 MiB blocks and sends each block as a
+//! data frame, compressed with zstd or stored as is; the target agent
+//! decodes the blocks and unpacks the stream into the generation's staging
 //! folder. Both ends hash while they stream, so a file that changed since
 //! the plan, or was damaged on the way, is caught without a second pass.
 //!
-//! The stream is pipelined end to end: on the source, reading feeds the
-//! zstd workers that feed the connection; on the target, one thread reads
-//! frames while another decompresses and writes. Neither side holds more than
-//! a few megabytes; the controller only relays frames.
+//! The stream is pipelined end to end: on the source, one thread reads and
+//! hashes, a compressor per core packs blocks, and a writer puts them on the
+//! connection in order; on the target, one thread reads and decodes frames
+//! while another writes and hashes, and fsyncs run beside both. Neither side
+//! holds more than a few megabytes; the controller only relays frames.
+//!
+//! With [`Compression::Auto`] the writer picks the zstd level for the link
+//! as it goes, the way `zstd --adapt` does: it measures how many bytes of
+//! files per second actually get through at each level (no compression,
+//! 1, 3, ...) and keeps the fastest, probing a neighbour now and then. A
+//! fast link is best served uncompressed (compression would only cost
+//! CPU); a slow one by a level that the cores can keep ahead of it.
 //!
 //! Tar entries are named by their index in the generation's change list, and
 //! the target writes each to `staging/<index>`: a name in the stream never
@@ -16,14 +25,16 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicI32};
+use std::sync::{Mutex, mpsc};
 
 use sha2::{Digest, Sha256};
 
 use crate::agent::protocol::{
-    FileStamp, Kind, Progress, Response, SendFile, ShebangRewrite, write_data, write_frame,
+    Compression, FileStamp, Kind, Progress, Response, SendFile, ShebangRewrite, write_data_parts,
+    write_frame,
 };
 use crate::err;
 use crate::error::{Result, io_cause};
@@ -31,50 +42,260 @@ use crate::inventory::{Counters, Venv, hex, rewrite_shebang};
 use crate::journal::{Generation, free_bytes};
 use crate::plan::Action;
 
-/// Size of a data frame on the wire.
-const CHUNK: usize = 256 << 10;
+/// Bytes of the tar stream per block; each block is packed on its own.
+pub const BLOCK: usize = 1 << 20;
+/// The first byte of a data frame's payload: how the block is packed.
+const TAG_STORED: u8 = 0;
+const TAG_ZSTD: u8 = 1;
+/// `Auto`'s levels, fastest first (0: stored).
+const LADDER: [i32; 4] = [0, 1, 3, 6];
+/// `Auto` measures in windows of this many bytes of files, timing only the
+/// part after the first `WINDOW_SKIP` bytes (blocks packed at the previous
+/// level are still draining then).
+const WINDOW: u64 = 48 << 20;
+const WINDOW_SKIP: u64 = 16 << 20;
 
-/// Cuts a byte stream into data frames.
-struct FrameWriter<'a> {
-    out: &'a mut dyn Write,
-    buf: Vec<u8>,
-    sent: u64,
-    frames: u64,
-    counters: &'a Counters,
+/// A block of the tar stream, to be packed at `level` (0: stored).
+struct Block {
+    seq: u64,
+    level: i32,
+    data: Vec<u8>,
 }
 
-impl Write for FrameWriter<'_> {
+/// A packed block: `tag` says how `payload` holds `raw` bytes of the stream.
+struct Packed {
+    seq: u64,
+    raw: usize,
+    tag: u8,
+    payload: Vec<u8>,
+}
+
+/// Cuts the tar stream into blocks for the packers.
+struct BlockCutter<'a> {
+    buf: Vec<u8>,
+    seq: u64,
+    tx: mpsc::SyncSender<Block>,
+    level: &'a AtomicI32,
+    /// Set when the writer failed: no more blocks are wanted.
+    stop: &'a AtomicBool,
+}
+
+impl Write for BlockCutter<'_> {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= CHUNK {
-            self.flush_frame()?;
+        // Blocks are at most BLOCK bytes: the target decodes into that much.
+        let n = (BLOCK - self.buf.len()).min(data.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() >= BLOCK {
+            self.emit()?;
         }
-        Ok(data.len())
+        Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        self.flush_frame()?;
-        self.out.flush()
+        Ok(())
     }
 }
 
-impl FrameWriter<'_> {
-    fn flush_frame(&mut self) -> std::io::Result<()> {
-        if !self.buf.is_empty() {
-            write_data(self.out, &self.buf)?;
-            self.sent += self.buf.len() as u64;
-            self.buf.clear();
-            self.frames += 1;
-            if self.frames % 8 == 0 {
-                let p = Progress {
-                    files: self.counters.files.load(Ordering::Relaxed),
-                    bytes: self.counters.bytes.load(Ordering::Relaxed),
-                    total_files: self.counters.total_files.load(Ordering::Relaxed),
-                    total_bytes: self.counters.total_bytes.load(Ordering::Relaxed),
-                };
-                write_frame(self.out, &Response::Progress(p))?;
+impl BlockCutter<'_> {
+    fn emit(&mut self) -> std::io::Result<()> {
+        let broken =
+            || std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the stream's writer stopped");
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(broken());
+        }
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(BLOCK));
+        let block = Block {
+            seq: self.seq,
+            level: self.level.load(Ordering::Relaxed),
+            data,
+        };
+        self.seq += 1;
+        self.tx.send(block).map_err(|_| broken())
+    }
+}
+
+/// Empty the block queue after the writer failed, until the reader (told to
+/// stop) lets go of it.
+fn drain_blocks(rx: &mpsc::Receiver<Block>) {
+    while rx.recv().is_ok() {}
+}
+
+/// Pack blocks until the cutter is done: zstd at the block's level, or
+/// stored when that is not smaller.
+fn packer(rx: &Mutex<mpsc::Receiver<Block>>, tx: mpsc::SyncSender<Packed>) {
+    let mut z: Option<zstd::bulk::Compressor<'static>> = None;
+    let mut z_level = i32::MIN;
+    loop {
+        let block = match rx.lock() {
+            Ok(r) => match r.recv() {
+                Ok(b) => b,
+                Err(_) => return,
+            },
+            Err(_) => return,
+        };
+        let raw = block.data.len();
+        let mut packed = None;
+        if block.level != 0 {
+            if z.is_none() || z_level != block.level {
+                z = zstd::bulk::Compressor::new(block.level).ok();
+                z_level = block.level;
+            }
+            if let Some(c) = z.as_mut()
+                && let Ok(out) = c.compress(&block.data)
+                && out.len() < raw
+            {
+                packed = Some((TAG_ZSTD, out));
             }
         }
-        Ok(())
+        let (tag, payload) = packed.unwrap_or((TAG_STORED, block.data));
+        let p = Packed {
+            seq: block.seq,
+            raw,
+            tag,
+            payload,
+        };
+        if tx.send(p).is_err() {
+            return;
+        }
+    }
+}
+
+/// Picks `Auto`'s level: the one that moves the most bytes of files per
+/// second, measured a window at a time. Starting at zstd 1, it tries the
+/// neighbouring levels (faster first); each probe that loses doubles the
+/// wait before the next (up to 32 windows), one that wins is kept.
+struct Tuner {
+    /// Index into `LADDER` of the level in use.
+    at: usize,
+    /// Latest rate measured at each level (bytes of files per second).
+    rates: [Option<f64>; LADDER.len()],
+    window_raw: u64,
+    timed_from: Option<(std::time::Instant, u64)>,
+    /// Windows measured at this level since the last probe.
+    since_probe: u32,
+    probe_every: u32,
+    /// While probing: the level the probe left.
+    probing: Option<usize>,
+    /// Probe downwards (less compression) next.
+    down_next: bool,
+    /// Every measured window: (level, bytes of files per second).
+    log: Vec<(i32, f64)>,
+}
+
+impl Tuner {
+    fn new() -> Tuner {
+        Tuner {
+            at: 1,
+            rates: [None; LADDER.len()],
+            window_raw: 0,
+            timed_from: None,
+            since_probe: 0,
+            probe_every: 1,
+            probing: None,
+            down_next: true,
+            log: Vec::new(),
+        }
+    }
+
+    fn level(&self) -> i32 {
+        LADDER[self.at]
+    }
+
+    /// `raw` more bytes of files went out; returns a new level when it changes.
+    fn wrote(&mut self, raw: u64) -> Option<i32> {
+        self.window_raw += raw;
+        if self.timed_from.is_none() && self.window_raw >= WINDOW_SKIP {
+            self.timed_from = Some((std::time::Instant::now(), self.window_raw));
+        }
+        if self.window_raw < WINDOW {
+            return None;
+        }
+        let (t0, raw0) = self.timed_from.take()?;
+        let secs = t0.elapsed().as_secs_f64().max(1e-6);
+        let rate = (self.window_raw - raw0) as f64 / secs;
+        self.window_raw = 0;
+        self.rates[self.at] = Some(rate);
+        self.log.push((self.level(), rate));
+        let before = self.at;
+        if let Some(from) = self.probing.take() {
+            if self.rates[from].is_some_and(|r| r >= rate) {
+                self.at = from;
+                self.probe_every = (self.probe_every * 2).min(32);
+            } else {
+                self.probe_every = 1;
+            }
+            self.since_probe = 0;
+        } else {
+            self.since_probe += 1;
+            if self.since_probe >= self.probe_every {
+                let down = self.at.checked_sub(1);
+                let up = (self.at + 1 < LADDER.len()).then_some(self.at + 1);
+                let next = if self.down_next { down.or(up) } else { up.or(down) };
+                self.down_next = !self.down_next;
+                if let Some(n) = next {
+                    self.probing = Some(self.at);
+                    self.at = n;
+                }
+            }
+        }
+        (self.at != before).then(|| self.level())
+    }
+}
+
+/// Put packed blocks on `out` in order, with progress frames; tune the level.
+/// Returns the bytes sent and the tuner's log.
+fn write_blocks(
+    rx: mpsc::Receiver<Packed>,
+    out: &mut dyn Write,
+    progress: bool,
+    counters: &Counters,
+    level: &AtomicI32,
+    mut tuner: Option<Tuner>,
+) -> std::io::Result<(u64, Vec<(i32, f64)>)> {
+    let mut waiting: std::collections::BTreeMap<u64, Packed> = std::collections::BTreeMap::new();
+    let (mut next, mut sent, mut frames) = (0u64, 0u64, 0u64);
+    for p in rx {
+        waiting.insert(p.seq, p);
+        while let Some(p) = waiting.remove(&next) {
+            write_data_parts(out, &[p.tag], &p.payload)?;
+            sent += p.payload.len() as u64 + 1;
+            next += 1;
+            frames += 1;
+            if let Some(t) = tuner.as_mut()
+                && let Some(l) = t.wrote(p.raw as u64)
+            {
+                level.store(l, Ordering::Relaxed);
+            }
+            if progress && frames % 8 == 0 {
+                let p = Progress {
+                    files: counters.files.load(Ordering::Relaxed),
+                    bytes: counters.bytes.load(Ordering::Relaxed),
+                    total_files: counters.total_files.load(Ordering::Relaxed),
+                    total_bytes: counters.total_bytes.load(Ordering::Relaxed),
+                };
+                write_frame(out, &Response::Progress(p))?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok((sent, tuner.map(|t| t.log).unwrap_or_default()))
+}
+
+/// Decode one data frame of the stream back into bytes of the tar stream.
+/// Returns the bytes and where they start in the vector.
+pub fn unpack_block(
+    frame: Vec<u8>,
+    z: &mut zstd::bulk::Decompressor<'static>,
+) -> Result<(Vec<u8>, usize)> {
+    match frame.first() {
+        Some(&TAG_STORED) => Ok((frame, 1)),
+        Some(&TAG_ZSTD) => z
+            .decompress(&frame[1..], BLOCK)
+            .map(|v| (v, 0))
+            .map_err(|e| err!("a block of the stream does not decompress: {e}")),
+        _ => Err(err!("a block of the stream has an unknown packing")),
     }
 }
 
@@ -92,36 +313,202 @@ impl<R: Read> Read for HashingReader<R> {
     }
 }
 
-/// Source side: write the files as tar + zstd data frames to `out`.
-/// Returns (raw bytes, compressed bytes).
+/// Source side: write the files as a tar stream in packed data frames to
+/// `out`. Returns the bytes of files, the bytes sent, the sha256 of each
+/// file, and with `Auto` the tuner's log.
 pub fn send(
     venv_root: &str,
     files: &[SendFile],
     shebang: Option<&ShebangRewrite>,
-    level: i32,
+    compression: Compression,
     out: &mut dyn Write,
+    progress: bool,
     counters: &Counters,
-) -> Result<(u64, u64, Vec<(usize, String)>)> {
+) -> Result<SendResult> {
     let venv = Venv::open(venv_root)?;
-    let mut hashes = Vec::with_capacity(files.len());
     counters
         .total_files
         .store(files.len() as u64, Ordering::Relaxed);
     counters
         .total_bytes
         .store(files.iter().map(|f| f.kind.size()).sum(), Ordering::Relaxed);
-    let mut frames = FrameWriter {
-        out,
-        buf: Vec::with_capacity(CHUNK * 2),
-        sent: 0,
-        frames: 0,
-        counters,
+    let (tuner, start) = match compression {
+        Compression::Auto => {
+            let t = Tuner::new();
+            let l = t.level();
+            (Some(t), l)
+        }
+        Compression::None => (None, 0),
+        Compression::Zstd(l) => (None, l),
     };
-    let mut enc =
-        zstd::stream::write::Encoder::new(&mut frames, level).map_err(|e| err!("zstd: {e}"))?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-    let _ = enc.multithread(threads);
-    let mut tar = tar::Builder::new(enc);
+    let level = AtomicI32::new(start);
+    let stop = AtomicBool::new(false);
+    let packers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (block_tx, block_rx) = mpsc::sync_channel::<Block>(packers);
+    let block_rx = Mutex::new(block_rx);
+    let (packed_tx, packed_rx) = mpsc::sync_channel::<Packed>(packers * 2);
+    std::thread::scope(|scope| {
+        for _ in 0..packers {
+            let tx = packed_tx.clone();
+            let rx = &block_rx;
+            scope.spawn(move || packer(rx, tx));
+        }
+        drop(packed_tx);
+        let level = &level;
+        let cutter = BlockCutter {
+            buf: Vec::with_capacity(BLOCK),
+            seq: 0,
+            tx: block_tx,
+            level,
+            stop: &stop,
+        };
+        let venv = &venv;
+        let reader = scope.spawn(move || read_files(venv, files, shebang, cutter, counters));
+        // Once the reader drops the cutter, the packers finish, then the writer.
+        let sent = write_blocks(packed_rx, out, progress, counters, level, tuner);
+        if sent.is_err() {
+            // The packers stop with the writer gone; stop the reader, and
+            // unblock it if it waits on a full queue.
+            stop.store(true, Ordering::Relaxed);
+            drop(block_rx.lock().map(|r| drain_blocks(&r)));
+        }
+        let read = reader
+            .join()
+            .unwrap_or_else(|_| Err(err!("the stream's reader panicked")));
+        match (read, sent) {
+            (Ok((raw, hashes)), Ok((sent, log))) => Ok((raw, sent, hashes, log)),
+            // A read error explains a writer that stopped for it, not the reverse.
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(e)) => Err(err!("Failed to send: {e}")),
+        }
+    })
+}
+
+/// Where the direct route goes (`Request::SendDirect`).
+pub struct Direct<'a> {
+    pub ssh: &'a str,
+    pub agent: &'a str,
+    pub target_venv: &'a str,
+    pub generation: &'a str,
+    pub timeout: std::time::Duration,
+}
+
+/// Source side of `apply --direct`: start the agent on the target with this
+/// host's `ssh` client and send the stream straight into the generation's
+/// staging folder there. Returns what `send` does, plus what the target wrote.
+pub fn send_direct(
+    venv_root: &str,
+    files: &[SendFile],
+    shebang: Option<&ShebangRewrite>,
+    compression: Compression,
+    to: &Direct<'_>,
+    counters: &Counters,
+) -> Result<(u64, u64, Vec<(usize, String)>, Vec<(i32, f64)>, Vec<Written>)> {
+    use crate::agent::client::Client;
+    use crate::agent::protocol::Request;
+    let here = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    let unreachable = |why: String| {
+        err!(
+            hint = "the direct route uses the source host's own ssh (its ~/.ssh/config, keys and known_hosts) without prompting: check `ssh -o BatchMode=yes DEST true` on the source, set `direct_ssh` for the target in the manifest, or apply without --direct",
+            "The source ({here}) could not reach the target as {:?} over SSH: {}",
+            to.ssh,
+            why.trim()
+        )
+    };
+    let pipe = crate::transport::openssh::start_agent(to.ssh, to.ssh, to.agent, to.timeout)?;
+    let mut target = match Client::over(to.ssh, pipe) {
+        Ok(c) => c,
+        Err(e) => return Err(unreachable(e.message)),
+    };
+    target.request(&Request::Receive {
+        venv: to.target_venv.to_string(),
+        generation: to.generation.to_string(),
+    })?;
+    let sent = send(
+        venv_root,
+        files,
+        shebang,
+        compression,
+        target.writer()?,
+        false,
+        counters,
+    );
+    let (raw, compressed, hashes, windows) = match sent {
+        Ok(s) => s,
+        Err(e) => {
+            // The target may have said why it stopped reading.
+            let _ = target.request(&Request::Abort);
+            return match target.response(&mut |_| {}) {
+                Ok(_) | Err(_) => Err(e),
+            };
+        }
+    };
+    target.request(&Request::EndData {
+        hashes: hashes.clone(),
+    })?;
+    let written = match target.response(&mut |_| {})? {
+        Response::Received { written, .. } => written,
+        other => return Err(err!("unexpected answer from {}: {other:?}", to.ssh)),
+    };
+    target.close()?;
+    Ok((raw, compressed, hashes, windows, written))
+}
+
+/// After a direct stream: every file the generation adds or replaces is in
+/// staging, and each regular file is the very inode the receiving agent
+/// reported writing (unchanged since). Returns (files, bytes).
+pub fn check_staged(g: &Generation, written: &[Written]) -> Result<(u64, u64)> {
+    let by_index: std::collections::HashMap<usize, &FileStamp> =
+        written.iter().map(|(i, _, st)| (*i, st)).collect();
+    let staging = g.dir.join("staging");
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for (i, c) in g.meta.changes.iter().enumerate() {
+        if c.action == Action::Delete {
+            continue;
+        }
+        let p = staging.join(i.to_string());
+        let meta = fs::symlink_metadata(&p).map_err(|e| {
+            err!(
+                "After the direct stream, {} is missing from staging: {}",
+                c.path,
+                io_cause(&e)
+            )
+        })?;
+        match (&c.source, by_index.get(&i)) {
+            (Some(Kind::File { size, .. }), Some(st))
+                if meta.is_file()
+                    && meta.len() == *size
+                    && st.same_inode_unchanged(&FileStamp::of(&meta)) => {}
+            (Some(Kind::Symlink { .. }), None) if meta.file_type().is_symlink() => {}
+            _ => {
+                return Err(err!(
+                    "After the direct stream, staging/{i} ({}) is not what the receiving agent reported",
+                    c.path
+                ));
+            }
+        }
+        files += 1;
+        bytes += c.source.as_ref().map_or(0, Kind::size);
+    }
+    Ok((files, bytes))
+}
+
+/// What `send` returns.
+pub type SendResult = (u64, u64, Vec<(usize, String)>, Vec<(i32, f64)>);
+
+/// Read, check and hash the files into the tar stream.
+fn read_files(
+    venv: &Venv,
+    files: &[SendFile],
+    shebang: Option<&ShebangRewrite>,
+    cutter: BlockCutter<'_>,
+    counters: &Counters,
+) -> Result<(u64, Vec<(usize, String)>)> {
+    let mut hashes = Vec::with_capacity(files.len());
+    let mut tar = tar::Builder::new(cutter);
     let mut raw = 0u64;
     for f in files {
         let (abs, rel) = venv.resolve(&f.path)?;
@@ -215,24 +602,24 @@ pub fn send(
         }
         counters.files.fetch_add(1, Ordering::Relaxed);
     }
-    let enc = tar
+    let mut cutter = tar
         .into_inner()
         .map_err(|e| err!("Failed to finish the stream: {e}"))?;
-    enc.finish()
+    cutter
+        .emit()
         .map_err(|e| err!("Failed to finish the stream: {e}"))?;
-    frames.flush().map_err(|e| err!("Failed to send: {e}"))?;
-    Ok((raw, frames.sent, hashes))
+    Ok((raw, hashes))
 }
 
 /// A `Read` over chunks arriving on a channel.
 pub struct ChannelReader {
-    rx: mpsc::Receiver<Vec<u8>>,
+    rx: mpsc::Receiver<(Vec<u8>, usize)>,
     cur: Vec<u8>,
     pos: usize,
 }
 
 impl ChannelReader {
-    pub fn new(rx: mpsc::Receiver<Vec<u8>>) -> Self {
+    pub fn new(rx: mpsc::Receiver<(Vec<u8>, usize)>) -> Self {
         ChannelReader {
             rx,
             cur: Vec::new(),
@@ -245,9 +632,9 @@ impl Read for ChannelReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         while self.pos >= self.cur.len() {
             match self.rx.recv() {
-                Ok(v) => {
+                Ok((v, start)) => {
                     self.cur = v;
-                    self.pos = 0;
+                    self.pos = start;
                 }
                 Err(_) => return Ok(0),
             }
@@ -266,13 +653,64 @@ pub fn unpack(
     host_dir: &Path,
     input: ChannelReader,
     counters: &Counters,
-) -> Result<(u64, u64, Vec<(usize, String)>)> {
+) -> Result<(u64, u64, Vec<Written>)> {
+    // Each staged file is fsynced beside the stream, not in its way; the
+    // stage is done when every fsync is.
+    let (sync_tx, sync_rx) = mpsc::sync_channel::<(File, PathBuf)>(256);
+    let sync_rx = Mutex::new(sync_rx);
+    std::thread::scope(|scope| {
+        let syncers: Vec<_> = (0..2)
+            .map(|_| {
+                let rx = &sync_rx;
+                scope.spawn(move || -> Result<()> {
+                    let mut first = Ok(());
+                    loop {
+                        let next = rx.lock().ok().and_then(|r| r.recv().ok());
+                        let Some((f, dest)) = next else { break };
+                        if let Err(e) = f.sync_all()
+                            && first.is_ok()
+                        {
+                            first = Err(stage_error(&dest, e, host_dir, g));
+                        }
+                    }
+                    first
+                })
+            })
+            .collect();
+        let r = unpack_into(g, host_dir, input, counters, sync_tx);
+        let mut synced = Ok(());
+        for s in syncers {
+            let r = s
+                .join()
+                .unwrap_or_else(|_| Err(err!("an fsync thread panicked")));
+            if synced.is_ok() {
+                synced = r;
+            }
+        }
+        let r = r?;
+        synced?;
+        if let Ok(d) = File::open(g.dir.join("staging")) {
+            let _ = d.sync_all();
+        }
+        Ok(r)
+    })
+}
+
+/// A staged file: its change index, the sha256 written, and its stamp.
+pub type Written = (usize, String, FileStamp);
+
+fn unpack_into(
+    g: &Generation,
+    host_dir: &Path,
+    input: ChannelReader,
+    counters: &Counters,
+    sync: mpsc::SyncSender<(File, PathBuf)>,
+) -> Result<(u64, u64, Vec<Written>)> {
     let staging = g.dir.join("staging");
     let mut written = Vec::new();
     let mut buf = vec![0u8; 1 << 20];
     let is_root = rustix::process::geteuid().is_root();
-    let dec = zstd::stream::read::Decoder::new(input).map_err(|e| err!("zstd: {e}"))?;
-    let mut archive = tar::Archive::new(dec);
+    let mut archive = tar::Archive::new(input);
     let mut seen = vec![false; g.meta.changes.len()];
     let (mut files, mut bytes) = (0u64, 0u64);
     let entries = archive
@@ -367,10 +805,13 @@ pub fn unpack(
                 }
                 out.set_permissions(fs::Permissions::from_mode(*mode))
                     .map_err(|e| stage_error(&dest, e, host_dir, g))?;
-                out.sync_all()
+                let stamp = out
+                    .metadata()
                     .map_err(|e| stage_error(&dest, e, host_dir, g))?;
+                sync.send((out, dest))
+                    .map_err(|_| err!("the fsync threads stopped"))?;
                 bytes += size;
-                written.push((i, digest));
+                written.push((i, digest, FileStamp::of(&stamp)));
             }
             (expected, got) => {
                 return Err(err!(
@@ -396,9 +837,6 @@ pub fn unpack(
             missing.len(),
             missing[0]
         ));
-    }
-    if let Ok(d) = File::open(&staging) {
-        let _ = d.sync_all();
     }
     Ok((files, bytes, written))
 }

@@ -133,11 +133,18 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// zstd level of the stream (negative: faster, less compression). The
-    /// default, 1, keeps 2 cores ahead of a ~300 MB/s SSH channel; raise it
-    /// for slow links (e.g. 6 for 100 Mbit/s).
-    #[arg(long, default_value_t = 1, value_name = "LEVEL", allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-7..=19))]
-    pub zstd_level: i32,
+    /// How the stream is compressed: `auto` picks the zstd level for the
+    /// link as it goes (none on a fast link, more on a slow one), `none`
+    /// sends files as they are, a number is a fixed zstd level (-7 to 19).
+    #[arg(long, default_value = "auto", value_name = "auto|none|LEVEL", allow_negative_numbers = true)]
+    pub compress: overlay::agent::protocol::Compression,
+
+    /// Stream straight from the source host to the target with the source's
+    /// own `ssh` client (to the target's `direct_ssh`, or its `ssh` value),
+    /// instead of relaying through this machine. Needs the source to reach
+    /// the target without a prompt: see docs/apply.md.
+    #[arg(long)]
+    pub direct: bool,
 
     /// Apply a plan that predicts problems even though it was made with `--strict`.
     #[arg(long)]

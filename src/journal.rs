@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::protocol::{Entry, Kind};
+use crate::agent::protocol::{Entry, FileStamp, HashMode, Kind};
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::{Counters, Venv};
@@ -39,6 +39,11 @@ pub struct GenChange {
     /// Stale bytecode deleted with its `.py`: may have vanished or been rewritten since the plan.
     #[serde(default)]
     pub bytecode: bool,
+    /// The staged file as written and hashed (device, inode, mtime): after
+    /// the switch the same inode must sit at `path`, unchanged, which
+    /// proves its content without reading it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged: Option<FileStamp>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -140,6 +145,43 @@ pub struct State {
 
 /// A test hook: `OVERLAY_TEST_STOP_AFTER=N` makes the agent exit abruptly
 /// after writing its N-th journal record (crash-safety tests).
+/// The receiving end of a direct stream (`Request::Receive`): the prepared
+/// generation `id` of the venv at `venv_root`, and the venv's root. The lock
+/// is held by the controller's own agent, which waits for this stream; this
+/// side takes no lock but accepts only a generation that is prepared and
+/// not yet staged into, so it never writes anywhere but an empty staging
+/// folder of the venv's own state directory.
+pub fn open_for_receive(venv_root: &str, id: &str) -> Result<(PathBuf, Generation)> {
+    let bad = || {
+        err!(
+            hint = "this request comes only from overlay's own source agent during `apply --direct`",
+            "No prepared generation {id:?} to receive into in {venv_root}"
+        )
+    };
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(bad());
+    }
+    let venv = Venv::open(venv_root)?;
+    let root = fs::canonicalize(&venv.root).map_err(io(format_args!("resolve {venv_root}")))?;
+    let dir = root.join(STATE_DIR).join("generations").join(id);
+    let meta: Meta = fs::read_to_string(dir.join("meta.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .ok_or_else(bad)?;
+    let records = read_journal(&dir.join("journal"))?;
+    let g = Generation { dir, meta, records };
+    let staging = g.dir.join("staging");
+    let empty = fs::symlink_metadata(&staging).is_ok_and(|m| m.is_dir())
+        && fs::read_dir(&staging).is_ok_and(|mut rd| rd.next().is_none());
+    if g.status() != Status::Prepared || !empty {
+        return Err(bad());
+    }
+    Ok((root, g))
+}
+
+/// Switch steps whose journal records share one fsync.
+pub const SWITCH_BATCH: usize = 256;
+
 fn crash_hook() {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNT: AtomicU64 = AtomicU64::new(0);
@@ -398,53 +440,91 @@ impl State {
     }
 
     /// Switch the staged files into place (or continue an interrupted switch).
+    ///
+    /// The journal is written ahead in batches: the records of up to
+    /// [`SWITCH_BATCH`] steps are made durable with one fsync, then the steps
+    /// are taken. Undo and redo look at the file system to tell a recorded
+    /// step that was taken from one that was not, so a crash anywhere in a
+    /// batch is recovered like a crash between two single steps.
     pub fn switch(&self, g: &mut Generation) -> Result<u64> {
+        enum Step {
+            Move { target: PathBuf, backup: PathBuf },
+            Mkdir(PathBuf),
+            Place { staged: PathBuf, target: PathBuf },
+        }
         let changes = g.meta.changes.clone();
         let mut created_dirs: BTreeSet<PathBuf> = BTreeSet::new();
         let mut changed = 0;
-        for (i, c) in changes.iter().enumerate() {
-            let target = self.target_path(&c.path)?;
-            let staged = g.dir.join("staging").join(i.to_string());
-            let backup = self.backup_path(g, &c.path)?;
-            if c.action != Action::Add
-                && lexists(&target)
-                && !lexists(&backup)
-                && !(c.action == Action::Replace && !lexists(&staged) && g.placed(i))
-            {
-                g.append(Record::Move { i })?;
-                if let Some(parent) = backup.parent() {
-                    fs::create_dir_all(parent)
-                        .map_err(io(format_args!("create {}", parent.display())))?;
+        let indices: Vec<usize> = (0..changes.len()).collect();
+        for batch in indices.chunks(SWITCH_BATCH) {
+            let mut records = Vec::new();
+            let mut steps = Vec::new();
+            for &i in batch {
+                let c = &changes[i];
+                let target = self.target_path(&c.path)?;
+                let staged = g.dir.join("staging").join(i.to_string());
+                let backup = self.backup_path(g, &c.path)?;
+                if c.action != Action::Add
+                    && lexists(&target)
+                    && !lexists(&backup)
+                    && !(c.action == Action::Replace && !lexists(&staged) && g.placed(i))
+                {
+                    records.push(Record::Move { i });
+                    steps.push(Step::Move {
+                        target: target.clone(),
+                        backup,
+                    });
                 }
-                fs::rename(&target, &backup)
-                    .map_err(io(format_args!("move {} to the backup", target.display())))?;
-            }
-            if c.action != Action::Delete && lexists(&staged) {
-                // Create missing parents, journalled so that rollback removes them.
-                let mut missing = Vec::new();
-                let mut p = target.parent();
-                while let Some(dir) = p {
-                    if dir == self.root || lexists(dir) {
-                        break;
+                if c.action != Action::Delete && lexists(&staged) {
+                    // Create missing parents, journalled so that rollback removes them.
+                    let mut missing = Vec::new();
+                    let mut p = target.parent();
+                    while let Some(dir) = p {
+                        if dir == self.root || created_dirs.contains(dir) || lexists(dir) {
+                            break;
+                        }
+                        missing.push(dir.to_path_buf());
+                        p = dir.parent();
                     }
-                    missing.push(dir.to_path_buf());
-                    p = dir.parent();
+                    for dir in missing.into_iter().rev() {
+                        let rel = dir
+                            .strip_prefix(&self.root)
+                            .expect("below root")
+                            .to_string_lossy()
+                            .into_owned();
+                        records.push(Record::Mkdir { dir: rel });
+                        created_dirs.insert(dir.clone());
+                        steps.push(Step::Mkdir(dir));
+                    }
+                    records.push(Record::Place { i });
+                    steps.push(Step::Place { staged, target });
                 }
-                for dir in missing.into_iter().rev() {
-                    let rel = dir
-                        .strip_prefix(&self.root)
-                        .expect("below root")
-                        .to_string_lossy()
-                        .into_owned();
-                    g.append(Record::Mkdir { dir: rel })?;
-                    fs::create_dir(&dir).map_err(io(format_args!("create {}", dir.display())))?;
-                    created_dirs.insert(dir);
-                }
-                g.append(Record::Place { i })?;
-                fs::rename(&staged, &target)
-                    .map_err(io(format_args!("put {} in place", target.display())))?;
+                changed += 1;
             }
-            changed += 1;
+            g.append_all(records)?;
+            for step in steps {
+                match step {
+                    Step::Move { target, backup } => {
+                        if let Some(parent) = backup.parent() {
+                            fs::create_dir_all(parent)
+                                .map_err(io(format_args!("create {}", parent.display())))?;
+                        }
+                        fs::rename(&target, &backup).map_err(io(format_args!(
+                            "move {} to the backup",
+                            target.display()
+                        )))?;
+                    }
+                    Step::Mkdir(dir) => {
+                        fs::create_dir(&dir)
+                            .map_err(io(format_args!("create {}", dir.display())))?;
+                    }
+                    Step::Place { staged, target } => {
+                        fs::rename(&staged, &target)
+                            .map_err(io(format_args!("put {} in place", target.display())))?;
+                    }
+                }
+                crash_hook();
+            }
         }
         // Remove directories the deletes left empty, deepest first.
         let site = self.root.join(&self.venv.site_rel);
@@ -494,24 +574,36 @@ impl State {
         Ok(changed)
     }
 
-    /// Re-hash every changed path and compare it with the plan.
+    /// Check every changed path against the plan: a file switched in from
+    /// staging must be the very inode that was written and hashed there,
+    /// unchanged since (its stamp); anything else is re-hashed.
     pub fn check(&self, g: &mut Generation, counters: &Counters) -> Result<()> {
         let paths: Vec<String> = g.meta.changes.iter().map(|c| c.path.clone()).collect();
-        let now = crate::inventory::stat(
-            &self.venv.root.to_string_lossy(),
-            &paths,
-            crate::agent::protocol::HashMode::All,
-            None,
-            false,
-            counters,
-        )?;
+        let hash: Vec<bool> = g
+            .meta
+            .changes
+            .iter()
+            .map(|c| c.action != Action::Delete && c.staged.is_none())
+            .collect();
+        let now = stat_mixed(&self.venv.root.to_string_lossy(), &paths, &hash, counters)?;
         let bad: Vec<&str> = g
             .meta
             .changes
             .iter()
             .zip(&now)
-            .filter(|(c, e)| match c.action {
-                Action::Delete => e.kind.exists(),
+            .filter(|(c, e)| match (c.action, &c.staged, &c.source, &e.kind) {
+                (Action::Delete, ..) => e.kind.exists(),
+                (
+                    _,
+                    Some(st),
+                    Some(Kind::File { size, mode, .. }),
+                    Kind::File {
+                        size: s2,
+                        mode: m2,
+                        stamp: Some(now),
+                        ..
+                    },
+                ) => !(size == s2 && mode == m2 && st.same_inode_unchanged(now)),
                 _ => !c.source.as_ref().is_some_and(|s| s.same_as(&e.kind)),
             })
             .map(|(c, _)| c.path.as_str())
@@ -887,6 +979,31 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// Append records with one fsync, before the steps they name are taken.
+    pub fn append_all(&mut self, rs: Vec<Record>) -> Result<()> {
+        if rs.is_empty() {
+            return Ok(());
+        }
+        let path = self.dir.join("journal");
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io(format_args!("open {}", path.display())))?;
+        let mut lines = Vec::new();
+        for r in &rs {
+            serde_json::to_writer(&mut lines, r).expect("serializes");
+            lines.push(b'\n');
+        }
+        f.write_all(&lines)
+            .map_err(io(format_args!("write {}", path.display())))?;
+        f.sync_data()
+            .map_err(io(format_args!("sync {}", path.display())))?;
+        self.records.extend(rs);
+        crash_hook();
+        Ok(())
+    }
+
     /// Append a record and fsync before the step it names is taken.
     pub fn append(&mut self, r: Record) -> Result<()> {
         let path = self.dir.join("journal");
@@ -908,21 +1025,24 @@ impl Generation {
 
     /// After staging: check the hashes the target computed while writing
     /// against those the source computed while reading, for files the plan
-    /// had not hashed, and record them (fsynced) for the checks after the switch.
+    /// had not hashed, and record them and the staged files' stamps
+    /// (fsynced) for the checks after the switch.
     pub fn record_hashes(
         &mut self,
-        written: &[(usize, String)],
+        written: &[crate::apply::Written],
         source: &[(usize, String)],
     ) -> Result<()> {
         let source: std::collections::HashMap<usize, &str> =
             source.iter().map(|(i, h)| (*i, h.as_str())).collect();
         let mut changed = false;
-        for (i, digest) in written {
+        for (i, digest, stamp) in written {
             let c = self
                 .meta
                 .changes
                 .get_mut(*i)
                 .ok_or_else(|| err!("no change {i} in the generation"))?;
+            c.staged = Some(*stamp);
+            changed = true;
             if let Some(Kind::File { sha256, .. }) = &mut c.source
                 && sha256.is_none()
             {
@@ -1009,8 +1129,8 @@ fn stat_mixed(
 ) -> Result<Vec<Entry>> {
     let (with, without): (Vec<usize>, Vec<usize>) = (0..paths.len()).partition(|i| hash[*i]);
     let pick = |idx: &[usize]| -> Vec<String> { idx.iter().map(|i| paths[*i].clone()).collect() };
-    let a = crate::inventory::stat(venv, &pick(&with), crate::agent::protocol::HashMode::All, None, false, counters)?;
-    let b = crate::inventory::stat(venv, &pick(&without), crate::agent::protocol::HashMode::None, None, false, counters)?;
+    let a = crate::inventory::stat(venv, &pick(&with), HashMode::All, None, false, counters)?;
+    let b = crate::inventory::stat(venv, &pick(&without), HashMode::None, None, false, counters)?;
     let mut out: Vec<Option<Entry>> = vec![None; paths.len()];
     for (i, e) in with.into_iter().zip(a).chain(without.into_iter().zip(b)) {
         out[i] = Some(e);

@@ -38,6 +38,9 @@ pub struct Host {
     pub endpoint: Endpoint,
     /// Absolute path of the venv on that host.
     pub venv: String,
+    /// `direct_ssh`: how another host's own `ssh` reaches this one, for
+    /// `apply --direct` (default: the `ssh` value).
+    pub direct_ssh: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +83,7 @@ struct RawPreflight {
 struct RawHost {
     ssh: Option<Spanned<String>>,
     venv: Spanned<String>,
+    direct_ssh: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -179,12 +183,23 @@ impl Manifest {
                 None => Endpoint::Local,
             };
             let _ = span;
+            let direct_ssh = match host.direct_ssh {
+                Some(s) if s.get_ref().trim().is_empty() || s.get_ref().starts_with('-') => {
+                    return Err(at(
+                        s.span(),
+                        format!("host {name}: direct_ssh must be an ssh destination ([user@]host or an alias), not {:?}", s.get_ref()),
+                    ));
+                }
+                Some(s) => Some(s.into_inner()),
+                None => None,
+            };
             hosts.insert(
                 name.clone(),
                 Host {
                     name,
                     endpoint,
                     venv: if venv.is_empty() { "/".into() } else { venv },
+                    direct_ssh,
                 },
             );
         }

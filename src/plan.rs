@@ -43,6 +43,9 @@ pub struct HostInfo {
     pub name: String,
     /// The manifest's `ssh` value; absent for the local machine.
     pub ssh: Option<String>,
+    /// The manifest's `direct_ssh` value (see `apply --direct`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct_ssh: Option<String>,
     pub venv: String,
     /// Relative to the venv.
     pub site_packages: String,
@@ -911,6 +914,7 @@ mod tests {
         let h = |n: &str, py: &str| HostInfo {
             name: n.into(),
             ssh: None,
+            direct_ssh: None,
             venv: "/v".into(),
             site_packages: String::new(),
             python: py.into(),

@@ -16,22 +16,51 @@ pub struct Client {
     /// The manifest's host name, used in every message.
     pub host: String,
     pipe: Option<AgentPipe>,
+    /// The agent's executable, from its greeting.
+    exe: String,
 }
 
 impl Client {
     /// Start the agent on `host` and shake hands.
     pub fn connect(host: &str, endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client> {
         let pipe = transport::start_agent(host, endpoint, opts)?;
+        Client::over(host, pipe)
+    }
+
+    /// Greet the agent at the other end of `pipe`.
+    pub fn over(host: &str, pipe: AgentPipe) -> Result<Client> {
         let mut c = Client {
             host: host.to_string(),
             pipe: Some(pipe),
+            exe: String::new(),
         };
-        c.send(&Request::Hello {
-            protocol: PROTOCOL_VERSION,
-        })?;
-        match c.recv()? {
-            Response::Hello { protocol, .. } if protocol == PROTOCOL_VERSION => Ok(c),
-            Response::Hello { protocol, version } => Err(err!(
+        let greeting = c
+            .send(&Request::Hello {
+                protocol: PROTOCOL_VERSION,
+            })
+            .and_then(|()| c.recv());
+        let greeting = match greeting {
+            Ok(g) => g,
+            Err(e) => {
+                // What the agent, or the program that should have run it, said.
+                let said = c.abandon();
+                let said = said.trim();
+                return Err(Error {
+                    message: if said.is_empty() {
+                        e.message
+                    } else {
+                        format!("{} ({said})", e.message)
+                    },
+                    hint: e.hint,
+                });
+            }
+        };
+        match greeting {
+            Response::Hello { protocol, exe, .. } if protocol == PROTOCOL_VERSION => {
+                c.exe = exe;
+                Ok(c)
+            }
+            Response::Hello { protocol, version, .. } => Err(err!(
                 hint = "the agent binary differs from this controller (is OVERLAY_AGENT_BINARY another build?); use one overlay build on both ends",
                 "The agent on {host} (overlay {version}) speaks protocol {protocol}, this controller {PROTOCOL_VERSION}"
             )),
@@ -157,6 +186,32 @@ impl Client {
                 "The agent on {host} stopped in the middle of a stream"
             )),
             Err(e) => Err(on_host(e, &host)),
+        }
+    }
+
+    /// The agent's own executable on its host.
+    pub fn agent_exe(&self) -> &str {
+        &self.exe
+    }
+
+    /// The agent's input, to write data frames to directly.
+    pub fn writer(&mut self) -> Result<&mut dyn std::io::Write> {
+        Ok(&mut *self.pipe()?.writer)
+    }
+
+    /// End the connection without the goodbye, returning what the agent
+    /// (or the program that ran it) wrote on stderr.
+    pub fn abandon(mut self) -> String {
+        match self.pipe.take() {
+            Some(p) => {
+                drop(p.writer);
+                drop(p.reader);
+                match (p.finish)() {
+                    Ok(t) => t,
+                    Err(e) => e.message,
+                }
+            }
+            None => String::new(),
         }
     }
 

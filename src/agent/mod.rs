@@ -33,6 +33,9 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
                     &Response::Hello {
                         protocol: PROTOCOL_VERSION,
                         version: env!("CARGO_PKG_VERSION").to_string(),
+                        exe: std::env::current_exe()
+                            .map(|p| p.to_string_lossy().into_owned())
+                            .unwrap_or_default(),
                     },
                 )?;
                 if protocol != PROTOCOL_VERSION {
@@ -45,6 +48,29 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
             Request::Bye => {
                 send(output, &Response::Bye)?;
                 return Ok(());
+            }
+            Request::Receive { venv, generation } => {
+                match crate::journal::open_for_receive(&venv, &generation) {
+                    Ok((host_dir, g)) => {
+                        let s = stream_in(input, &g, &host_dir);
+                        if s.ended {
+                            return Ok(());
+                        }
+                        match s.result {
+                            _ if s.aborted => Response::Aborted,
+                            Ok((files, bytes, written)) => Response::Received {
+                                files,
+                                bytes,
+                                written,
+                            },
+                            Err(e) => Response::Error(e),
+                        }
+                    }
+                    Err(e) => {
+                        drain(input)?;
+                        Response::Error(e)
+                    }
+                }
             }
             Request::Stage => match session.stage(input, output) {
                 Ok(Some(r)) => r,
@@ -108,23 +134,74 @@ impl Session {
                 venv,
                 files,
                 shebang,
-                zstd_level,
+                compression,
             } => {
                 // Data frames go straight to the output; progress is implied by them.
                 apply::send(
                     &venv,
                     &files,
                     shebang.as_ref(),
-                    zstd_level,
+                    compression,
                     output,
+                    true,
                     &counters,
                 )
-                .map(|(raw, compressed, hashes)| Response::Sent {
+                .map(|(raw, compressed, hashes, windows)| Response::Sent {
                     files: files.len() as u64,
                     raw_bytes: raw,
                     compressed_bytes: compressed,
                     hashes,
+                    windows,
+                    written: Vec::new(),
                 })
+            }
+            Request::SendDirect {
+                venv,
+                files,
+                shebang,
+                compression,
+                ssh,
+                agent,
+                target_venv,
+                generation,
+                connect_timeout_secs,
+            } => {
+                let req = apply::Direct {
+                    ssh: &ssh,
+                    agent: &agent,
+                    target_venv: &target_venv,
+                    generation: &generation,
+                    timeout: Duration::from_secs(connect_timeout_secs),
+                };
+                with_progress(output, &counters, || {
+                    apply::send_direct(&venv, &files, shebang.as_ref(), compression, &req, &counters)
+                })?
+                .map(|(raw, compressed, hashes, windows, written)| Response::Sent {
+                    files: files.len() as u64,
+                    raw_bytes: raw,
+                    compressed_bytes: compressed,
+                    hashes,
+                    windows,
+                    written,
+                })
+            }
+            Request::StagedDirect { hashes, written } => {
+                let (_, g) = self.opened()?;
+                let r = apply::check_staged(g, &written).and_then(|(files, bytes)| {
+                    g.record_hashes(&written, &hashes)?;
+                    g.append(Record::Staged)?;
+                    Ok((files, bytes))
+                });
+                match r {
+                    Ok((files, bytes)) => Ok(Response::Staged { files, bytes }),
+                    Err(e) => {
+                        let g = self.generation.take().expect("opened");
+                        if let Some(s) = &self.state {
+                            let _ = s.discard(g);
+                        }
+                        Err(e)
+                    }
+                }
             }
             Request::Prepare(req) => {
                 let state = self.state(&req.venv)?;
@@ -205,6 +282,7 @@ impl Session {
                     .map(Response::Preflight)
             }
             Request::EndData { .. } => Err(err!("EndData without Stage")),
+            Request::Receive { .. } => Err(err!("Receive is handled by serve")),
             Request::Hello { .. } | Request::Bye | Request::Stage => {
                 unreachable!("handled by serve")
             }
@@ -214,8 +292,6 @@ impl Session {
 
     /// Receive the data frames of a stage. `Ok(None)`: the input ended.
     fn stage(&mut self, input: &mut dyn Read, _output: &mut dyn Write) -> Result<Option<Response>> {
-        let counters = Counters::default();
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(32);
         let opened = self.opened();
         let (state, g) = match opened {
             Ok(x) => x,
@@ -225,42 +301,12 @@ impl Session {
             }
         };
         let host_dir = state.venv.root.clone();
-        let mut ended = false;
-        let mut aborted = false;
-        let mut source_hashes: Vec<(usize, String)> = Vec::new();
-        let result = std::thread::scope(|scope| {
-            let g_ref: &Generation = g;
-            let worker =
-                scope.spawn(|| apply::unpack(g_ref, &host_dir, ChannelReader::new(rx), &counters));
-            let mut tx = Some(tx);
-            loop {
-                match read_any::<Request>(input) {
-                    Ok(Some(Frame::Data(d))) => {
-                        if let Some(t) = &tx
-                            && t.send(d).is_err()
-                        {
-                            tx = None; // the unpacker failed; keep draining
-                        }
-                    }
-                    Ok(Some(Frame::Msg(Request::EndData { hashes }))) => {
-                        source_hashes = hashes;
-                        break;
-                    }
-                    Ok(Some(Frame::Msg(Request::Abort))) => {
-                        aborted = true;
-                        break;
-                    }
-                    Ok(Some(Frame::Msg(_))) | Ok(None) | Err(_) => {
-                        ended = true;
-                        break;
-                    }
-                }
-            }
-            drop(tx);
-            worker
-                .join()
-                .unwrap_or_else(|_| Err(err!("the unpacking thread panicked")))
-        });
+        let StreamIn {
+            result,
+            source_hashes,
+            ended,
+            aborted,
+        } = stream_in(input, g, &host_dir);
         if ended || aborted {
             let g = self.generation.take().expect("opened");
             if let Some(s) = &self.state {
@@ -288,6 +334,90 @@ impl Session {
                 Ok(Some(Response::Error(e)))
             }
         }
+    }
+}
+
+/// A stream read into staging.
+struct StreamIn {
+    result: Result<(u64, u64, Vec<apply::Written>)>,
+    /// The source's hashes from `EndData`.
+    source_hashes: Vec<(usize, String)>,
+    /// The input ended (the sender went away) before `EndData`.
+    ended: bool,
+    aborted: bool,
+}
+
+/// Read data frames until `EndData` (or `Abort`), decoding them on this
+/// thread while another unpacks them into `g`'s staging folder.
+fn stream_in(input: &mut dyn Read, g: &Generation, host_dir: &std::path::Path) -> StreamIn {
+    let counters = Counters::default();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(32);
+    let mut unz = match zstd::bulk::Decompressor::new() {
+        Ok(z) => z,
+        Err(e) => {
+            let _ = drain(input);
+            return StreamIn {
+                result: Err(err!("zstd: {e}")),
+                source_hashes: Vec::new(),
+                ended: false,
+                aborted: false,
+            };
+        }
+    };
+    let mut ended = false;
+    let mut aborted = false;
+    let mut source_hashes: Vec<(usize, String)> = Vec::new();
+    let mut bad_block = None;
+    let result = std::thread::scope(|scope| {
+        let worker =
+            scope.spawn(|| apply::unpack(g, host_dir, ChannelReader::new(rx), &counters));
+        let mut tx = Some(tx);
+        loop {
+            match read_any::<Request>(input) {
+                Ok(Some(Frame::Data(d))) => {
+                    // Decoded here, so that decoding runs beside the writing.
+                    if let Some(t) = &tx {
+                        match apply::unpack_block(d, &mut unz) {
+                            Ok(b) => {
+                                if t.send(b).is_err() {
+                                    tx = None; // the unpacker failed; keep draining
+                                }
+                            }
+                            Err(e) => {
+                                tx = None;
+                                bad_block = Some(e);
+                            }
+                        }
+                    }
+                }
+                Ok(Some(Frame::Msg(Request::EndData { hashes }))) => {
+                    source_hashes = hashes;
+                    break;
+                }
+                Ok(Some(Frame::Msg(Request::Abort))) => {
+                    aborted = true;
+                    break;
+                }
+                Ok(Some(Frame::Msg(_))) | Ok(None) | Err(_) => {
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let r = worker
+            .join()
+            .unwrap_or_else(|_| Err(err!("the unpacking thread panicked")));
+        match bad_block.take() {
+            Some(e) => Err(e),
+            None => r,
+        }
+    });
+    StreamIn {
+        result,
+        source_hashes,
+        ended,
+        aborted,
     }
 }
 

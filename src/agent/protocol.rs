@@ -20,6 +20,34 @@ pub const PROTOCOL_VERSION: u32 = 4;
 /// Largest frame accepted (a listing of a very large venv fits easily).
 const MAX_FRAME: usize = (1 << 30) - 1;
 
+/// How the source packs the stream's blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Pick the zstd level (or none) for the link as the stream goes.
+    Auto,
+    /// Store every block as is.
+    None,
+    /// zstd at this level.
+    Zstd(i32),
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Compression, String> {
+        match s {
+            "auto" => Ok(Compression::Auto),
+            "none" | "0" => Ok(Compression::None),
+            n => match n.parse::<i32>() {
+                Ok(l) if (-7..=19).contains(&l) => Ok(Compression::Zstd(l)),
+                _ => Err(format!(
+                    "{n:?} is not a compression: use auto, none, or a zstd level from -7 to 19"
+                )),
+            },
+        }
+    }
+}
+
 /// How much of a file's content a stat reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -64,13 +92,46 @@ pub enum Request {
         venv: String,
         files: Vec<SendFile>,
         shebang: Option<ShebangRewrite>,
-        zstd_level: i32,
+        compression: Compression,
     },
     /// Target side: take the lock, recover an unfinished generation, check
     /// the plan's preconditions and free space, and open a new generation.
     Prepare(Box<crate::journal::PrepareRequest>),
-    /// Target side: data frames with the tar + zstd stream follow, then `EndData`.
+    /// Target side: data frames with the packed tar stream follow, then `EndData`.
     Stage,
+    /// Source side, `apply --direct`: like `Send`, but the stream goes
+    /// straight to the target: the source starts `agent` there with its own
+    /// `ssh` client (see `transport::openssh`) and sends it `Receive`.
+    SendDirect {
+        venv: String,
+        files: Vec<SendFile>,
+        shebang: Option<ShebangRewrite>,
+        compression: Compression,
+        /// The ssh destination of the target, as the source host knows it.
+        ssh: String,
+        /// The agent executable on the target (from its `Hello`).
+        agent: String,
+        target_venv: String,
+        generation: String,
+        connect_timeout_secs: u64,
+    },
+    /// Target side, from a source on the direct route: unpack the stream
+    /// that follows (data frames, then `EndData`) into the staging folder
+    /// of `generation`, which the controller's own agent on this host has
+    /// prepared and holds the lock for. Answered with `Received`.
+    Receive {
+        venv: String,
+        generation: String,
+    },
+    /// Target side, after a direct stream: the staging folder was filled by
+    /// another agent; check it against what both ends reported and mark the
+    /// generation staged.
+    StagedDirect {
+        /// What the source read (as in `EndData`).
+        hashes: Vec<(usize, String)>,
+        /// What the receiving agent wrote.
+        written: Vec<crate::apply::Written>,
+    },
     /// The end of the stream, with the sha256 the source computed while
     /// reading each file the plan had not hashed (by change index).
     EndData {
@@ -131,6 +192,9 @@ pub enum Response {
     Hello {
         protocol: u32,
         version: String,
+        /// The agent's own executable (for the direct route).
+        #[serde(default)]
+        exe: String,
     },
     Scan(ScanReport),
     Progress(Progress),
@@ -144,6 +208,19 @@ pub enum Response {
         compressed_bytes: u64,
         /// sha256 of every file sent, computed while reading (by change index).
         hashes: Vec<(usize, String)>,
+        /// With `Compression::Auto`: each measured window's level and the
+        /// bytes of files per second that got through at it.
+        #[serde(default)]
+        windows: Vec<(i32, f64)>,
+        /// On the direct route: what the target wrote.
+        #[serde(default)]
+        written: Vec<crate::apply::Written>,
+    },
+    /// The receiving end of a direct stream: files and bytes staged.
+    Received {
+        files: u64,
+        bytes: u64,
+        written: Vec<crate::apply::Written>,
     },
     Prepared {
         generation: String,
@@ -193,8 +270,14 @@ const DATA_BIT: u32 = 1 << 31;
 
 /// Write raw stream bytes as one data frame (not flushed).
 pub fn write_data(w: &mut dyn Write, bytes: &[u8]) -> std::io::Result<()> {
-    w.write_all(&(bytes.len() as u32 | DATA_BIT).to_le_bytes())?;
-    w.write_all(bytes)
+    write_data_parts(w, &[], bytes)
+}
+
+/// Write one data frame whose payload is `head` followed by `body`.
+pub fn write_data_parts(w: &mut dyn Write, head: &[u8], body: &[u8]) -> std::io::Result<()> {
+    w.write_all(&((head.len() + body.len()) as u32 | DATA_BIT).to_le_bytes())?;
+    w.write_all(head)?;
+    w.write_all(body)
 }
 
 /// Read a message or a data frame. `Ok(None)` at a clean end of stream.
@@ -388,6 +471,11 @@ pub struct FileStamp {
 }
 
 impl FileStamp {
+    /// The same inode, not modified since (a rename changes only the ctime).
+    pub fn same_inode_unchanged(&self, now: &FileStamp) -> bool {
+        self.dev == now.dev && self.ino == now.ino && self.mtime_ns == now.mtime_ns
+    }
+
     pub fn of(m: &std::fs::Metadata) -> FileStamp {
         use std::os::unix::fs::MetadataExt;
         FileStamp {

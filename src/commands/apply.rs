@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use indicatif::HumanBytes;
 use overlay::agent::client::Client;
-use overlay::agent::protocol::{Frame, Request, Response, SendFile, ShebangRewrite};
+use overlay::agent::protocol::{
+    Compression, Frame, Request, Response, SendFile, ShebangRewrite,
+};
 use overlay::err;
 use overlay::error::Result;
 use overlay::journal::{GenChange, PrepareRequest};
@@ -62,6 +64,7 @@ pub fn gen_changes(plan: &Plan) -> Vec<GenChange> {
                 source: c.source.clone(),
                 target: c.target.clone(),
                 bytecode: false,
+                staged: None,
             });
         }
         for p in &set.stale_bytecode {
@@ -71,6 +74,7 @@ pub fn gen_changes(plan: &Plan) -> Vec<GenChange> {
                 source: None,
                 target: None,
                 bytecode: true,
+                staged: None,
             });
         }
     }
@@ -95,6 +99,14 @@ struct ApplyJson {
 
 pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
     let started = Instant::now();
+    let timing = |what: &str| {
+        if global.verbose >= 2 {
+            eprintln!(
+                "timing: {what} done at {:.2}s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    };
     let plan = load_plan(&args.plan)?;
     let opts = connect_options(global);
     let tname = plan.target.name.clone();
@@ -134,6 +146,19 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             if plan.new_problems() == 1 { "" } else { "s" }
         ));
     }
+    let direct = if args.direct {
+        match plan.target.direct_ssh.clone().or(plan.target.ssh.clone()) {
+            Some(d) => Some(d),
+            None => {
+                return Err(err!(
+                    hint = "give the target an `ssh` or `direct_ssh` in the manifest, or apply without --direct",
+                    "--direct needs an ssh destination for {tname}, which is this machine in the plan; {tname} is unchanged"
+                ));
+            }
+        }
+    } else {
+        None
+    };
     // Read the check before touching anything, so a missing [verify] fails early.
     let verify_req = if args.verify {
         // The manifest the plan was made from, if it is still there.
@@ -186,6 +211,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
     if let Some(r) = &recovered {
         status(global, &format!("{tname}: {r}"));
     }
+    timing("connect and prepare");
 
     // Stream the added and replaced files from the source.
     let send: Vec<SendFile> = changes
@@ -202,14 +228,26 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         .collect();
     let (mut raw, mut sent) = (0u64, 0u64);
     if !send.is_empty() {
-        let result = stream(
-            global,
-            &plan,
-            &opts,
-            &mut dst,
-            send.clone(),
-            args.zstd_level,
-        );
+        let result = match &direct {
+            None => stream(
+                global,
+                &plan,
+                &opts,
+                &mut dst,
+                send.clone(),
+                args.compress,
+            ),
+            Some(dest) => stream_direct(
+                global,
+                &plan,
+                &opts,
+                &mut dst,
+                send.clone(),
+                args.compress,
+                dest,
+                &generation,
+            ),
+        };
         match result {
             Ok((r, s)) => {
                 raw = r;
@@ -221,10 +259,12 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             }
         }
     }
+    timing(&format!("stream and stage ({})", HumanBytes(sent)));
     match dst.call(&Request::Switch, &mut |_| {})? {
         Response::Switched { .. } => {}
         other => return Err(err!("unexpected answer from {tname}: {other:?}")),
     }
+    timing("switch and check");
     match dst.call(
         &Request::Commit {
             keep_backup: args.backup,
@@ -235,6 +275,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         Response::Committed { .. } => {}
         other => return Err(err!("unexpected answer from {tname}: {other:?}")),
     }
+    timing("commit");
     let secs = started.elapsed().as_secs_f64();
     status(
         global,
@@ -322,7 +363,7 @@ fn stream(
     opts: &overlay::transport::ConnectOptions,
     dst: &mut Client,
     files: Vec<SendFile>,
-    level: i32,
+    compression: Compression,
 ) -> Result<(u64, u64)> {
     let sname = plan.source.name.clone();
     let mut src = Client::connect(&sname, &endpoint(&plan.source.ssh), opts)?;
@@ -333,7 +374,7 @@ fn stream(
             from: plan.source.venv.clone(),
             to: plan.target.venv.clone(),
         }),
-        zstd_level: level,
+        compression,
     })?;
     dst.request(&Request::Stage)?;
     let bars = HashBars::new(global.quiet);
@@ -350,8 +391,12 @@ fn stream(
                 raw_bytes,
                 compressed_bytes,
                 hashes,
+                windows,
                 ..
-            }) => break (raw_bytes, compressed_bytes, hashes),
+            }) => {
+                print_windows(global, &windows);
+                break (raw_bytes, compressed_bytes, hashes);
+            }
             Frame::Msg(other) => return Err(err!("unexpected answer from {sname}: {other:?}")),
         }
     };
@@ -370,4 +415,84 @@ fn stream(
     }
     src.close()?;
     Ok(sent)
+}
+
+/// `--direct`: the source streams straight to the target (see
+/// `overlay::transport::openssh`); this machine only follows the progress.
+#[allow(clippy::too_many_arguments)]
+fn stream_direct(
+    global: &GlobalArgs,
+    plan: &Plan,
+    opts: &overlay::transport::ConnectOptions,
+    dst: &mut Client,
+    files: Vec<SendFile>,
+    compression: Compression,
+    dest: &str,
+    generation: &str,
+) -> Result<(u64, u64)> {
+    let sname = plan.source.name.clone();
+    let mut src = Client::connect(&sname, &endpoint(&plan.source.ssh), opts)?;
+    src.request(&Request::SendDirect {
+        venv: plan.source.venv.clone(),
+        files,
+        shebang: Some(ShebangRewrite {
+            from: plan.source.venv.clone(),
+            to: plan.target.venv.clone(),
+        }),
+        compression,
+        ssh: dest.to_string(),
+        agent: dst.agent_exe().to_string(),
+        target_venv: plan.target.venv.clone(),
+        generation: generation.to_string(),
+        connect_timeout_secs: opts.timeout.as_secs(),
+    })?;
+    let bars = HashBars::new(global.quiet);
+    let bar = bars.bar("transfer (direct)");
+    let (raw, compressed, hashes, written) = loop {
+        match src.next_frame()? {
+            Frame::Msg(Response::Progress(p)) => {
+                bar.set_length(p.total_bytes);
+                bar.set_position(p.bytes);
+                bar.set_message(format!("{}/{} files", p.files, p.total_files));
+            }
+            Frame::Msg(Response::Sent {
+                raw_bytes,
+                compressed_bytes,
+                hashes,
+                windows,
+                written,
+                ..
+            }) => {
+                print_windows(global, &windows);
+                break (raw_bytes, compressed_bytes, hashes, written);
+            }
+            Frame::Data(_) => {
+                return Err(err!("unexpected stream data from {sname} on the direct route"));
+            }
+            Frame::Msg(other) => return Err(err!("unexpected answer from {sname}: {other:?}")),
+        }
+    };
+    bar.finish_and_clear();
+    match dst.call(&Request::StagedDirect { hashes, written }, &mut |_| {})? {
+        Response::Staged { .. } => {}
+        other => {
+            return Err(err!(
+                "unexpected answer from {}: {other:?}",
+                plan.target.name
+            ));
+        }
+    }
+    src.close()?;
+    Ok((raw, compressed))
+}
+
+/// With -vv: the levels `--compress auto` measured, window by window.
+fn print_windows(global: &GlobalArgs, windows: &[(i32, f64)]) {
+    if global.verbose >= 2 && !windows.is_empty() {
+        let w: Vec<String> = windows
+            .iter()
+            .map(|(l, r)| format!("{l}:{:.0}", r / 1e6))
+            .collect();
+        eprintln!("compression windows (level:MB/s of files): {}", w.join(" "));
+    }
 }

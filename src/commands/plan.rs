@@ -38,6 +38,7 @@ pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
             Endpoint::Local => None,
         },
         venv: host.venv.clone(),
+        direct_ssh: host.direct_ssh.clone(),
         site_packages: scan.site_packages.clone(),
         python: scan.python.clone(),
     }

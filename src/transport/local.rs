@@ -10,8 +10,15 @@ use crate::error::Result;
 
 pub fn start_agent(host: &str) -> Result<super::AgentPipe> {
     let exe = super::agent_binary_path()?;
-    let mut child = Command::new(&exe)
-        .arg("agent")
+    let mut cmd = Command::new(&exe);
+    cmd.arg("agent");
+    spawn(host, cmd)
+}
+
+/// Run `cmd` with piped stdin/stdout as the agent pipe (stderr is collected
+/// and returned by `finish`).
+pub fn spawn(host: &str, mut cmd: Command) -> Result<super::AgentPipe> {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -19,7 +26,7 @@ pub fn start_agent(host: &str) -> Result<super::AgentPipe> {
         .map_err(|e| {
             err!(
                 "Failed to start the agent for {host} ({}): {e}",
-                exe.display()
+                cmd.get_program().to_string_lossy()
             )
         })?;
     let writer = child.stdin.take().expect("piped stdin");

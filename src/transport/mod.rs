@@ -8,6 +8,7 @@
 //! the framed protocol in [`crate::agent::protocol`].
 
 pub mod local;
+pub mod openssh;
 pub mod ssh;
 
 use std::io::{Read, Write};
