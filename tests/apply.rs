@@ -633,3 +633,92 @@ fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
         "staging is cleaned up"
     );
 }
+
+/// Give host `from` an SSH identity, config and known_hosts entry for host
+/// `to` (as alias `name`), and let `to` accept that identity: what
+/// `apply --direct` needs of a real source host.
+fn let_host_reach(tb: &Testbed, from: usize, to: usize, name: &str, trust_key: bool) {
+    let home = tb.host_dir(from).join("root");
+    let ssh = home.join(".ssh");
+    fs::create_dir_all(&ssh).unwrap();
+    let key = ssh.join("id_ed25519");
+    if !key.exists() {
+        common::run(
+            Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-C", "direct-route-test", "-f"])
+                .arg(&key),
+        );
+    }
+    let pubkey = fs::read_to_string(ssh.join("id_ed25519.pub")).unwrap();
+    let ak = tb.host_dir(to).join("authorized_keys");
+    let mut keys = fs::read_to_string(&ak).unwrap();
+    if !keys.contains(pubkey.trim()) {
+        keys.push_str(&pubkey);
+        fs::write(&ak, keys).unwrap();
+    }
+    let (ip, port) = tb.hosts[to].addr.clone().unwrap();
+    fs::write(
+        ssh.join("config"),
+        format!(
+            "Host {name}\n    HostName {ip}\n    Port {port}\n    User root\n    IdentityFile /root/.ssh/id_ed25519\n    IdentitiesOnly yes\n    UserKnownHostsFile /root/.ssh/known_hosts\n    StrictHostKeyChecking yes\n"
+        ),
+    )
+    .unwrap();
+    let hostkey = fs::read_to_string(tb.host_dir(to).join("ssh_host_ed25519_key.pub")).unwrap();
+    let hostkey: Vec<&str> = hostkey.split_whitespace().take(2).collect();
+    let kh = if trust_key {
+        format!("[{ip}]:{port} {}\n", hostkey.join(" "))
+    } else {
+        String::new()
+    };
+    fs::write(ssh.join("known_hosts"), kh).unwrap();
+}
+
+#[test]
+fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
+    if !common::requires_root() {
+        return;
+    }
+    let tb = Testbed::new(2);
+    // The source knows the target as "dst-direct", through its own ssh config.
+    let manifest = tb.write_manifest(SETS);
+    let text = fs::read_to_string(&manifest).unwrap();
+    let text = text.replacen(
+        "[hosts.dst]\n",
+        "[hosts.dst]\ndirect_ssh = \"dst-direct\"\n",
+        1,
+    );
+    assert!(text.contains("direct_ssh"), "{text}");
+    fs::write(&manifest, text).unwrap();
+    let before = snapshot(tb.host_venv_dir(1));
+    let src_snap = snapshot(tb.host_venv_dir(0));
+    let plan = plan_json(&tb);
+
+    // Unknown host key on the source: refused before anything changes.
+    let_host_reach(&tb, 0, 1, "dst-direct", false);
+    let out = tb.overlay(&["apply", "--direct", "--backup"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("could not reach the target as \"dst-direct\""), "{err}");
+    assert!(err.contains("hint:"), "{err}");
+    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after a refused direct apply");
+
+    // Trusted: the stream goes source -> target, exactly as the relay would.
+    let_host_reach(&tb, 0, 1, "dst-direct", true);
+    let out = ok(
+        tb.overlay(&["apply", "--direct", "--backup", "--json", "-vv"])
+            .output()
+            .unwrap(),
+        "apply --direct",
+    );
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(result["generation"].is_string(), "{result}");
+    assert!(result["sent_bytes"].as_u64().unwrap() > 0, "{result}");
+    let after = snapshot(tb.host_venv_dir(1));
+    for p in carried(&plan) {
+        let rel = site_rel(&p);
+        assert_eq!(after.get(&rel), src_snap.get(&rel), "{rel} after apply --direct");
+    }
+    ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
+    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after rolling back the direct apply");
+}
