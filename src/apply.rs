@@ -299,16 +299,28 @@ pub fn unpack_block(
     }
 }
 
-/// A reader that hashes what passes through.
-struct HashingReader<R> {
+/// A reader that hashes what passes through. It reads the file 1 MiB at a
+/// time (the tar builder asks for 8 KiB), so a big file costs few syscalls
+/// and few hasher calls.
+struct HashingReader<'b, R> {
     inner: R,
     hasher: Sha256,
+    buf: &'b mut [u8],
+    pos: usize,
+    len: usize,
 }
 
-impl<R: Read> Read for HashingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
+impl<R: Read> Read for HashingReader<'_, R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.len {
+            let n = self.inner.read(self.buf)?;
+            self.hasher.update(&self.buf[..n]);
+            self.pos = 0;
+            self.len = n;
+        }
+        let n = out.len().min(self.len - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
         Ok(n)
     }
 }
@@ -508,6 +520,7 @@ fn read_files(
     counters: &Counters,
 ) -> Result<(u64, Vec<(usize, String)>)> {
     let mut hashes = Vec::with_capacity(files.len());
+    let mut read_buf = vec![0u8; 1 << 20];
     let mut tar = tar::Builder::new(cutter);
     let mut raw = 0u64;
     for f in files {
@@ -574,6 +587,9 @@ fn read_files(
                         let mut r = HashingReader {
                             inner: file.take(*size),
                             hasher: Sha256::new(),
+                            buf: &mut read_buf,
+                            pos: 0,
+                            len: 0,
                         };
                         tar.append_data(&mut h, &name, &mut r)
                             .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
