@@ -97,8 +97,12 @@ impl Write for BlockCutter<'_> {
 
 impl BlockCutter<'_> {
     fn emit(&mut self) -> std::io::Result<()> {
-        let broken =
-            || std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the stream's writer stopped");
+        let broken = || {
+            std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the stream's writer stopped",
+            )
+        };
         if self.stop.load(Ordering::Relaxed) {
             return Err(broken());
         }
@@ -232,7 +236,11 @@ impl Tuner {
             if self.since_probe >= self.probe_every {
                 let down = self.at.checked_sub(1);
                 let up = (self.at + 1 < LADDER.len()).then_some(self.at + 1);
-                let next = if self.down_next { down.or(up) } else { up.or(down) };
+                let next = if self.down_next {
+                    down.or(up)
+                } else {
+                    up.or(down)
+                };
                 self.down_next = !self.down_next;
                 if let Some(n) = next {
                     self.probing = Some(self.at);
@@ -415,7 +423,7 @@ pub fn send_direct(
     compression: Compression,
     to: &Direct<'_>,
     counters: &Counters,
-) -> Result<(u64, u64, Vec<(usize, String)>, Vec<(i32, f64)>, Vec<Written>)> {
+) -> Result<DirectResult> {
     use crate::agent::client::Client;
     use crate::agent::protocol::Request;
     let here = rustix::system::uname()
@@ -507,6 +515,15 @@ pub fn check_staged(g: &Generation, written: &[Written]) -> Result<(u64, u64)> {
     }
     Ok((files, bytes))
 }
+
+/// What `send_direct` returns: `send`'s result and what the target wrote.
+pub type DirectResult = (
+    u64,
+    u64,
+    Vec<(usize, String)>,
+    Vec<(i32, f64)>,
+    Vec<Written>,
+);
 
 /// What `send` returns.
 pub type SendResult = (u64, u64, Vec<(usize, String)>, Vec<(i32, f64)>);

@@ -136,7 +136,12 @@ pub struct ApplyArgs {
     /// How the stream is compressed: `auto` picks the zstd level for the
     /// link as it goes (none on a fast link, more on a slow one), `none`
     /// sends files as they are, a number is a fixed zstd level (-7 to 19).
-    #[arg(long, default_value = "auto", value_name = "auto|none|LEVEL", allow_negative_numbers = true)]
+    #[arg(
+        long,
+        default_value = "auto",
+        value_name = "auto|none|LEVEL",
+        allow_negative_numbers = true
+    )]
     pub compress: overlay::agent::protocol::Compression,
 
     /// Stream straight from the source host to the target with the source's

@@ -42,23 +42,80 @@ impl Stamp {
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(bound = "V: Serialize + DeserializeOwned")]
+/// The entries, each value kept as its JSON bytes and decoded only when it
+/// is asked for. On disk the store is a flat binary file (see `encode`):
+/// a warm plan reads the whole cache of a 35,000-file venv, and parsing it
+/// as one JSON document took longer than the `stat`s it saves.
+#[derive(Debug)]
 struct Store<V> {
-    version: u32,
-    entries: HashMap<String, (Stamp, V)>,
+    entries: HashMap<String, (Stamp, Vec<u8>)>,
+    _v: std::marker::PhantomData<fn() -> V>,
 }
 
 impl<V> Default for Store<V> {
     fn default() -> Self {
         Store {
-            version: VERSION,
             entries: HashMap::new(),
+            _v: std::marker::PhantomData,
         }
     }
 }
 
-const VERSION: u32 = 1;
+/// File magic and format version.
+const MAGIC: &[u8; 8] = b"OVLCACH2";
+
+impl<V> Store<V> {
+    /// `MAGIC`, then per entry: path length (u32 LE), path, dev, ino, size
+    /// (u64 LE), mtime and ctime in ns (i128 LE), value length (u32 LE),
+    /// value (JSON).
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.entries.len() * 160);
+        out.extend_from_slice(MAGIC);
+        for (path, (st, value)) in &self.entries {
+            out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+            out.extend_from_slice(path.as_bytes());
+            out.extend_from_slice(&st.dev.to_le_bytes());
+            out.extend_from_slice(&st.ino.to_le_bytes());
+            out.extend_from_slice(&st.size.to_le_bytes());
+            out.extend_from_slice(&st.mtime_ns.to_le_bytes());
+            out.extend_from_slice(&st.ctime_ns.to_le_bytes());
+            out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            out.extend_from_slice(value);
+        }
+        out
+    }
+
+    /// `None` for anything that is not a whole, well-formed store.
+    fn decode(b: &[u8]) -> Option<Store<V>> {
+        let mut r = b.strip_prefix(MAGIC.as_slice())?;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (head, rest) = r.split_at_checked(n)?;
+            r = rest;
+            Some(head)
+        };
+        let mut entries = HashMap::new();
+        while let Some(len) = take(4) {
+            let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+            let path = std::str::from_utf8(take(len)?).ok()?.to_string();
+            let u64_ = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            let i128_ = |b: &[u8]| i128::from_le_bytes(b.try_into().expect("16 bytes"));
+            let st = Stamp {
+                dev: u64_(take(8)?),
+                ino: u64_(take(8)?),
+                size: u64_(take(8)?),
+                mtime_ns: i128_(take(16)?),
+                ctime_ns: i128_(take(16)?),
+            };
+            let vlen = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+            let value = take(vlen)?.to_vec();
+            entries.insert(path, (st, value));
+        }
+        Some(Store {
+            entries,
+            _v: std::marker::PhantomData,
+        })
+    }
+}
 /// Files changed this recently are never cached.
 const RACY_NS: i128 = 3_000_000_000;
 
@@ -94,7 +151,7 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
                     PathBuf::from(h)
                         .join(".cache/overlay")
                         .join(kind)
-                        .join(format!("{}.json", &key[..16])),
+                        .join(format!("{}.bin", &key[..16])),
                 )
             }
             _ => None,
@@ -102,8 +159,7 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
         let store = file
             .as_ref()
             .and_then(|f| std::fs::read(f).ok())
-            .and_then(|b| serde_json::from_slice::<Store<V>>(&b).ok())
-            .filter(|s| s.version == VERSION)
+            .and_then(|b| Store::decode(&b))
             .unwrap_or_default();
         StampCache::with_file(file, RACY_NS, store)
     }
@@ -126,8 +182,11 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
     pub fn get(&self, path: &Path, m: &Metadata) -> Option<V> {
         self.file.as_ref()?;
         let store = self.store.lock().ok()?;
-        let (stamp, sha) = store.entries.get(path.to_str()?)?;
-        (*stamp == Stamp::of(m)).then(|| sha.clone())
+        let (stamp, value) = store.entries.get(path.to_str()?)?;
+        if *stamp != Stamp::of(m) {
+            return None;
+        }
+        serde_json::from_slice(value).ok()
     }
 
     /// Remember a value learned from content read with metadata `m`.
@@ -143,8 +202,11 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
             return;
         }
         let Some(key) = path.to_str() else { return };
+        let Ok(value) = serde_json::to_vec(value) else {
+            return;
+        };
         if let Ok(mut s) = self.store.lock() {
-            s.entries.insert(key.to_string(), (stamp, value.clone()));
+            s.entries.insert(key.to_string(), (stamp, value));
             if let Ok(mut d) = self.dirty.lock() {
                 *d = true;
             }
@@ -160,16 +222,13 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
         let Ok(mut store) = self.store.lock() else {
             return;
         };
-        store.version = VERSION;
         // Forget files that are gone, so the cache does not grow forever.
         store.entries.retain(|p, _| Path::new(p).exists());
         let Some(dir) = file.parent() else { return };
         if std::fs::create_dir_all(dir).is_err() {
             return;
         }
-        let Ok(bytes) = serde_json::to_vec(&*store) else {
-            return;
-        };
+        let bytes = store.encode();
         let Ok(mut tmp) = tempfile::NamedTempFile::new_in(dir) else {
             return;
         };
@@ -194,9 +253,10 @@ mod tests {
         c.put(&f, &m, &"h1".to_string());
         assert_eq!(c.get(&f, &m).as_deref(), Some("h1"));
         c.save();
-        // A new process reads it back.
-        let store: Store<String> =
-            serde_json::from_slice(&std::fs::read(&store_file).unwrap()).unwrap();
+        // A new process reads it back; a cut file is not a store.
+        let bytes = std::fs::read(&store_file).unwrap();
+        assert!(Store::<String>::decode(&bytes[..bytes.len() - 1]).is_none());
+        let store = Store::<String>::decode(&bytes).unwrap();
         let c = HashCache::with_file(Some(store_file), 0, store);
         assert_eq!(
             c.get(&f, &std::fs::metadata(&f).unwrap()).as_deref(),

@@ -559,12 +559,10 @@ pub fn stat(
     counters
         .total_files
         .store(paths.len() as u64, Ordering::Relaxed);
-    counters
-        .total_bytes
-        .store(
-            if hash == HashMode::All { total } else { 0 },
-            Ordering::Relaxed,
-        );
+    counters.total_bytes.store(
+        if hash == HashMode::All { total } else { 0 },
+        Ordering::Relaxed,
+    );
 
     // Bytecode listing, one readdir per __pycache__ directory.
     let mut pyc_dirs: HashMap<PathBuf, Vec<String>> = HashMap::new();
@@ -612,8 +610,27 @@ pub fn stat(
                         None
                     };
                     // A rewritten script's hash is never cached.
-                    let cached = || if rw.is_none() { cache.get(abs, &m) } else { None };
-                    if hash == HashMode::Cached {
+                    let cached = || {
+                        if rw.is_none() {
+                            cache.get(abs, &m)
+                        } else {
+                            None
+                        }
+                    };
+                    if hash == HashMode::Cached && rw.is_some() && m.len() < (1 << 20) {
+                        // A script whose shebang is rewritten is always
+                        // hashed (never cached); it is small, so hash it now
+                        // rather than in a second round trip.
+                        let (size, sha) = hash_file(abs, rw, counters).map_err(|e| {
+                            err!("Failed to read {}: {}", abs.display(), io_cause(&e))
+                        })?;
+                        Kind::File {
+                            size,
+                            mode,
+                            sha256: Some(sha),
+                            stamp: Some(FileStamp::of(&m)),
+                        }
+                    } else if hash == HashMode::Cached {
                         Kind::File {
                             size: m.len(),
                             mode,

@@ -154,7 +154,8 @@ pub struct State {
 pub fn open_for_receive(venv_root: &str, id: &str) -> Result<(PathBuf, Generation)> {
     let bad = || {
         err!(
-            hint = "this request comes only from overlay's own source agent during `apply --direct`",
+            hint =
+                "this request comes only from overlay's own source agent during `apply --direct`",
             "No prepared generation {id:?} to receive into in {venv_root}"
         )
     };
@@ -188,10 +189,9 @@ fn crash_hook() {
     if let Some(n) = std::env::var("OVERLAY_TEST_STOP_AFTER")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
+        && COUNT.fetch_add(1, Ordering::SeqCst) + 1 >= n
     {
-        if COUNT.fetch_add(1, Ordering::SeqCst) + 1 >= n {
-            std::process::exit(137);
-        }
+        std::process::exit(137);
     }
 }
 
@@ -509,10 +509,8 @@ impl State {
                             fs::create_dir_all(parent)
                                 .map_err(io(format_args!("create {}", parent.display())))?;
                         }
-                        fs::rename(&target, &backup).map_err(io(format_args!(
-                            "move {} to the backup",
-                            target.display()
-                        )))?;
+                        fs::rename(&target, &backup)
+                            .map_err(io(format_args!("move {} to the backup", target.display())))?;
                     }
                     Step::Mkdir(dir) => {
                         fs::create_dir(&dir)
@@ -1068,7 +1066,7 @@ impl Generation {
     }
 
     fn placed(&self, i: usize) -> bool {
-        self.records.iter().any(|r| *r == Record::Place { i })
+        self.records.contains(&Record::Place { i })
     }
 
     pub fn status(&self) -> Status {

@@ -187,7 +187,10 @@ impl Manifest {
                 Some(s) if s.get_ref().trim().is_empty() || s.get_ref().starts_with('-') => {
                     return Err(at(
                         s.span(),
-                        format!("host {name}: direct_ssh must be an ssh destination ([user@]host or an alias), not {:?}", s.get_ref()),
+                        format!(
+                            "host {name}: direct_ssh must be an ssh destination ([user@]host or an alias), not {:?}",
+                            s.get_ref()
+                        ),
                     ));
                 }
                 Some(s) => Some(s.into_inner()),

@@ -294,6 +294,19 @@ fn a_source_file_changed_since_the_plan_aborts_with_nothing_applied() {
 }
 
 /// Count the journal records of a complete apply.
+/// After an interrupted apply: `overlay rollback dst` (which first recovers
+/// the unfinished generation, or finds nothing to do) leaves the target
+/// exactly as `before`.
+fn rollback_restores(tb: &Testbed, before: &BTreeMap<String, String>, what: &str) {
+    let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
+    let msg = String::from_utf8_lossy(&r.stderr).into_owned();
+    assert!(
+        r.status.success() || msg.contains("Nothing to roll back"),
+        "{what}: rollback failed: {msg}"
+    );
+    assert_same(before, &snapshot(tb.host_venv_dir(1)), what);
+}
+
 fn journal_len(venv: &Path) -> usize {
     let gens = venv.join(".overlay/generations");
     let g = fs::read_dir(&gens).unwrap().next().unwrap().unwrap().path();
@@ -351,17 +364,7 @@ fn the_agent_stopping_after_any_journal_step_rolls_back_exactly() {
             .unwrap();
         assert!(!out.status.success(), "stop after {n}: apply should fail");
         // The next command finds the unfinished journal and rolls it back.
-        let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
-        let msg = String::from_utf8_lossy(&r.stderr).into_owned();
-        assert!(
-            r.status.success() || msg.contains("Nothing to roll back"),
-            "stop after {n}: rollback failed: {msg}"
-        );
-        assert_same(
-            &before,
-            &snapshot(tb.host_venv_dir(1)),
-            &format!("stop after journal step {n}"),
-        );
+        rollback_restores(&tb, &before, &format!("stop after journal step {n}"));
         points += 1;
     }
     assert!(points >= 20);
@@ -436,15 +439,9 @@ fn killing_the_controller_at_random_moments_never_loses_a_file() {
         let _ = child.kill(); // SIGKILL
         let _ = child.wait();
         // The orphaned agent may still hold the lock for a moment; rollback waits for it.
-        let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
-        let msg = String::from_utf8_lossy(&r.stderr).into_owned();
-        assert!(
-            r.status.success() || msg.contains("Nothing to roll back"),
-            "round {round} ({delay:?}): {msg}"
-        );
-        assert_same(
+        rollback_restores(
+            &tb,
             &before,
-            &snapshot(tb.host_venv_dir(1)),
             &format!("round {round}, killed after {delay:?}"),
         );
     }
@@ -481,16 +478,10 @@ fn cutting_the_ssh_connection_mid_apply_rolls_back_exactly() {
             .status();
         let _ = child.wait();
         std::thread::sleep(Duration::from_millis(200));
-        let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
-        let msg = String::from_utf8_lossy(&r.stderr).into_owned();
-        assert!(
-            r.status.success() || msg.contains("Nothing to roll back"),
-            "round {round}: {msg}"
-        );
-        assert_same(
+        rollback_restores(
+            &tb,
             &before,
-            &snapshot(tb.host_venv_dir(1)),
-            &format!("connection cut after {delay_ms} ms"),
+            &format!("round {round}: connection cut after {delay_ms} ms"),
         );
     }
 }
@@ -645,7 +636,16 @@ fn let_host_reach(tb: &Testbed, from: usize, to: usize, name: &str, trust_key: b
     if !key.exists() {
         common::run(
             Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-C", "direct-route-test", "-f"])
+                .args([
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    "direct-route-test",
+                    "-f",
+                ])
                 .arg(&key),
         );
     }
@@ -696,12 +696,22 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
 
     // Unknown host key on the source: refused before anything changes.
     let_host_reach(&tb, 0, 1, "dst-direct", false);
-    let out = tb.overlay(&["apply", "--direct", "--backup"]).output().unwrap();
+    let out = tb
+        .overlay(&["apply", "--direct", "--backup"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("could not reach the target as \"dst-direct\""), "{err}");
+    assert!(
+        err.contains("could not reach the target as \"dst-direct\""),
+        "{err}"
+    );
     assert!(err.contains("hint:"), "{err}");
-    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after a refused direct apply");
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after a refused direct apply",
+    );
 
     // Trusted: the stream goes source -> target, exactly as the relay would.
     let_host_reach(&tb, 0, 1, "dst-direct", true);
@@ -717,8 +727,19 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
     let after = snapshot(tb.host_venv_dir(1));
     for p in carried(&plan) {
         let rel = site_rel(&p);
-        assert_eq!(after.get(&rel), src_snap.get(&rel), "{rel} after apply --direct");
+        assert_eq!(
+            after.get(&rel),
+            src_snap.get(&rel),
+            "{rel} after apply --direct"
+        );
     }
-    ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
-    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after rolling back the direct apply");
+    ok(
+        tb.overlay(&["rollback", "dst"]).output().unwrap(),
+        "rollback",
+    );
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after rolling back the direct apply",
+    );
 }

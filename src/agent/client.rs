@@ -6,9 +6,8 @@ use crate::error::{Error, Result};
 use crate::transport::{self, AgentPipe, ConnectOptions, Endpoint};
 
 use super::protocol::{
-    HashMode,
-    Entry, Frame, PROTOCOL_VERSION, Progress, Request, Response, ScanReport, ShebangRewrite,
-    read_any, read_frame, write_data, write_frame,
+    Entry, Frame, HashMode, PROTOCOL_VERSION, Progress, Request, Response, ScanReport,
+    ShebangRewrite, read_any, read_frame, write_data, write_frame,
 };
 
 /// A connected agent on one host.
@@ -60,7 +59,9 @@ impl Client {
                 c.exe = exe;
                 Ok(c)
             }
-            Response::Hello { protocol, version, .. } => Err(err!(
+            Response::Hello {
+                protocol, version, ..
+            } => Err(err!(
                 hint = "the agent binary differs from this controller (is OVERLAY_AGENT_BINARY another build?); use one overlay build on both ends",
                 "The agent on {host} (overlay {version}) speaks protocol {protocol}, this controller {PROTOCOL_VERSION}"
             )),

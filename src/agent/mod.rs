@@ -174,15 +174,24 @@ impl Session {
                     timeout: Duration::from_secs(connect_timeout_secs),
                 };
                 with_progress(output, &counters, || {
-                    apply::send_direct(&venv, &files, shebang.as_ref(), compression, &req, &counters)
+                    apply::send_direct(
+                        &venv,
+                        &files,
+                        shebang.as_ref(),
+                        compression,
+                        &req,
+                        &counters,
+                    )
                 })?
-                .map(|(raw, compressed, hashes, windows, written)| Response::Sent {
-                    files: files.len() as u64,
-                    raw_bytes: raw,
-                    compressed_bytes: compressed,
-                    hashes,
-                    windows,
-                    written,
+                .map(|(raw, compressed, hashes, windows, written)| {
+                    Response::Sent {
+                        files: files.len() as u64,
+                        raw_bytes: raw,
+                        compressed_bytes: compressed,
+                        hashes,
+                        windows,
+                        written,
+                    }
                 })
             }
             Request::StagedDirect { hashes, written } => {
@@ -369,8 +378,7 @@ fn stream_in(input: &mut dyn Read, g: &Generation, host_dir: &std::path::Path) -
     let mut source_hashes: Vec<(usize, String)> = Vec::new();
     let mut bad_block = None;
     let result = std::thread::scope(|scope| {
-        let worker =
-            scope.spawn(|| apply::unpack(g, host_dir, ChannelReader::new(rx), &counters));
+        let worker = scope.spawn(|| apply::unpack(g, host_dir, ChannelReader::new(rx), &counters));
         let mut tx = Some(tx);
         loop {
             match read_any::<Request>(input) {

@@ -7,9 +7,7 @@ use std::time::Instant;
 
 use indicatif::HumanBytes;
 use overlay::agent::client::Client;
-use overlay::agent::protocol::{
-    Compression, Frame, Request, Response, SendFile, ShebangRewrite,
-};
+use overlay::agent::protocol::{Compression, Frame, Request, Response, SendFile, ShebangRewrite};
 use overlay::err;
 use overlay::error::Result;
 use overlay::journal::{GenChange, PrepareRequest};
@@ -229,14 +227,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
     let (mut raw, mut sent) = (0u64, 0u64);
     if !send.is_empty() {
         let result = match &direct {
-            None => stream(
-                global,
-                &plan,
-                &opts,
-                &mut dst,
-                send.clone(),
-                args.compress,
-            ),
+            None => stream(global, &plan, &opts, &mut dst, send.clone(), args.compress),
             Some(dest) => stream_direct(
                 global,
                 &plan,
@@ -467,7 +458,9 @@ fn stream_direct(
                 break (raw_bytes, compressed_bytes, hashes, written);
             }
             Frame::Data(_) => {
-                return Err(err!("unexpected stream data from {sname} on the direct route"));
+                return Err(err!(
+                    "unexpected stream data from {sname} on the direct route"
+                ));
             }
             Frame::Msg(other) => return Err(err!("unexpected answer from {sname}: {other:?}")),
         }

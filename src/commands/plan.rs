@@ -326,7 +326,7 @@ pub fn make_plan(
     )?;
     timing("decide");
     let problems = preflight(
-        &manifest,
+        manifest,
         sets,
         (&mut src, &src_scan, &src_host.venv),
         (&mut dst, &dst_scan, &dst_host.venv),
