@@ -85,6 +85,7 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(result["generation"].is_string(), "{result}");
     assert!(result["sent_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(result["route"], "relay", "{result}");
 
     // Every carried file is now identical to the source.
     let after = snapshot(tb.host_venv_dir(1));
@@ -724,6 +725,12 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(result["generation"].is_string(), "{result}");
     assert!(result["sent_bytes"].as_u64().unwrap() > 0, "{result}");
+    assert_eq!(result["route"], "direct", "{result}");
+    let status = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        status.contains("directly from src to \"dst-direct\""),
+        "{status}"
+    );
     let after = snapshot(tb.host_venv_dir(1));
     for p in carried(&plan) {
         let rel = site_rel(&p);

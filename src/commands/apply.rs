@@ -87,6 +87,9 @@ struct ApplyJson {
     changes: u64,
     raw_bytes: u64,
     sent_bytes: u64,
+    /// How the files travelled: "relay" (through this machine), "direct"
+    /// (source to target, `--direct`), or null when none were sent.
+    route: Option<&'static str>,
     seconds: f64,
     backup: bool,
     /// With --verify: whether the check passed.
@@ -271,9 +274,14 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
     status(
         global,
         &format!(
-            "Applied generation {generation} on {tname}: {} changes, {} files sent, {} on the wire for {} of files, in {secs:.1}s",
+            "Applied generation {generation} on {tname}: {} changes, {} files sent{}, {} on the wire for {} of files, in {secs:.1}s",
             changes.len(),
             send.len(),
+            match (&direct, send.is_empty()) {
+                (_, true) => String::new(),
+                (Some(d), false) => format!(" directly from {} to {d:?}", plan.source.name),
+                (None, false) => format!(" from {} through this machine", plan.source.name),
+            },
             HumanBytes(sent),
             HumanBytes(raw),
         ),
@@ -334,6 +342,11 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             changes: changes.len() as u64,
             raw_bytes: raw,
             sent_bytes: sent,
+            route: match (&direct, send.is_empty()) {
+                (_, true) => None,
+                (Some(_), false) => Some("direct"),
+                (None, false) => Some("relay"),
+            },
             seconds: started.elapsed().as_secs_f64(),
             backup: args.backup,
             verified: args.verify.then_some(exit == EXIT_OK),
