@@ -86,7 +86,7 @@ pub enum Request {
         shebang: Option<ShebangRewrite>,
         pycache: bool,
     },
-    /// Source side: stream these files as tar + zstd in data frames,
+    /// Source side: stream these files as a tar stream in packed data frames,
     /// checking each against the hash the plan saw while it is read.
     Send {
         venv: String,

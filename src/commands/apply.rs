@@ -360,7 +360,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
     Ok(exit)
 }
 
-/// Relay the source's tar + zstd stream to the target's staging.
+/// Relay the source's packed tar stream to the target's staging.
 fn stream(
     global: &GlobalArgs,
     plan: &Plan,
