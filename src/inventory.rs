@@ -617,55 +617,37 @@ pub fn stat(
                             None
                         }
                     };
-                    if hash == HashMode::Cached && rw.is_some() && m.len() < (1 << 20) {
-                        // A script whose shebang is rewritten is always
-                        // hashed (never cached); it is small, so hash it now
-                        // rather than in a second round trip.
-                        let (size, sha) = hash_file(abs, rw, counters).map_err(|e| {
-                            err!("Failed to read {}: {}", abs.display(), io_cause(&e))
-                        })?;
-                        Kind::File {
-                            size,
-                            mode,
-                            sha256: Some(sha),
-                            stamp: Some(FileStamp::of(&m)),
-                        }
-                    } else if hash == HashMode::Cached {
-                        Kind::File {
-                            size: m.len(),
-                            mode,
-                            sha256: cached(),
-                            stamp: Some(FileStamp::of(&m)),
-                        }
-                    } else if hash == HashMode::All {
-                        let (size, sha) = match cached() {
+                    // A script whose shebang is rewritten is always hashed,
+                    // even when only cached hashes are asked for: it is small,
+                    // and that spares a second round trip.
+                    let read = hash == HashMode::All
+                        || (hash == HashMode::Cached && rw.is_some() && m.len() < (1 << 20));
+                    let (size, sha256) = if read {
+                        match cached() {
                             Some(sha) => {
                                 counters.bytes.fetch_add(m.len(), Ordering::Relaxed);
-                                (m.len(), sha)
+                                (m.len(), Some(sha))
                             }
                             None => {
                                 let (size, sha) = hash_file(abs, rw, counters).map_err(|e| {
                                     err!("Failed to read {}: {}", abs.display(), io_cause(&e))
                                 })?;
                                 if rw.is_none() && size == m.len() {
-                                    cache.put(abs, &m, &sha.clone());
+                                    cache.put(abs, &m, &sha);
                                 }
-                                (size, sha)
+                                (size, Some(sha))
                             }
-                        };
-                        Kind::File {
-                            size,
-                            mode,
-                            sha256: Some(sha),
-                            stamp: Some(FileStamp::of(&m)),
                         }
+                    } else if hash == HashMode::Cached {
+                        (m.len(), cached())
                     } else {
-                        Kind::File {
-                            size: m.len(),
-                            mode,
-                            sha256: None,
-                            stamp: Some(FileStamp::of(&m)),
-                        }
+                        (m.len(), None)
+                    };
+                    Kind::File {
+                        size,
+                        mode,
+                        sha256,
+                        stamp: Some(FileStamp::of(&m)),
                     }
                 }
                 Ok(_) => Kind::Other,

@@ -1004,21 +1004,7 @@ impl Generation {
 
     /// Append a record and fsync before the step it names is taken.
     pub fn append(&mut self, r: Record) -> Result<()> {
-        let path = self.dir.join("journal");
-        let mut f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(io(format_args!("open {}", path.display())))?;
-        let mut line = serde_json::to_vec(&r).expect("serializes");
-        line.push(b'\n');
-        f.write_all(&line)
-            .map_err(io(format_args!("write {}", path.display())))?;
-        f.sync_data()
-            .map_err(io(format_args!("sync {}", path.display())))?;
-        self.records.push(r);
-        crash_hook();
-        Ok(())
+        self.append_all(vec![r])
     }
 
     /// After staging: check the hashes the target computed while writing

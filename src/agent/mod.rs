@@ -204,10 +204,7 @@ impl Session {
                 match r {
                     Ok((files, bytes)) => Ok(Response::Staged { files, bytes }),
                     Err(e) => {
-                        let g = self.generation.take().expect("opened");
-                        if let Some(s) = &self.state {
-                            let _ = s.discard(g);
-                        }
+                        self.discard_open();
                         Err(e)
                     }
                 }
@@ -299,6 +296,14 @@ impl Session {
         Ok(r.unwrap_or_else(Response::Error))
     }
 
+    /// Delete the open generation after a failed or abandoned stage (best
+    /// effort: the next run recovers whatever is left).
+    fn discard_open(&mut self) {
+        if let (Some(g), Some(s)) = (self.generation.take(), &self.state) {
+            let _ = s.discard(g);
+        }
+    }
+
     /// Receive the data frames of a stage. `Ok(None)`: the input ended.
     fn stage(&mut self, input: &mut dyn Read, _output: &mut dyn Write) -> Result<Option<Response>> {
         let opened = self.opened();
@@ -317,10 +322,7 @@ impl Session {
             aborted,
         } = stream_in(input, g, &host_dir);
         if ended || aborted {
-            let g = self.generation.take().expect("opened");
-            if let Some(s) = &self.state {
-                let _ = s.discard(g);
-            }
+            self.discard_open();
             return Ok(if ended { None } else { Some(Response::Aborted) });
         }
         // Files the plan had not hashed: what the target wrote must be what the source read.
@@ -336,10 +338,7 @@ impl Session {
                 Ok(Some(Response::Staged { files, bytes }))
             }
             Err(e) => {
-                let g = self.generation.take().expect("opened");
-                if let Some(s) = &self.state {
-                    let _ = s.discard(g);
-                }
+                self.discard_open();
                 Ok(Some(Response::Error(e)))
             }
         }

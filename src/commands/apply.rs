@@ -229,19 +229,22 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         .collect();
     let (mut raw, mut sent) = (0u64, 0u64);
     if !send.is_empty() {
-        let result = match &direct {
-            None => stream(global, &plan, &opts, &mut dst, send.clone(), args.compress),
-            Some(dest) => stream_direct(
-                global,
-                &plan,
-                &opts,
-                &mut dst,
-                send.clone(),
-                args.compress,
+        let route = match &direct {
+            None => Route::Relay,
+            Some(dest) => Route::Direct {
                 dest,
-                &generation,
-            ),
+                generation: &generation,
+            },
         };
+        let result = stream(
+            global,
+            &plan,
+            &opts,
+            &mut dst,
+            send.clone(),
+            args.compress,
+            route,
+        );
         match result {
             Ok((r, s)) => {
                 raw = r;
@@ -360,7 +363,17 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
     Ok(exit)
 }
 
-/// Relay the source's packed tar stream to the target's staging.
+/// How the stream gets from the source to the target's staging.
+enum Route<'a> {
+    /// Through this machine: the source's data frames are relayed to the target.
+    Relay,
+    /// `--direct`: the source streams straight to the target (see
+    /// `overlay::transport::openssh`); this machine only follows the progress.
+    Direct { dest: &'a str, generation: &'a str },
+}
+
+/// Have the source stream `files` into the target's staging by `route`.
+/// Returns the bytes of files and the bytes sent.
 fn stream(
     global: &GlobalArgs,
     plan: &Plan,
@@ -368,92 +381,52 @@ fn stream(
     dst: &mut Client,
     files: Vec<SendFile>,
     compression: Compression,
+    route: Route<'_>,
 ) -> Result<(u64, u64)> {
     let sname = plan.source.name.clone();
     let mut src = Client::connect(&sname, &endpoint(&plan.source.ssh), opts)?;
-    src.request(&Request::Send {
-        venv: plan.source.venv.clone(),
-        files,
-        shebang: Some(ShebangRewrite {
-            from: plan.source.venv.clone(),
-            to: plan.target.venv.clone(),
-        }),
-        compression,
-    })?;
-    dst.request(&Request::Stage)?;
-    let bars = HashBars::new(global.quiet);
-    let bar = bars.bar("transfer");
-    let sent = loop {
-        match src.next_frame()? {
-            Frame::Data(d) => dst.write_data(&d)?,
-            Frame::Msg(Response::Progress(p)) => {
-                bar.set_length(p.total_bytes);
-                bar.set_position(p.bytes);
-                bar.set_message(format!("{}/{} files", p.files, p.total_files));
-            }
-            Frame::Msg(Response::Sent {
-                raw_bytes,
-                compressed_bytes,
-                hashes,
-                windows,
-                ..
-            }) => {
-                print_windows(global, &windows);
-                break (raw_bytes, compressed_bytes, hashes);
-            }
-            Frame::Msg(other) => return Err(err!("unexpected answer from {sname}: {other:?}")),
+    let venv = plan.source.venv.clone();
+    let shebang = Some(ShebangRewrite {
+        from: plan.source.venv.clone(),
+        to: plan.target.venv.clone(),
+    });
+    let relay = matches!(route, Route::Relay);
+    match route {
+        Route::Relay => {
+            src.request(&Request::Send {
+                venv,
+                files,
+                shebang,
+                compression,
+            })?;
+            dst.request(&Request::Stage)?;
         }
-    };
-    bar.finish_and_clear();
-    let (raw, compressed, hashes) = sent;
-    let sent = (raw, compressed);
-    dst.request(&Request::EndData { hashes })?;
-    match dst.response(&mut |_| {})? {
-        Response::Staged { .. } => {}
-        other => {
-            return Err(err!(
-                "unexpected answer from {}: {other:?}",
-                plan.target.name
-            ));
-        }
+        Route::Direct { dest, generation } => src.request(&Request::SendDirect {
+            venv,
+            files,
+            shebang,
+            compression,
+            ssh: dest.to_string(),
+            agent: dst.agent_exe().to_string(),
+            target_venv: plan.target.venv.clone(),
+            generation: generation.to_string(),
+            connect_timeout_secs: opts.timeout.as_secs(),
+        })?,
     }
-    src.close()?;
-    Ok(sent)
-}
-
-/// `--direct`: the source streams straight to the target (see
-/// `overlay::transport::openssh`); this machine only follows the progress.
-#[allow(clippy::too_many_arguments)]
-fn stream_direct(
-    global: &GlobalArgs,
-    plan: &Plan,
-    opts: &overlay::transport::ConnectOptions,
-    dst: &mut Client,
-    files: Vec<SendFile>,
-    compression: Compression,
-    dest: &str,
-    generation: &str,
-) -> Result<(u64, u64)> {
-    let sname = plan.source.name.clone();
-    let mut src = Client::connect(&sname, &endpoint(&plan.source.ssh), opts)?;
-    src.request(&Request::SendDirect {
-        venv: plan.source.venv.clone(),
-        files,
-        shebang: Some(ShebangRewrite {
-            from: plan.source.venv.clone(),
-            to: plan.target.venv.clone(),
-        }),
-        compression,
-        ssh: dest.to_string(),
-        agent: dst.agent_exe().to_string(),
-        target_venv: plan.target.venv.clone(),
-        generation: generation.to_string(),
-        connect_timeout_secs: opts.timeout.as_secs(),
-    })?;
     let bars = HashBars::new(global.quiet);
-    let bar = bars.bar("transfer (direct)");
+    let bar = bars.bar(if relay {
+        "transfer"
+    } else {
+        "transfer (direct)"
+    });
     let (raw, compressed, hashes, written) = loop {
         match src.next_frame()? {
+            Frame::Data(d) if relay => dst.write_data(&d)?,
+            Frame::Data(_) => {
+                return Err(err!(
+                    "unexpected stream data from {sname} on the direct route"
+                ));
+            }
             Frame::Msg(Response::Progress(p)) => {
                 bar.set_length(p.total_bytes);
                 bar.set_position(p.bytes);
@@ -470,16 +443,18 @@ fn stream_direct(
                 print_windows(global, &windows);
                 break (raw_bytes, compressed_bytes, hashes, written);
             }
-            Frame::Data(_) => {
-                return Err(err!(
-                    "unexpected stream data from {sname} on the direct route"
-                ));
-            }
             Frame::Msg(other) => return Err(err!("unexpected answer from {sname}: {other:?}")),
         }
     };
     bar.finish_and_clear();
-    match dst.call(&Request::StagedDirect { hashes, written }, &mut |_| {})? {
+    // The relay's end of stream, or the direct route's report of what it staged.
+    let staged = if relay {
+        dst.request(&Request::EndData { hashes })?;
+        dst.response(&mut |_| {})?
+    } else {
+        dst.call(&Request::StagedDirect { hashes, written }, &mut |_| {})?
+    };
+    match staged {
         Response::Staged { .. } => {}
         other => {
             return Err(err!(
