@@ -30,15 +30,13 @@ use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicI32};
 use std::sync::{Mutex, mpsc};
 
-use sha2::{Digest, Sha256};
-
 use crate::agent::protocol::{
     Compression, FileStamp, Kind, Progress, Response, SendFile, ShebangRewrite, write_data_parts,
     write_frame,
 };
 use crate::err;
 use crate::error::{Result, io_cause};
-use crate::inventory::{Counters, Venv, hex, rewrite_shebang};
+use crate::inventory::{Counters, Venv, rewrite_shebang};
 use crate::journal::{Generation, free_bytes};
 use crate::plan::Action;
 
@@ -312,7 +310,7 @@ pub fn unpack_block(
 /// and few hasher calls.
 struct HashingReader<'b, R> {
     inner: R,
-    hasher: Sha256,
+    hasher: blake3::Hasher,
     buf: &'b mut [u8],
     pos: usize,
     len: usize,
@@ -334,7 +332,7 @@ impl<R: Read> Read for HashingReader<'_, R> {
 }
 
 /// Source side: write the files as a tar stream in packed data frames to
-/// `out`. Returns the bytes of files, the bytes sent, the sha256 of each
+/// `out`. Returns the bytes of files, the bytes sent, the blake3 of each
 /// file, and with `Auto` the tuner's log.
 pub fn send(
     venv_root: &str,
@@ -570,11 +568,11 @@ fn read_files(
             Kind::File {
                 size,
                 mode,
-                sha256,
+                blake3,
                 stamp,
             } => {
                 // Unhashed in the plan: the stamp must be as the plan saw it.
-                if !meta.is_file() || (sha256.is_none() && *stamp != Some(FileStamp::of(&meta))) {
+                if !meta.is_file() || (blake3.is_none() && *stamp != Some(FileStamp::of(&meta))) {
                     return Err(changed());
                 }
                 h.set_entry_type(tar::EntryType::Regular);
@@ -596,23 +594,23 @@ fn read_files(
                         }
                         tar.append_data(&mut h, &name, &content[..])
                             .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
-                        hex(&Sha256::digest(&content))
+                        blake3::hash(&content).to_hex().to_string()
                     } else {
                         if meta.len() != *size {
                             return Err(changed());
                         }
                         let mut r = HashingReader {
                             inner: file.take(*size),
-                            hasher: Sha256::new(),
+                            hasher: blake3::Hasher::new(),
                             buf: &mut read_buf,
                             pos: 0,
                             len: 0,
                         };
                         tar.append_data(&mut h, &name, &mut r)
                             .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
-                        hex(&r.hasher.finalize())
+                        r.hasher.finalize().to_hex().to_string()
                     };
-                match sha256 {
+                match blake3 {
                     Some(want) if *want != digest => return Err(changed()),
                     // Read while something wrote to it: the stamp moved.
                     None if fs::symlink_metadata(&abs).map(|m| FileStamp::of(&m)).ok()
@@ -729,7 +727,7 @@ pub fn unpack(
     })
 }
 
-/// A staged file: its change index, the sha256 written, and its stamp.
+/// A staged file: its change index, the blake3 written, and its stamp.
 pub type Written = (usize, String, FileStamp);
 
 fn unpack_into(
@@ -795,7 +793,7 @@ fn unpack_into(
             }
             (
                 Some(Kind::File {
-                    size, mode, sha256, ..
+                    size, mode, blake3, ..
                 }),
                 tar::EntryType::Regular,
             ) => {
@@ -805,7 +803,7 @@ fn unpack_into(
                     .mode(0o600)
                     .open(&dest)
                     .map_err(|e| stage_error(&dest, e, host_dir, g))?;
-                let mut hasher = Sha256::new();
+                let mut hasher = blake3::Hasher::new();
                 let mut n_total = 0u64;
                 loop {
                     let n = entry
@@ -820,11 +818,11 @@ fn unpack_into(
                     n_total += n as u64;
                     counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
-                let digest = hex(&hasher.finalize());
-                if n_total != *size || sha256.as_ref().is_some_and(|want| *want != digest) {
+                let digest = hasher.finalize().to_hex().to_string();
+                if n_total != *size || blake3.as_ref().is_some_and(|want| *want != digest) {
                     return Err(err!(
                         hint = "run `overlay apply` again; if it repeats, check the source file and the network",
-                        "{} arrived damaged (sha256 {digest}, {n_total} bytes; the plan says {} bytes)",
+                        "{} arrived damaged (blake3 {digest}, {n_total} bytes; the plan says {} bytes)",
                         c.path,
                         size
                     ));

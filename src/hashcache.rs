@@ -62,7 +62,7 @@ impl<V> Default for Store<V> {
 }
 
 /// File magic and format version.
-const MAGIC: &[u8; 8] = b"OVLCACH2";
+const MAGIC: &[u8; 8] = b"OVLCACH3";
 
 impl<V> Store<V> {
     /// `MAGIC`, then per entry: path length (u32 LE), path, dev, ino, size

@@ -1,7 +1,7 @@
 //! What is installed in a venv, read on the host that has it: the
 //! interpreter version, site-packages, every distribution with the files its
 //! `*.dist-info/RECORD` lists, files matching globs, and per-path stat and
-//! sha256 (hashed on all cores). This runs inside the agent; only the results
+//! blake3 (hashed on all cores). This runs inside the agent; only the results
 //! cross the network.
 //!
 //! Every path that comes from a RECORD, a glob or a request is checked
@@ -14,7 +14,6 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
-use sha2::{Digest, Sha256};
 
 use crate::agent::protocol::{
     Dist, Entry, Facts, FileStamp, HashMode, Kind, ScanReport, ShebangRewrite,
@@ -468,7 +467,7 @@ pub fn rewrite_shebang(content: &[u8], rw: &ShebangRewrite) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Hash a file, optionally with its shebang rewritten. Returns (size, sha256 hex).
+/// Hash a file, optionally with its shebang rewritten. Returns (size, blake3 hex).
 pub fn hash_file(
     path: &Path,
     shebang: Option<&ShebangRewrite>,
@@ -488,7 +487,7 @@ fn hash_file_with(
     buf: &mut [u8],
 ) -> std::io::Result<(u64, String)> {
     let mut f = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
+    let mut hasher = blake3::Hasher::new();
     let mut size = 0u64;
     let mut first = true;
     loop {
@@ -512,7 +511,7 @@ fn hash_file_with(
         size += n as u64;
         counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
     }
-    Ok((size, hex(&hasher.finalize())))
+    Ok((size, hasher.finalize().to_hex().to_string()))
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -622,7 +621,7 @@ pub fn stat(
                     // and that spares a second round trip.
                     let read = hash == HashMode::All
                         || (hash == HashMode::Cached && rw.is_some() && m.len() < (1 << 20));
-                    let (size, sha256) = if read {
+                    let (size, blake3) = if read {
                         match cached() {
                             Some(sha) => {
                                 counters.bytes.fetch_add(m.len(), Ordering::Relaxed);
@@ -646,7 +645,7 @@ pub fn stat(
                     Kind::File {
                         size,
                         mode,
-                        sha256,
+                        blake3,
                         stamp: Some(FileStamp::of(&m)),
                     }
                 }

@@ -131,7 +131,18 @@ pub struct Meta {
     pub target: String,
     pub plan_created: u64,
     pub backup: bool,
+    /// The content hash of every digest in this generation. Generations
+    /// from before BLAKE3 have none recorded and used sha256.
+    #[serde(default = "sha256_name")]
+    pub digest: String,
     pub changes: Vec<GenChange>,
+}
+
+/// The content hash this version writes and checks.
+pub const DIGEST: &str = "blake3";
+
+fn sha256_name() -> String {
+    "sha256".into()
 }
 
 /// The `.overlay` state of one venv, locked for the lifetime of this value.
@@ -331,7 +342,7 @@ impl State {
         let hashed: Vec<bool> = req
             .changes
             .iter()
-            .map(|c| c.bytecode || c.target.as_ref().is_some_and(|t| t.sha256().is_some()))
+            .map(|c| c.bytecode || c.target.as_ref().is_some_and(|t| t.digest().is_some()))
             .collect();
         let now_entries = stat_mixed(
             &req.venv,
@@ -419,6 +430,7 @@ impl State {
             target: req.target.clone(),
             plan_created: req.plan_created,
             backup: req.backup,
+            digest: DIGEST.into(),
             changes: req.changes.clone(),
         };
         write_synced(
@@ -638,6 +650,15 @@ impl State {
         if g.status() == Status::RolledBack {
             return Ok(out);
         }
+        if g.meta.digest != DIGEST {
+            return Err(err!(
+                hint = "roll it back with the overlay version that applied it (its agent stays in ~/.cache/overlay on the host)",
+                "Generation {} in {} records {} digests; this overlay checks {DIGEST} and cannot verify it",
+                g.meta.id,
+                self.root.display(),
+                g.meta.digest
+            ));
+        }
         if g.status() == Status::Complete && !g.meta.backup {
             return Err(err!(
                 hint = "only generations applied with --backup can be rolled back",
@@ -702,7 +723,7 @@ impl State {
                     if !lexists(&staged) && lexists(&target) {
                         // A file edited since the apply is kept (in undone/), never lost.
                         if let Some(Kind::File {
-                            sha256: Some(want), ..
+                            blake3: Some(want), ..
                         }) = &c.source
                         {
                             let now =
@@ -776,7 +797,7 @@ impl State {
         let before: Vec<Entry> =
             serde_json::from_slice(&text).map_err(|e| err!("before.json is damaged: {e}"))?;
         let paths: Vec<String> = before.iter().map(|e| e.path.clone()).collect();
-        let hashed: Vec<bool> = before.iter().map(|e| e.kind.sha256().is_some()).collect();
+        let hashed: Vec<bool> = before.iter().map(|e| e.kind.digest().is_some()).collect();
         let now = stat_mixed(&self.venv.root.to_string_lossy(), &paths, &hashed, counters)?;
         let bad: Vec<&str> = before
             .iter()
@@ -1027,18 +1048,18 @@ impl Generation {
                 .ok_or_else(|| err!("no change {i} in the generation"))?;
             c.staged = Some(*stamp);
             changed = true;
-            if let Some(Kind::File { sha256, .. }) = &mut c.source
-                && sha256.is_none()
+            if let Some(Kind::File { blake3, .. }) = &mut c.source
+                && blake3.is_none()
             {
                 if source.get(i).copied() != Some(digest.as_str()) {
                     return Err(err!(
                         hint = "run `overlay apply` again; if it repeats, check the network and the source disk",
-                        "{} arrived damaged: the target wrote sha256 {digest}, the source read {}",
+                        "{} arrived damaged: the target wrote blake3 {digest}, the source read {}",
                         c.path,
                         source.get(i).copied().unwrap_or("nothing")
                     ));
                 }
-                *sha256 = Some(digest.clone());
+                *blake3 = Some(digest.clone());
                 changed = true;
             }
         }

@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::manifest::{Set, matches_any};
 
 /// Version of the saved plan format.
-pub const PLAN_FORMAT: u32 = 1;
+pub const PLAN_FORMAT: u32 = 2;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Plan {
@@ -485,7 +485,7 @@ mod tests {
         Kind::File {
             size,
             mode: 0o644,
-            sha256: Some(sha.into()),
+            blake3: Some(sha.into()),
             stamp: None,
         }
     }
@@ -655,7 +655,7 @@ mod tests {
                 Kind::File {
                     size: 1,
                     mode: 0o755,
-                    sha256: Some("h".into()),
+                    blake3: Some("h".into()),
                     stamp: None,
                 },
             ),

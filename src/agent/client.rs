@@ -135,17 +135,42 @@ impl Client {
         pycache: bool,
         on_progress: &mut dyn FnMut(Progress),
     ) -> Result<Vec<Entry>> {
-        self.send(&Request::Stat {
+        let req = Request::Stat {
             venv: venv.to_string(),
             paths,
             hash,
             shebang,
             pycache,
-        })?;
+        };
+        self.send(&req)?;
+        let Request::Stat { paths, .. } = req else {
+            unreachable!()
+        };
         loop {
             match self.recv()? {
                 Response::Progress(p) => on_progress(p),
-                Response::Stat { entries } => return Ok(entries),
+                Response::Stat { entries } => {
+                    if entries.len() != paths.len() {
+                        return Err(err!(
+                            "The agent on {} answered a stat of {} paths with {} entries",
+                            self.host,
+                            paths.len(),
+                            entries.len()
+                        ));
+                    }
+                    return paths
+                        .into_iter()
+                        .zip(entries)
+                        .map(|(p, e)| {
+                            e.into_entry(p).ok_or_else(|| {
+                                err!(
+                                    "The agent on {} sent a stat entry of an unknown kind",
+                                    self.host
+                                )
+                            })
+                        })
+                        .collect();
+                }
                 other => {
                     return Err(err!(
                         "The agent on {} answered a stat with {other:?}",

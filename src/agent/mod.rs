@@ -129,7 +129,12 @@ impl Session {
             } => with_progress(output, &counters, || {
                 inventory::stat(&venv, &paths, hash, shebang.as_ref(), pycache, &counters)
             })?
-            .map(|entries| Response::Stat { entries }),
+            .map(|entries| Response::Stat {
+                entries: entries
+                    .into_iter()
+                    .map(protocol::StatEntry::from_entry)
+                    .collect(),
+            }),
             Request::Send {
                 venv,
                 files,

@@ -264,7 +264,7 @@ pub fn make_plan(
             .filter(|p| {
                 matches!(
                     entries.get(*p).map(|e| &e.kind),
-                    Some(Kind::File { sha256: None, .. })
+                    Some(Kind::File { blake3: None, .. })
                 )
             })
             .cloned()
