@@ -230,6 +230,44 @@ fn without_backup_the_old_files_are_dropped_and_rollback_says_why() {
 }
 
 #[test]
+fn a_generation_from_the_sha256_era_is_refused_by_rollback_and_nothing_changes() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SETS);
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
+    ok(
+        tb.overlay(&["apply", "--backup"]).output().unwrap(),
+        "apply",
+    );
+    // What an overlay before BLAKE3 wrote: no `digest` in meta.json.
+    let gens = tb.host_venv_dir(1).join(".overlay/generations");
+    let generation = std::fs::read_dir(&gens)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let meta_path = generation.join("meta.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&meta_path).unwrap()).unwrap();
+    assert_eq!(meta["digest"], "blake3");
+    meta.as_object_mut().unwrap().remove("digest");
+    std::fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
+    let before = snapshot(tb.host_venv_dir(1));
+    let out = tb.overlay(&["rollback", "dst"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sha256") && err.contains("hint:"), "{err}");
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after the refused rollback",
+    );
+}
+
+#[test]
 fn a_drifted_target_is_refused_and_nothing_changes() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);

@@ -23,12 +23,12 @@ pub fn resolve(
     host: Option<&str>,
     plan: &Path,
 ) -> Result<(String, Endpoint, String)> {
-    if global.manifest.exists() || host.is_some_and(|_| !plan.exists()) {
-        if let Some(name) = host {
-            let m = Manifest::load(&global.manifest)?;
-            let h = m.host(name)?;
-            return Ok((h.name.clone(), h.endpoint.clone(), h.venv.clone()));
-        }
+    if (global.manifest.exists() || !plan.exists())
+        && let Some(name) = host
+    {
+        let m = Manifest::load(&global.manifest)?;
+        let h = m.host(name)?;
+        return Ok((h.name.clone(), h.endpoint.clone(), h.venv.clone()));
     }
     let p = load_plan(plan).map_err(|e| {
         e.hint("name the host (e.g. `overlay history HOST`) with a manifest that defines it, or run from where `overlay plan` saved its plan")
@@ -113,8 +113,8 @@ pub fn history(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
         return Ok(EXIT_OK);
     }
     println!(
-        "{:<22} {:<20} {:<12} {:>6} {:>8} {:>7} {:>10} {:>10}  {}",
-        "ID", "TIME (UTC)", "STATUS", "ADD", "REPLACE", "DELETE", "NEW", "BACKUP", "FROM"
+        "{:<22} {:<20} {:<12} {:>6} {:>8} {:>7} {:>10} {:>10}  FROM",
+        "ID", "TIME (UTC)", "STATUS", "ADD", "REPLACE", "DELETE", "NEW", "BACKUP"
     );
     for g in &generations {
         let status = serde_json::to_value(g.status)
