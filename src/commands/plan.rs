@@ -331,6 +331,7 @@ pub fn make_plan(
         (&mut src, &src_scan, &src_host.venv),
         (&mut dst, &dst_scan, &dst_host.venv),
         &set_plans,
+        &timing,
     )?;
     timing("preflight");
     let _ = both(|| src.close(), || dst.close());
@@ -356,6 +357,7 @@ fn preflight(
     (src, src_scan, src_venv): (&mut Client, &ScanReport, &str),
     (dst, dst_scan, dst_venv): (&mut Client, &ScanReport, &str),
     set_plans: &[overlay::plan::SetPlan],
+    timing: &dyn Fn(&str),
 ) -> Result<Vec<Problem>> {
     let mut deleted: HashSet<&str> = HashSet::new();
     let mut placed: Vec<&str> = Vec::new();
@@ -409,6 +411,7 @@ fn preflight(
             other => return Err(err!("unexpected answer from {}: {other:?}", src.host)),
         }
     };
+    timing(&format!("preflight: requirements, and ELF facts of {} shared objects", shared.len()));
     let ld_library_path: Vec<String> = manifest
         .verify
         .as_ref()
