@@ -534,21 +534,30 @@ pub fn stat(
     counters: &Counters,
 ) -> Result<Vec<Entry>> {
     let venv = Venv::open(venv_root)?;
-    let cache = match hash {
-        HashMode::None => crate::hashcache::HashCache::disabled(),
-        _ => crate::hashcache::HashCache::open(&venv.root),
-    };
     let bin_prefix = "bin/";
-    // First pass: lstat everything, so progress knows the totals.
-    let mut resolved = Vec::with_capacity(paths.len());
-    for p in paths {
-        let (abs, rel) = venv.resolve(p)?;
-        resolved.push((p, abs, rel));
-    }
-    let metas: Vec<_> = resolved
-        .par_iter()
-        .map(|(_, abs, _)| std::fs::symlink_metadata(abs))
-        .collect();
+    // First pass: lstat everything, so progress knows the totals; the hash
+    // cache loads meanwhile.
+    let (cache, resolved, metas) = std::thread::scope(|s| {
+        let cache = s.spawn(|| match hash {
+            HashMode::None => crate::hashcache::HashCache::disabled(),
+            _ => crate::hashcache::HashCache::open(&venv.root),
+        });
+        let lstat = || -> Result<_> {
+            let mut resolved = Vec::with_capacity(paths.len());
+            for p in paths {
+                let (abs, rel) = venv.resolve(p)?;
+                resolved.push((p, abs, rel));
+            }
+            let metas: Vec<_> = resolved
+                .par_iter()
+                .map(|(_, abs, _)| std::fs::symlink_metadata(abs))
+                .collect();
+            Ok((resolved, metas))
+        };
+        let r = lstat();
+        let cache = cache.join().expect("the cache loader panicked");
+        r.map(|(resolved, metas)| (cache, resolved, metas))
+    })?;
     let total: u64 = metas
         .iter()
         .flatten()

@@ -276,13 +276,15 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
             stale_bytecode: Vec::new(),
         };
         let mut stale = BTreeSet::new();
+        // The target's distributions in this set, matched once (not per path).
+        let in_set: BTreeSet<&str> = dm.dists.iter().map(|d| d.normalized.as_str()).collect();
         // Target distributions outside this set that own `path`, as "name version".
         let foreign_owners = |path: &str| -> Vec<String> {
             owners
                 .get(path)
                 .into_iter()
                 .flatten()
-                .filter(|d| !matches_any(&set.dists, &d.normalized))
+                .filter(|d| !in_set.contains(d.normalized.as_str()))
                 .map(|d| format!("{} {}", d.name, d.version))
                 .collect()
         };

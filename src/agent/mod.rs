@@ -450,14 +450,17 @@ fn with_progress<T: Send>(
     work: impl FnOnce() -> T + Send,
 ) -> Result<T> {
     std::thread::scope(|scope| {
-        let handle = scope.spawn(work);
-        let mut last = std::time::Instant::now();
-        while !handle.is_finished() {
-            std::thread::sleep(Duration::from_millis(20));
-            if handle.is_finished() || last.elapsed() < Duration::from_millis(200) {
-                continue;
-            }
-            last = std::time::Instant::now();
+        // The worker says when it is done, so the answer goes out at once
+        // (not at the next poll); until then, progress every 200 ms.
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let handle = scope.spawn(move || {
+            let out = work();
+            let _ = done_tx.send(());
+            out
+        });
+        while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            done_rx.recv_timeout(Duration::from_millis(200))
+        {
             let p = Progress {
                 files: counters.files.load(Ordering::Relaxed),
                 bytes: counters.bytes.load(Ordering::Relaxed),

@@ -201,12 +201,15 @@ pub fn make_plan(
     plan::check_python(&source, &target)?;
 
     // Which paths each side must describe.
-    let mut src_paths = BTreeSet::new();
-    let mut dst_paths = BTreeSet::new();
-    for set in sets {
-        src_paths.extend(plan::members(set, &src_scan, &globs).paths);
-        dst_paths.extend(plan::members(set, &dst_scan, &globs).paths);
-    }
+    // (Both at once: the agents are idle until this is done.)
+    let paths_of = |scan: &ScanReport| -> BTreeSet<String> {
+        let mut paths = BTreeSet::new();
+        for set in sets {
+            paths.extend(plan::members(set, scan, &globs).paths);
+        }
+        paths
+    };
+    let (src_paths, mut dst_paths) = both(|| paths_of(&src_scan), || paths_of(&dst_scan));
     dst_paths.extend(src_paths.iter().cloned());
 
     let shebang = ShebangRewrite {
@@ -411,7 +414,10 @@ fn preflight(
             other => return Err(err!("unexpected answer from {}: {other:?}", src.host)),
         }
     };
-    timing(&format!("preflight: requirements, and ELF facts of {} shared objects", shared.len()));
+    timing(&format!(
+        "preflight: requirements, and ELF facts of {} shared objects",
+        shared.len()
+    ));
     let ld_library_path: Vec<String> = manifest
         .verify
         .as_ref()

@@ -37,7 +37,7 @@ pub struct Problem {
 }
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::Result;
 use crate::inventory::Venv;
@@ -83,6 +83,43 @@ pub fn looks_shared(path: &str) -> bool {
     name.ends_with(".so") || name.contains(".so.")
 }
 
+/// The shared objects of site-packages that the overlay neither places nor
+/// deletes, as (path relative to site-packages, path), in path order. The
+/// top-level entries are walked in parallel: this walk covers every file of
+/// the venv, and it is most of a warm plan's preflight.
+fn staying_objects(
+    site: &Path,
+    placed: &HashSet<&str>,
+    deleted: &HashSet<&str>,
+) -> Vec<(String, PathBuf)> {
+    use rayon::prelude::*;
+    let tops: Vec<PathBuf> = std::fs::read_dir(site)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let mut out: Vec<(String, PathBuf)> = tops
+        .par_iter()
+        .flat_map_iter(|top| {
+            walkdir::WalkDir::new(top)
+                .follow_links(false)
+                .follow_root_links(false)
+                .into_iter()
+                .filter_entry(|e| e.file_name() != "__pycache__")
+                .flatten()
+                .filter(|e| e.file_type().is_file())
+                .filter_map(|e| {
+                    let rel = e.path().strip_prefix(site).ok()?.to_str()?.to_string();
+                    (looks_shared(&rel)
+                        && !placed.contains(rel.as_str())
+                        && !deleted.contains(rel.as_str()))
+                    .then(|| (rel, e.into_path()))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// ELF facts of files in a venv (source side), `None` for non-ELF files.
 pub fn elf_infos(venv_root: &str, paths: &[String]) -> Result<Vec<Option<ElfInfo>>> {
     let venv = Venv::open(venv_root)?;
@@ -115,12 +152,19 @@ pub fn run_on_target(req: &PreflightRequest) -> Result<PreflightReport> {
     ));
     let mut view = OverlayView::with_cache(cache.clone());
     let mut placed_objects = Vec::new();
-    for (rel, info) in &req.placed {
-        let p = abs(rel)?;
-        if let Some(old) = elf::read_elf(&p).ok().flatten() {
+    // What a placed or deleted shared object was (read through the cache):
+    // its soname and file name are what staying objects may need.
+    let mut was = |p: &Path, rel: &str, view: &mut OverlayView| {
+        if looks_shared(rel)
+            && let Some(old) = view.elf(p)
+        {
             disturbed.extend(old.soname.clone());
             disturbed.extend(p.file_name().map(|n| n.to_string_lossy().into_owned()));
         }
+    };
+    for (rel, info) in &req.placed {
+        let p = abs(rel)?;
+        was(&p, rel, &mut view);
         if info.is_some() {
             placed_objects.push((rel.clone(), p.clone()));
         }
@@ -128,10 +172,7 @@ pub fn run_on_target(req: &PreflightRequest) -> Result<PreflightReport> {
     }
     for rel in &req.deleted {
         let p = abs(rel)?;
-        if let Some(old) = elf::read_elf(&p).ok().flatten() {
-            disturbed.extend(old.soname.clone());
-            disturbed.extend(p.file_name().map(|n| n.to_string_lossy().into_owned()));
-        }
+        was(&p, rel, &mut view);
         view.set(p, None);
     }
 
@@ -140,31 +181,8 @@ pub fn run_on_target(req: &PreflightRequest) -> Result<PreflightReport> {
     let deleted_set: HashSet<&str> = req.deleted.iter().map(String::as_str).collect();
     let mut report = PreflightReport::default();
     let mut roots: Vec<(String, PathBuf)> = placed_objects;
-    for e in walkdir::WalkDir::new(&site)
-        .follow_links(false)
-        .into_iter()
-        .filter_entry(|e| e.file_name() != "__pycache__")
-        .flatten()
-    {
-        if !e.file_type().is_file() {
-            continue;
-        }
-        let Some(rel) = e
-            .path()
-            .strip_prefix(&site)
-            .ok()
-            .and_then(|r| r.to_str())
-            .map(str::to_string)
-        else {
-            continue;
-        };
-        if !looks_shared(&rel)
-            || placed_set.contains(rel.as_str())
-            || deleted_set.contains(rel.as_str())
-        {
-            continue;
-        }
-        let Some(info) = view.elf(e.path()) else {
+    for (rel, path) in staying_objects(&site, &placed_set, &deleted_set) {
+        let Some(info) = view.elf(&path) else {
             continue;
         };
         let majors = cudart_majors(&info);
@@ -173,7 +191,7 @@ pub fn run_on_target(req: &PreflightRequest) -> Result<PreflightReport> {
         }
         // A staying object is checked when it links to something the overlay disturbs.
         if info.needed.iter().any(|n| disturbed.contains(n)) {
-            roots.push((rel, e.path().to_path_buf()));
+            roots.push((rel, path));
         }
     }
     for (rel, info) in &req.placed {
