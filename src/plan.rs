@@ -126,9 +126,9 @@ pub struct Side<'a> {
 pub struct Members<'a> {
     pub dists: Vec<&'a Dist>,
     /// Paths owned by the set's distributions.
-    pub dist_paths: BTreeSet<String>,
+    pub dist_paths: BTreeSet<&'a str>,
     /// All paths: distribution files plus glob matches.
-    pub paths: BTreeSet<String>,
+    pub paths: BTreeSet<&'a str>,
 }
 
 /// The set's members on a host (from its scan; entries not needed).
@@ -138,11 +138,14 @@ pub fn members<'a>(set: &Set, scan: &'a ScanReport, globs: &[String]) -> Members
         .iter()
         .filter(|d| matches_any(&set.dists, &d.normalized))
         .collect();
-    let dist_paths: BTreeSet<String> = dists.iter().flat_map(|d| d.files.iter().cloned()).collect();
+    let dist_paths: BTreeSet<&str> = dists
+        .iter()
+        .flat_map(|d| d.files.iter().map(String::as_str))
+        .collect();
     let mut paths = dist_paths.clone();
     for g in &set.files {
         if let Some(i) = globs.iter().position(|x| x == g) {
-            paths.extend(scan.globs.get(i).into_iter().flatten().cloned());
+            paths.extend(scan.globs.get(i).into_iter().flatten().map(String::as_str));
         }
     }
     Members {
@@ -257,14 +260,14 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
     // Every path some set carries from the source: never deleted by another set.
     let mut all_source: BTreeSet<&str> = BTreeSet::new();
     for m in &src_members {
-        for p in &m.paths {
+        for &p in &m.paths {
             if src.entries.get(p).is_some_and(|e| e.kind.exists()) {
                 all_source.insert(p);
             }
         }
     }
 
-    let mut claimed: HashMap<String, String> = HashMap::new();
+    let mut claimed: HashMap<&str, &str> = HashMap::new();
     let mut out = Vec::new();
     for ((set, sm), dm) in sets.iter().zip(&src_members).zip(&dst_members) {
         let mut plan = SetPlan {
@@ -308,7 +311,7 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
             });
         };
 
-        for path in &sm.paths {
+        for &path in &sm.paths {
             let Some(s) = src.entries.get(path) else {
                 continue;
             };
@@ -351,7 +354,7 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
                 );
                 continue;
             }
-            claimed.insert(path.clone(), set.name.clone());
+            claimed.insert(path, &set.name);
             let t = dst
                 .entries
                 .get(path)
@@ -366,7 +369,7 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
                 }
                 Some(_) => Action::Replace,
             };
-            if sm.dist_paths.contains(path) {
+            if sm.dist_paths.contains(&path) {
                 let foreign = foreign_owners(path);
                 if !foreign.is_empty() && t.is_some() {
                     warn(
@@ -384,7 +387,7 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
             record(&mut plan, path, action, s.kind.size(), Some(&s.kind), t);
         }
 
-        for path in dm.paths.difference(&sm.paths) {
+        for &path in dm.paths.difference(&sm.paths) {
             let Some(t) = dst
                 .entries
                 .get(path)
@@ -393,7 +396,7 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
             else {
                 continue;
             };
-            if all_source.contains(path.as_str()) {
+            if all_source.contains(path) {
                 continue; // another set carries this path from the source
             }
             let foreign = foreign_owners(path);
@@ -413,7 +416,7 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
             if claimed.contains_key(path) {
                 continue;
             }
-            claimed.insert(path.clone(), set.name.clone());
+            claimed.insert(path, &set.name);
             record(&mut plan, path, Action::Delete, t.size(), None, Some(t));
         }
         plan.changes.sort_by(|a, b| a.path.cmp(&b.path));

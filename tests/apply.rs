@@ -50,6 +50,31 @@ fn carried(plan: &serde_json::Value) -> Vec<String> {
     v
 }
 
+/// Every path the plan carries is now as on the source (`src`, a snapshot):
+/// byte for byte, or, for a `bin/` script between venvs at different paths,
+/// with its shebang naming the target venv.
+fn assert_carried(
+    tb: &Testbed,
+    plan: &serde_json::Value,
+    src: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+    what: &str,
+) {
+    let moved = tb.hosts[0].venv != tb.hosts[1].venv;
+    for p in carried(plan) {
+        let rel = site_rel(&p);
+        if moved && rel.starts_with("bin/") {
+            let text = fs::read_to_string(tb.host_venv_dir(1).join(&rel)).unwrap();
+            assert!(
+                text.starts_with(&format!("#!{}/bin/", tb.hosts[1].venv)),
+                "{rel} {what}: {text}"
+            );
+            continue;
+        }
+        assert_eq!(after.get(&rel), src.get(&rel), "{rel} {what}");
+    }
+}
+
 fn site_rel(p: &str) -> String {
     // RECORD-style path relative to site-packages -> relative to the venv.
     let mut parts: Vec<&str> = common::SITE.split('/').collect();
@@ -89,14 +114,7 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
 
     // Every carried file is now identical to the source.
     let after = snapshot(tb.host_venv_dir(1));
-    for p in &carried {
-        let rel = site_rel(p);
-        assert_eq!(
-            after.get(&rel),
-            src_snap.get(&rel),
-            "{rel} differs from the source after apply"
-        );
-    }
+    assert_carried(&tb, &plan, &src_snap, &after, "after apply");
     // Deleted paths are gone, and no old dist-info is left behind.
     assert!(
         !after
@@ -431,19 +449,7 @@ fn an_interrupted_switch_can_be_resumed() {
         "apply --resume",
     );
     let after = snapshot(tb.host_venv_dir(1));
-    for p in carried(&plan) {
-        let rel = site_rel(&p);
-        if rel.starts_with("bin/") {
-            // Local hosts have different venv paths: the shebang was rewritten.
-            let text = fs::read_to_string(tb.host_venv_dir(1).join(&rel)).unwrap();
-            assert!(
-                text.starts_with(&format!("#!{}/bin/", tb.hosts[1].venv)),
-                "{rel}: {text}"
-            );
-            continue;
-        }
-        assert_eq!(after.get(&rel), src.get(&rel), "{rel} after resume");
-    }
+    assert_carried(&tb, &plan, &src, &after, "after resume");
     let h = ok(
         tb.overlay(&["history", "dst", "--json"]).output().unwrap(),
         "history",
@@ -770,14 +776,7 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
         "{status}"
     );
     let after = snapshot(tb.host_venv_dir(1));
-    for p in carried(&plan) {
-        let rel = site_rel(&p);
-        assert_eq!(
-            after.get(&rel),
-            src_snap.get(&rel),
-            "{rel} after apply --direct"
-        );
-    }
+    assert_carried(&tb, &plan, &src_snap, &after, "after apply --direct");
     ok(
         tb.overlay(&["rollback", "dst"]).output().unwrap(),
         "rollback",

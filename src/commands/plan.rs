@@ -44,6 +44,40 @@ pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
     }
 }
 
+/// One side of the plan's stat rounds.
+struct StatSide<'a> {
+    venv: &'a str,
+    shebang: Option<ShebangRewrite>,
+    pycache: bool,
+    bar: &'a indicatif::ProgressBar,
+}
+
+impl StatSide<'_> {
+    /// Stat `paths` on this side's host (hashing them with `HashMode::All`,
+    /// with progress on the bar). An empty list costs no round trip.
+    fn stat(&self, client: &mut Client, paths: Vec<String>, mode: HashMode) -> Result<Vec<Entry>> {
+        if paths.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bar = self.bar;
+        let mut progress = |p: overlay::agent::protocol::Progress| {
+            if mode == HashMode::All {
+                bar.set_length(p.total_bytes);
+                bar.set_position(p.bytes);
+                bar.set_message(format!("{}/{} files", p.files, p.total_files));
+            }
+        };
+        client.stat(
+            self.venv,
+            paths,
+            mode,
+            self.shebang.clone(),
+            self.pycache,
+            &mut progress,
+        )
+    }
+}
+
 /// Run `f` for the source and the target at the same time.
 fn both<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
     std::thread::scope(|s| {
@@ -205,7 +239,12 @@ pub fn make_plan(
     let paths_of = |scan: &ScanReport| -> BTreeSet<String> {
         let mut paths = BTreeSet::new();
         for set in sets {
-            paths.extend(plan::members(set, scan, &globs).paths);
+            paths.extend(
+                plan::members(set, scan, &globs)
+                    .paths
+                    .into_iter()
+                    .map(String::from),
+            );
         }
         paths
     };
@@ -218,37 +257,26 @@ pub fn make_plan(
     };
     let bars = HashBars::new(global.quiet);
     let (sbar, dbar) = (bars.bar(&src_host.name), bars.bar(&dst_host.name));
-    let progress = |bar: &indicatif::ProgressBar| {
-        let bar = bar.clone();
-        move |p: overlay::agent::protocol::Progress| {
-            bar.set_length(p.total_bytes);
-            bar.set_position(p.bytes);
-            bar.set_message(format!("{}/{} files", p.files, p.total_files));
-        }
+    // What differs between the sides' requests: the source's `bin/` scripts
+    // are hashed as they would read on the target, and only the target's
+    // bytecode matters.
+    let src_side = StatSide {
+        venv: &src_host.venv,
+        shebang: Some(shebang),
+        pycache: false,
+        bar: &sbar,
+    };
+    let dst_side = StatSide {
+        venv: &dst_host.venv,
+        shebang: None,
+        pycache: true,
+        bar: &dbar,
     };
     // Phase 1: stat both sides; no content is read, but hashes the hosts'
     // caches still vouch for come along.
     let (s, d) = both(
-        || {
-            src.stat(
-                &src_host.venv,
-                src_paths.into_iter().collect(),
-                HashMode::Cached,
-                Some(shebang.clone()),
-                false,
-                &mut |_| {},
-            )
-        },
-        || {
-            dst.stat(
-                &dst_host.venv,
-                dst_paths.into_iter().collect(),
-                HashMode::Cached,
-                None,
-                true,
-                &mut |_| {},
-            )
-        },
+        || src_side.stat(&mut src, src_paths.into_iter().collect(), HashMode::Cached),
+        || dst_side.stat(&mut dst, dst_paths.into_iter().collect(), HashMode::Cached),
     );
     let index = |v: Vec<Entry>| -> HashMap<String, Entry> {
         v.into_iter().map(|e| (e.path.clone(), e)).collect()
@@ -274,33 +302,10 @@ pub fn make_plan(
             .collect()
     };
     let (src_hash, dst_hash) = (unhashed(&src_entries), unhashed(&dst_entries));
+    let (n_src, n_dst) = (src_hash.len(), dst_hash.len());
     let (s, d) = both(
-        || {
-            if src_hash.is_empty() {
-                return Ok(Vec::new());
-            }
-            src.stat(
-                &src_host.venv,
-                src_hash.clone(),
-                HashMode::All,
-                Some(shebang.clone()),
-                false,
-                &mut progress(&sbar),
-            )
-        },
-        || {
-            if dst_hash.is_empty() {
-                return Ok(Vec::new());
-            }
-            dst.stat(
-                &dst_host.venv,
-                dst_hash.clone(),
-                HashMode::All,
-                None,
-                true,
-                &mut progress(&dbar),
-            )
-        },
+        || src_side.stat(&mut src, src_hash, HashMode::All),
+        || dst_side.stat(&mut dst, dst_hash, HashMode::All),
     );
     sbar.finish_and_clear();
     dbar.finish_and_clear();
@@ -309,8 +314,8 @@ pub fn make_plan(
     timing(&format!(
         "hash ({} same-size pairs and scripts; read {} + {} files, the rest cached)",
         to_hash.len(),
-        src_hash.len(),
-        dst_hash.len()
+        n_src,
+        n_dst
     ));
     let (set_plans, warnings) = plan::compute(
         sets,
