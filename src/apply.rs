@@ -36,7 +36,7 @@ use crate::agent::protocol::{
 };
 use crate::err;
 use crate::error::{Result, io_cause};
-use crate::inventory::{Counters, Venv, rewrite_shebang};
+use crate::inventory::{ContentHasher, Counters, Venv, content_hex, rewrite_shebang};
 use crate::journal::{Generation, free_bytes};
 use crate::plan::Action;
 
@@ -331,7 +331,7 @@ pub fn unpack_block(
 /// and few hasher calls.
 struct HashingReader<'b, R> {
     inner: R,
-    hasher: blake3::Hasher,
+    hasher: ContentHasher,
     buf: &'b mut [u8],
     pos: usize,
     len: usize,
@@ -615,21 +615,21 @@ fn read_files(
                         }
                         tar.append_data(&mut h, &name, &content[..])
                             .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
-                        blake3::hash(&content).to_hex().to_string()
+                        content_hex(ContentHasher::new().update(&content))
                     } else {
                         if meta.len() != *size {
                             return Err(changed());
                         }
                         let mut r = HashingReader {
                             inner: file.take(*size),
-                            hasher: blake3::Hasher::new(),
+                            hasher: ContentHasher::new(),
                             buf: &mut read_buf,
                             pos: 0,
                             len: 0,
                         };
                         tar.append_data(&mut h, &name, &mut r)
                             .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
-                        r.hasher.finalize().to_hex().to_string()
+                        content_hex(&r.hasher)
                     };
                 match blake3 {
                     Some(want) if *want != digest => return Err(changed()),
@@ -824,7 +824,7 @@ fn unpack_into(
                     .mode(0o600)
                     .open(&dest)
                     .map_err(|e| stage_error(&dest, e, host_dir, g))?;
-                let mut hasher = blake3::Hasher::new();
+                let mut hasher = ContentHasher::new();
                 let mut n_total = 0u64;
                 loop {
                     let n = entry
@@ -839,7 +839,7 @@ fn unpack_into(
                     n_total += n as u64;
                     counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
-                let digest = hasher.finalize().to_hex().to_string();
+                let digest = content_hex(&hasher);
                 if n_total != *size || blake3.as_ref().is_some_and(|want| *want != digest) {
                     return Err(err!(
                         hint = "run `overlay apply` again; if it repeats, check the source file and the network",

@@ -467,6 +467,15 @@ pub fn rewrite_shebang(content: &[u8], rw: &ShebangRewrite) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The content hash every agent takes, wherever it hashes file contents
+/// (plan, stream, checks): BLAKE3 (see docs/design.md).
+pub type ContentHasher = blake3::Hasher;
+
+/// A finished content hash as the plan and journal carry it: lowercase hex.
+pub fn content_hex(h: &ContentHasher) -> String {
+    h.finalize().to_hex().to_string()
+}
+
 /// Hash a file, optionally with its shebang rewritten. Returns (size, blake3 hex).
 pub fn hash_file(
     path: &Path,
@@ -487,7 +496,7 @@ fn hash_file_with(
     buf: &mut [u8],
 ) -> std::io::Result<(u64, String)> {
     let mut f = std::fs::File::open(path)?;
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = ContentHasher::new();
     let mut size = 0u64;
     let mut first = true;
     loop {
@@ -511,7 +520,7 @@ fn hash_file_with(
         size += n as u64;
         counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
     }
-    Ok((size, hasher.finalize().to_hex().to_string()))
+    Ok((size, content_hex(&hasher)))
 }
 
 pub fn hex(bytes: &[u8]) -> String {
