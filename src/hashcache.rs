@@ -11,11 +11,13 @@
 //! the user the agent runs as, one file per venv; `OVERLAY_NO_HASH_CACHE=1`
 //! turns them off.
 
-use std::collections::HashMap;
 use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustc_hash::FxHashMap;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -48,14 +50,14 @@ impl Stamp {
 /// as one JSON document took longer than the `stat`s it saves.
 #[derive(Debug)]
 struct Store<V> {
-    entries: HashMap<String, (Stamp, Vec<u8>)>,
+    entries: FxHashMap<String, (Stamp, Vec<u8>)>,
     _v: std::marker::PhantomData<fn() -> V>,
 }
 
 impl<V> Default for Store<V> {
     fn default() -> Self {
         Store {
-            entries: HashMap::new(),
+            entries: FxHashMap::default(),
             _v: std::marker::PhantomData,
         }
     }
@@ -93,7 +95,7 @@ impl<V> Store<V> {
             r = rest;
             Some(head)
         };
-        let mut entries = HashMap::new();
+        let mut entries = FxHashMap::default();
         while let Some(len) = take(4) {
             let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
             let path = std::str::from_utf8(take(len)?).ok()?.to_string();
@@ -127,8 +129,9 @@ pub type HashCache = StampCache<String>;
 pub struct StampCache<V> {
     file: Option<PathBuf>,
     racy_ns: i128,
-    store: Mutex<Store<V>>,
-    dirty: Mutex<bool>,
+    /// Read by every stat thread at once; written only for new hashes.
+    store: RwLock<Store<V>>,
+    dirty: AtomicBool,
 }
 
 impl StampCache<String> {
@@ -173,15 +176,15 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
         StampCache {
             file,
             racy_ns,
-            store: Mutex::new(store),
-            dirty: Mutex::new(false),
+            store: RwLock::new(store),
+            dirty: AtomicBool::new(false),
         }
     }
 
     /// The cached value for `path`, if its stamp is unchanged.
     pub fn get(&self, path: &Path, m: &Metadata) -> Option<V> {
         self.file.as_ref()?;
-        let store = self.store.lock().ok()?;
+        let store = self.store.read().ok()?;
         let (stamp, value) = store.entries.get(path.to_str()?)?;
         if *stamp != Stamp::of(m) {
             return None;
@@ -205,21 +208,19 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
         let Ok(value) = serde_json::to_vec(value) else {
             return;
         };
-        if let Ok(mut s) = self.store.lock() {
+        if let Ok(mut s) = self.store.write() {
             s.entries.insert(key.to_string(), (stamp, value));
-            if let Ok(mut d) = self.dirty.lock() {
-                *d = true;
-            }
+            self.dirty.store(true, Ordering::Relaxed);
         }
     }
 
     /// Write the cache back (atomically), if anything was added.
     pub fn save(&self) {
         let Some(file) = &self.file else { return };
-        if !self.dirty.lock().is_ok_and(|d| *d) {
+        if !self.dirty.load(Ordering::Relaxed) {
             return;
         }
-        let Ok(mut store) = self.store.lock() else {
+        let Ok(mut store) = self.store.write() else {
             return;
         };
         // Forget files that are gone, so the cache does not grow forever.

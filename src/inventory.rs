@@ -129,6 +129,17 @@ pub fn venv_relative(site_rel: &str, path: &str) -> Option<String> {
     if path.is_empty() || path.starts_with('/') || path.contains('\0') {
         return None;
     }
+    // The common case, a plain relative path (every RECORD line of a file
+    // inside site-packages), needs no normalizing.
+    if path
+        .split('/')
+        .all(|c| !c.is_empty() && c != "." && c != "..")
+        && site_rel
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+    {
+        return Some(format!("{site_rel}/{path}"));
+    }
     let mut parts: Vec<&str> = Vec::new();
     let joined = Path::new(site_rel).join(path);
     for c in joined.components() {
@@ -552,15 +563,15 @@ pub fn stat(
             _ => crate::hashcache::HashCache::open(&venv.root),
         });
         let lstat = || -> Result<_> {
-            let mut resolved = Vec::with_capacity(paths.len());
-            for p in paths {
-                let (abs, rel) = venv.resolve(p)?;
-                resolved.push((p, abs, rel));
-            }
-            let metas: Vec<_> = resolved
+            let both: Vec<_> = paths
                 .par_iter()
-                .map(|(_, abs, _)| std::fs::symlink_metadata(abs))
-                .collect();
+                .map(|p| {
+                    let (abs, rel) = venv.resolve(p)?;
+                    let meta = std::fs::symlink_metadata(&abs);
+                    Ok(((p, abs, rel), meta))
+                })
+                .collect::<Result<_>>()?;
+            let (resolved, metas): (Vec<_>, Vec<_>) = both.into_iter().unzip();
             Ok((resolved, metas))
         };
         let r = lstat();

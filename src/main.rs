@@ -6,6 +6,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc; // musl's malloc is slow
 
 mod cli;
 mod commands;
+#[cfg(target_env = "musl")]
+mod musl_memcmp;
 mod progress;
 
 use std::process::ExitCode;

@@ -22,6 +22,15 @@ pub struct Client {
 impl Client {
     /// Start the agent on `host` and shake hands.
     pub fn connect(host: &str, endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client> {
+        if let Endpoint::Ssh(target) = endpoint {
+            // Most runs find this build on the host already: start it
+            // straight away. Only if it does not answer (first run of a new
+            // build, a damaged copy) check over SFTP and upload.
+            let pipe = transport::ssh::start_cached_agent(host, target, opts)?;
+            if let Ok(c) = Client::over(host, pipe) {
+                return Ok(c);
+            }
+        }
         let pipe = transport::start_agent(host, endpoint, opts)?;
         Client::over(host, pipe)
     }

@@ -1,7 +1,7 @@
 //! `overlay plan SRC DST`: scan and hash both live hosts, decide the plan,
 //! print it and save it. Never writes to either venv.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use overlay::agent::client::Client;
@@ -76,6 +76,20 @@ impl StatSide<'_> {
             &mut progress,
         )
     }
+}
+
+/// Every path of the sets' members on one host, sorted.
+fn member_paths<'a>(sets: &[Set], scan: &'a ScanReport, globs: &[String]) -> BTreeSet<&'a str> {
+    let mut paths = BTreeSet::new();
+    for set in sets {
+        paths.append(&mut plan::members(set, scan, globs).paths);
+    }
+    paths
+}
+
+/// Stat entries by path.
+fn index(v: Vec<Entry>) -> plan::Entries {
+    v.into_iter().map(|e| (e.path.clone(), e)).collect()
 }
 
 /// Run `f` for the source and the target at the same time.
@@ -234,22 +248,15 @@ pub fn make_plan(
     timing("connect and scan");
     plan::check_python(&source, &target)?;
 
-    // Which paths each side must describe.
-    // (Both at once: the agents are idle until this is done.)
-    let paths_of = |scan: &ScanReport| -> BTreeSet<String> {
-        let mut paths = BTreeSet::new();
-        for set in sets {
-            paths.extend(
-                plan::members(set, scan, &globs)
-                    .paths
-                    .into_iter()
-                    .map(String::from),
-            );
-        }
-        paths
-    };
-    let (src_paths, mut dst_paths) = both(|| paths_of(&src_scan), || paths_of(&dst_scan));
-    dst_paths.extend(src_paths.iter().cloned());
+    // Which paths each side must describe: the source its members, the
+    // target its own and the source's. (Both at once: the agents are idle
+    // until this is done.)
+    let (src_paths, dst_paths) = both(
+        || member_paths(sets, &src_scan, &globs),
+        || member_paths(sets, &dst_scan, &globs),
+    );
+    let dst_paths: Vec<String> = dst_paths.union(&src_paths).map(|p| p.to_string()).collect();
+    let src_paths: Vec<String> = src_paths.into_iter().map(String::from).collect();
 
     let shebang = ShebangRewrite {
         from: src_host.venv.clone(),
@@ -275,33 +282,40 @@ pub fn make_plan(
     // Phase 1: stat both sides; no content is read, but hashes the hosts'
     // caches still vouch for come along.
     let (s, d) = both(
-        || src_side.stat(&mut src, src_paths.into_iter().collect(), HashMode::Cached),
-        || dst_side.stat(&mut dst, dst_paths.into_iter().collect(), HashMode::Cached),
+        || {
+            src_side
+                .stat(&mut src, src_paths, HashMode::Cached)
+                .map(index)
+        },
+        || {
+            dst_side
+                .stat(&mut dst, dst_paths, HashMode::Cached)
+                .map(index)
+        },
     );
-    let index = |v: Vec<Entry>| -> HashMap<String, Entry> {
-        v.into_iter().map(|e| (e.path.clone(), e)).collect()
-    };
-    let mut src_entries = index(s?);
-    let mut dst_entries = index(d?);
+    let mut src_entries = s?;
+    let mut dst_entries = d?;
     timing("stat");
     // Phase 2: hash only what decides something, as rsync --checksum does:
     // files on both sides with the same size (a size difference already
     // means "replace"), and scripts whose shebang is rewritten; and of
     // those only the sides the cache did not answer.
-    let to_hash: Vec<String> = plan::needs_hash(&src_entries, &dst_entries);
-    let unhashed = |entries: &HashMap<String, Entry>| -> Vec<String> {
-        to_hash
-            .iter()
-            .filter(|p| {
-                matches!(
-                    entries.get(*p).map(|e| &e.kind),
-                    Some(Kind::File { blake3: None, .. })
-                )
-            })
-            .cloned()
-            .collect()
+    let unhashed = |entries: &plan::Entries, p: &str| {
+        matches!(
+            entries.get(p).map(|e| &e.kind),
+            Some(Kind::File { blake3: None, .. })
+        )
     };
-    let (src_hash, dst_hash) = (unhashed(&src_entries), unhashed(&dst_entries));
+    let (mut to_hash, mut src_hash, mut dst_hash) = (0usize, Vec::new(), Vec::new());
+    for p in plan::needs_hash(&src_entries, &dst_entries) {
+        to_hash += 1;
+        if unhashed(&src_entries, p) {
+            src_hash.push(p.to_string());
+        }
+        if unhashed(&dst_entries, p) {
+            dst_hash.push(p.to_string());
+        }
+    }
     let (n_src, n_dst) = (src_hash.len(), dst_hash.len());
     let (s, d) = both(
         || src_side.stat(&mut src, src_hash, HashMode::All),
@@ -313,9 +327,7 @@ pub fn make_plan(
     dst_entries.extend(index(d?));
     timing(&format!(
         "hash ({} same-size pairs and scripts; read {} + {} files, the rest cached)",
-        to_hash.len(),
-        n_src,
-        n_dst
+        to_hash, n_src, n_dst
     ));
     let (set_plans, warnings) = plan::compute(
         sets,

@@ -80,6 +80,32 @@ pub fn start_agent(host: &str, target: &str, opts: &ConnectOptions) -> Result<Ag
     start_agent_with(host, target, opts, &env)
 }
 
+/// Connect to `target` and start the agent this build would have uploaded
+/// (`~/.cache/overlay/overlay-<digest>` there) without checking that it is
+/// there: no SFTP session, which costs ~50 ms per host. When the agent then
+/// does not answer, the caller falls back to [`start_agent`]. Connection
+/// and host-key errors are returned as they are.
+pub fn start_cached_agent(host: &str, target: &str, opts: &ConnectOptions) -> Result<AgentPipe> {
+    let env = LocalEnv::from_process().map_err(|e| e.context(format_args!("on {host}")))?;
+    let who = Who { host, target };
+    let r = resolve_target(who, &env)?;
+    let digest = agent_digest(&env.agent_binary).map_err(|e| Error {
+        message: format!("{} (to start the agent on {who})", e.message),
+        hint: e.hint,
+    })?;
+    let conn = connect(who, &r, opts, &env)?;
+    // Relative to the login directory, where sshd starts the command (and
+    // where SFTP's "." is): the same file `upload_agent` would name.
+    exec_agent(who, conn, &agent_file(&digest, Path::new(".cache/overlay")))
+}
+
+/// Where in `dir` this build of the agent lives: named by its digest.
+fn agent_file(digest: &AgentDigest, dir: &Path) -> String {
+    dir.join(format!("overlay-{}", &digest.hex[..16]))
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// `[user@]host[:port]` as written in the manifest; `host` may be an alias.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -444,13 +470,8 @@ impl fmt::Display for Who<'_> {
     }
 }
 
-pub(crate) fn start_agent_with(
-    host: &str,
-    target: &str,
-    opts: &ConnectOptions,
-    env: &LocalEnv,
-) -> Result<AgentPipe> {
-    let who = Who { host, target };
+/// Read ~/.ssh/config and resolve `who`'s target through it.
+fn resolve_target(who: Who<'_>, env: &LocalEnv) -> Result<Resolved> {
     let config = match std::fs::read_to_string(&env.config_path) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
@@ -463,14 +484,24 @@ pub(crate) fn start_agent_with(
             ));
         }
     };
-    let r = resolve(target, &config, &env.user).map_err(|cause| {
+    resolve(who.target, &config, &env.user).map_err(|cause| {
         let hint = if cause.starts_with("~/.ssh/config") {
             "overlay connects directly over TCP: fix that entry of ~/.ssh/config, or write the host's ssh value as [user@]host[:port] of an address reachable from here"
         } else {
             "write the host's ssh value as an alias from ~/.ssh/config or as [user@]host[:port]"
         };
         err!(hint = hint, "Failed to resolve the ssh target of {who}: {cause}")
-    })?;
+    })
+}
+
+pub(crate) fn start_agent_with(
+    host: &str,
+    target: &str,
+    opts: &ConnectOptions,
+    env: &LocalEnv,
+) -> Result<AgentPipe> {
+    let who = Who { host, target };
+    let r = resolve_target(who, env)?;
     let conn = connect(who, &r, opts, env)?;
     let remote = upload_agent(who, &conn, opts, env)?;
     exec_agent(who, conn, &remote)
@@ -1181,6 +1212,7 @@ mod libssh2_sys_codes {
     pub const AUTHENTICATION_FAILED: i32 = -18;
     pub const PUBLICKEY_UNVERIFIED: i32 = -19;
     pub const SOCKET_RECV: i32 = -43;
+    pub const EAGAIN: i32 = -37;
 }
 
 fn is_timeout(e: &ssh2::Error) -> bool {
@@ -1446,12 +1478,12 @@ fn exec_agent(who: Who<'_>, conn: Connected, remote: &str) -> Result<AgentPipe> 
             e.message()
         )
     };
-    let mut channel = session
-        .channel_open("session", CHANNEL_WINDOW, CHANNEL_PACKET, None)
-        .map_err(|e| fail("cannot open a channel", e))?;
+    let mut channel = acking(&session, fd, || {
+        session.channel_open("session", CHANNEL_WINDOW, CHANNEL_PACKET, None)
+    })
+    .map_err(|e| fail("cannot open a channel", e))?;
     let command = format!("{} agent", sh_quote(remote));
-    channel
-        .exec(&command)
+    acking(&session, fd, || channel.exec(&command))
         .map_err(|e| fail("the server refused to run it", e))?;
 
     let shared: Shared = Arc::new(Mutex::new(Conn {
@@ -1553,10 +1585,16 @@ fn with_conn<T>(
             c.session.set_timeout(slice_ms);
             match f(&mut c) {
                 Err(e) if is_transient(&e) => (c.fd, c.session.block_directions()),
-                other => return other,
+                other => {
+                    // A reply that came in parts: acknowledge this one at
+                    // once so sshd's next part is not held back (Nagle).
+                    quick_ack(c.fd);
+                    return other;
+                }
             }
         };
         wait_socket(fd, dirs, IDLE_POLL_MS);
+        quick_ack(fd);
     }
 }
 
@@ -1585,19 +1623,65 @@ fn wait_socket(fd: RawFd, dirs: BlockDirections, timeout_ms: i32) {
     }
 }
 
-fn tcp_keepalive(fd: RawFd) {
-    let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| {
-        // SAFETY: fd is an open socket; the option value is a c_int.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                (&value as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
+/// Run a libssh2 call that waits for the server, acknowledging each TCP
+/// segment as soon as it arrives (see [`quick_ack`]), within the session's
+/// timeout. libssh2 reads the socket itself in blocking mode, so the call
+/// runs non-blocking here, with the waiting done in this loop.
+fn acking<T>(
+    session: &Session,
+    fd: RawFd,
+    mut op: impl FnMut() -> std::result::Result<T, ssh2::Error>,
+) -> std::result::Result<T, ssh2::Error> {
+    let timeout = Duration::from_millis(u64::from(session.timeout()).max(1));
+    let deadline = std::time::Instant::now() + timeout;
+    session.set_blocking(false);
+    let r = loop {
+        match op() {
+            Err(e) if e.code() == ErrorCode::Session(libssh2_sys_codes::EAGAIN) => {
+                if std::time::Instant::now() >= deadline {
+                    break Err(ssh2::Error::new(
+                        ErrorCode::Session(libssh2_sys_codes::TIMEOUT),
+                        "timed out waiting for the server",
+                    ));
+                }
+                wait_socket(fd, session.block_directions(), 20);
+                quick_ack(fd);
+            }
+            r => break r,
         }
     };
+    session.set_blocking(true);
+    r
+}
+
+/// Set an integer socket option (best effort).
+fn set_sockopt(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
+    // SAFETY: fd is an open socket; the option value is a c_int.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Acknowledge the next segments at once instead of up to 40 ms later.
+///
+/// After authentication OpenSSH's sshd sends an unsolicited packet (its host
+/// keys, `hostkeys-00@openssh.com`) and then, without `TCP_NODELAY` on a
+/// non-interactive session, holds its answer to our channel open (Nagle)
+/// until that packet is acknowledged; with Linux's delayed ACK that stalled
+/// every connection by ~44 ms. Quick-ACK mode is temporary in Linux, so it
+/// is set just before the exchange it is for.
+fn quick_ack(fd: RawFd) {
+    set_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_QUICKACK, 1);
+}
+
+fn tcp_keepalive(fd: RawFd) {
+    let set = |level, name, value| set_sockopt(fd, level, name, value);
     set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, TCP_KEEPIDLE_SECS);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, TCP_KEEPINTVL_SECS);
