@@ -92,6 +92,12 @@ fn send(out: &mut dyn Write, r: &Response) -> Result<()> {
 struct Session {
     state: Option<State>,
     generation: Option<Generation>,
+    /// A `PrefetchPreflight` walk: its venv and the thread listing the
+    /// shared objects of site-packages.
+    prefetch: Option<(
+        String,
+        std::thread::JoinHandle<Option<crate::preflight::SharedObjects>>,
+    )>,
 }
 
 impl Session {
@@ -288,9 +294,23 @@ impl Session {
                 crate::preflight::elf_infos(&venv, &paths)
             })?
             .map(|infos| Response::ElfInfo { infos }),
+            Request::PrefetchPreflight { venv } => {
+                let walk = venv.clone();
+                self.prefetch = Some((
+                    venv,
+                    std::thread::spawn(move || crate::preflight::shared_objects(&walk).ok()),
+                ));
+                Ok(Response::Prefetching)
+            }
             Request::Preflight(req) => {
-                with_progress(output, &counters, || crate::preflight::run_on_target(&req))?
-                    .map(Response::Preflight)
+                let listed = match self.prefetch.take() {
+                    Some((venv, walk)) if venv == req.venv => walk.join().ok().flatten(),
+                    _ => None,
+                };
+                with_progress(output, &counters, || {
+                    crate::preflight::run_on_target(&req, listed)
+                })?
+                .map(Response::Preflight)
             }
             Request::EndData { .. } => Err(err!("EndData without Stage")),
             Request::Receive { .. } => Err(err!("Receive is handled by serve")),

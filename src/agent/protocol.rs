@@ -171,6 +171,13 @@ pub enum Request {
         venv: String,
         paths: Vec<String>,
     },
+    /// Target side: start listing site-packages' shared objects in the
+    /// background, for the `Preflight` that follows (answered at once with
+    /// `Prefetching`). The walk reads every directory of the venv, and the
+    /// agent is otherwise idle while the controller decides the plan.
+    PrefetchPreflight {
+        venv: String,
+    },
     /// Target side: predict what fails to load after the overlay.
     Preflight(Box<crate::preflight::PreflightRequest>),
     Bye,
@@ -254,6 +261,7 @@ pub enum Response {
     ElfInfo {
         infos: Vec<Option<crate::preflight::elf::ElfInfo>>,
     },
+    Prefetching,
     Preflight(crate::preflight::PreflightReport),
     Error(Error),
     Bye,

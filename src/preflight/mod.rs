@@ -83,20 +83,25 @@ pub fn looks_shared(path: &str) -> bool {
     name.ends_with(".so") || name.contains(".so.")
 }
 
-/// The shared objects of site-packages that the overlay neither places nor
-/// deletes, as (path relative to site-packages, path), in path order. The
-/// top-level entries are walked in parallel: this walk covers every file of
-/// the venv, and it is most of a warm plan's preflight.
-fn staying_objects(
-    site: &Path,
-    placed: &HashSet<&str>,
-    deleted: &HashSet<&str>,
-) -> Vec<(String, PathBuf)> {
+/// Every shared object of a site-packages, as (path relative to
+/// site-packages, path), in path order.
+pub type SharedObjects = Vec<(String, PathBuf)>;
+
+/// List the shared objects of the venv at `venv_root` (see [`SharedObjects`]).
+/// The top-level entries are walked in parallel: this walk reads every
+/// directory of the venv, and it is most of a warm plan's preflight (the
+/// agent runs it ahead, while the controller decides the plan).
+pub fn shared_objects(venv_root: &str) -> Result<SharedObjects> {
+    let site = Venv::open(venv_root)?.site();
+    Ok(walk_shared_objects(&site))
+}
+
+fn walk_shared_objects(site: &Path) -> SharedObjects {
     use rayon::prelude::*;
     let tops: Vec<PathBuf> = std::fs::read_dir(site)
         .map(|rd| rd.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
-    let mut out: Vec<(String, PathBuf)> = tops
+    let mut out: SharedObjects = tops
         .par_iter()
         .flat_map_iter(|top| {
             walkdir::WalkDir::new(top)
@@ -105,13 +110,12 @@ fn staying_objects(
                 .into_iter()
                 .filter_entry(|e| e.file_name() != "__pycache__")
                 .flatten()
-                .filter(|e| e.file_type().is_file())
+                .filter(|e| {
+                    e.file_type().is_file() && e.file_name().to_str().is_some_and(looks_shared)
+                })
                 .filter_map(|e| {
                     let rel = e.path().strip_prefix(site).ok()?.to_str()?.to_string();
-                    (looks_shared(&rel)
-                        && !placed.contains(rel.as_str())
-                        && !deleted.contains(rel.as_str()))
-                    .then(|| (rel, e.into_path()))
+                    Some((rel, e.into_path()))
                 })
                 .collect::<Vec<_>>()
         })
@@ -140,7 +144,13 @@ fn cudart_majors(info: &ElfInfo) -> BTreeSet<u32> {
 }
 
 /// Target side: simulate the loader over the venv as it will be.
-pub fn run_on_target(req: &PreflightRequest) -> Result<PreflightReport> {
+///
+/// `listed`: the venv's shared objects as [`shared_objects`] listed them
+/// ahead of the request, if it did; otherwise they are listed now.
+pub fn run_on_target(
+    req: &PreflightRequest,
+    listed: Option<SharedObjects>,
+) -> Result<PreflightReport> {
     let venv = Venv::open(&req.venv)?;
     let site = venv.site();
     let abs = |rel: &str| -> Result<PathBuf> { Ok(venv.resolve(rel)?.0) };
@@ -181,7 +191,14 @@ pub fn run_on_target(req: &PreflightRequest) -> Result<PreflightReport> {
     let deleted_set: HashSet<&str> = req.deleted.iter().map(String::as_str).collect();
     let mut report = PreflightReport::default();
     let mut roots: Vec<(String, PathBuf)> = placed_objects;
-    for (rel, path) in staying_objects(&site, &placed_set, &deleted_set) {
+    // The shared objects that stay: neither placed nor deleted.
+    let staying = listed
+        .unwrap_or_else(|| walk_shared_objects(&site))
+        .into_iter()
+        .filter(|(rel, _)| {
+            !placed_set.contains(rel.as_str()) && !deleted_set.contains(rel.as_str())
+        });
+    for (rel, path) in staying {
         let Some(info) = view.elf(&path) else {
             continue;
         };
