@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustc_hash::FxHashMap;
 
 use serde::de::DeserializeOwned;
+
+use crate::agent::protocol::FileStamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -40,6 +42,17 @@ impl Stamp {
             size: m.size(),
             mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
             ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+        }
+    }
+
+    /// The same stamp from an lstat kept as a [`FileStamp`] and a size.
+    fn at(size: u64, st: &FileStamp) -> Stamp {
+        Stamp {
+            dev: st.dev,
+            ino: st.ino,
+            size,
+            mtime_ns: i128::from(st.mtime_ns),
+            ctime_ns: i128::from(st.ctime_ns),
         }
     }
 }
@@ -183,10 +196,19 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
 
     /// The cached value for `path`, if its stamp is unchanged.
     pub fn get(&self, path: &Path, m: &Metadata) -> Option<V> {
+        self.get_stamped(path, &Stamp::of(m))
+    }
+
+    /// [`get`](Self::get) for an lstat kept as its size and [`FileStamp`].
+    pub fn get_at(&self, path: &Path, size: u64, st: &FileStamp) -> Option<V> {
+        self.get_stamped(path, &Stamp::at(size, st))
+    }
+
+    fn get_stamped(&self, path: &Path, now: &Stamp) -> Option<V> {
         self.file.as_ref()?;
         let store = self.store.read().ok()?;
         let (stamp, value) = store.entries.get(path.to_str()?)?;
-        if *stamp != Stamp::of(m) {
+        if stamp != now {
             return None;
         }
         serde_json::from_slice(value).ok()
@@ -194,10 +216,18 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
 
     /// Remember a value learned from content read with metadata `m`.
     pub fn put(&self, path: &Path, m: &Metadata, value: &V) {
+        self.put_stamped(path, Stamp::of(m), value);
+    }
+
+    /// [`put`](Self::put) for an lstat kept as its size and [`FileStamp`].
+    pub fn put_at(&self, path: &Path, size: u64, st: &FileStamp, value: &V) {
+        self.put_stamped(path, Stamp::at(size, st), value);
+    }
+
+    fn put_stamped(&self, path: &Path, stamp: Stamp, value: &V) {
         if self.file.is_none() {
             return;
         }
-        let stamp = Stamp::of(m);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i128);

@@ -544,6 +544,43 @@ pub fn hex(bytes: &[u8]) -> String {
         })
 }
 
+/// What one `lstat` said, kept small: a stat request names every file of
+/// a torch stack (35,000), and the first pass holds them all at once.
+enum Probe {
+    Missing,
+    Symlink,
+    Dir {
+        mode: u32,
+    },
+    File {
+        size: u64,
+        mode: u32,
+        stamp: FileStamp,
+    },
+    Other,
+}
+
+impl Probe {
+    /// `lstat` `abs`; `Err` carries the message for anything but absence.
+    fn of(abs: &Path) -> std::result::Result<Probe, String> {
+        match std::fs::symlink_metadata(abs) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Probe::Missing),
+            Err(e) if e.raw_os_error() == Some(20) => Ok(Probe::Missing), // ENOTDIR: a parent is a file
+            Err(e) => Err(format!("{}: {}", abs.display(), io_cause(&e))),
+            Ok(m) if m.file_type().is_symlink() => Ok(Probe::Symlink),
+            Ok(m) if m.is_dir() => Ok(Probe::Dir {
+                mode: m.permissions().mode() & 0o7777,
+            }),
+            Ok(m) if m.is_file() => Ok(Probe::File {
+                size: m.len(),
+                mode: m.permissions().mode() & 0o7777,
+                stamp: FileStamp::of(&m),
+            }),
+            Ok(_) => Ok(Probe::Other),
+        }
+    }
+}
+
 /// Stat (and optionally hash) paths relative to site-packages.
 pub fn stat(
     venv_root: &str,
@@ -554,35 +591,32 @@ pub fn stat(
     counters: &Counters,
 ) -> Result<Vec<Entry>> {
     let venv = Venv::open(venv_root)?;
-    let bin_prefix = "bin/";
     // First pass: lstat everything, so progress knows the totals; the hash
-    // cache loads meanwhile.
-    let (cache, resolved, metas) = std::thread::scope(|s| {
+    // cache loads meanwhile. Per path: its absolute path, whether it is a
+    // `bin/` script, and the lstat.
+    type Probed = (PathBuf, bool, std::result::Result<Probe, String>);
+    let (cache, probed) = std::thread::scope(|s| {
         let cache = s.spawn(|| match hash {
             HashMode::None => crate::hashcache::HashCache::disabled(),
             _ => crate::hashcache::HashCache::open(&venv.root),
         });
-        let lstat = || -> Result<_> {
-            let both: Vec<_> = paths
-                .par_iter()
-                .map(|p| {
-                    let (abs, rel) = venv.resolve(p)?;
-                    let meta = std::fs::symlink_metadata(&abs);
-                    Ok(((p, abs, rel), meta))
-                })
-                .collect::<Result<_>>()?;
-            let (resolved, metas): (Vec<_>, Vec<_>) = both.into_iter().unzip();
-            Ok((resolved, metas))
-        };
-        let r = lstat();
+        let probed: Result<Vec<Probed>> = paths
+            .par_iter()
+            .map(|p| {
+                let (abs, rel) = venv.resolve(p)?;
+                let probe = Probe::of(&abs);
+                Ok((abs, rel.starts_with("bin/"), probe))
+            })
+            .collect();
         let cache = cache.join().expect("the cache loader panicked");
-        r.map(|(resolved, metas)| (cache, resolved, metas))
+        probed.map(|p| (cache, p))
     })?;
-    let total: u64 = metas
+    let total: u64 = probed
         .iter()
-        .flatten()
-        .filter(|m| m.is_file())
-        .map(|m| m.len())
+        .map(|(_, _, probe)| match probe {
+            Ok(Probe::File { size, .. }) => *size,
+            _ => 0,
+        })
         .sum();
     counters
         .total_files
@@ -595,7 +629,7 @@ pub fn stat(
     // Bytecode listing, one readdir per __pycache__ directory.
     let mut pyc_dirs: HashMap<PathBuf, Vec<String>> = HashMap::new();
     if pycache {
-        for (p, abs, _) in &resolved {
+        for (p, (abs, _, _)) in paths.iter().zip(&probed) {
             if p.ends_with(".py")
                 && let Some(parent) = abs.parent()
             {
@@ -613,34 +647,26 @@ pub fn stat(
         }
     }
 
-    let entries: Vec<Result<Entry>> = resolved
+    let entries: Vec<Result<Entry>> = paths
         .par_iter()
-        .zip(metas.into_par_iter())
-        .map(|((p, abs, rel), meta)| {
-            let kind = match meta {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Kind::Missing,
-                Err(e) if e.raw_os_error() == Some(20) => Kind::Missing, // ENOTDIR: a parent is a file
-                Err(e) => return Err(err!("{}: {}", abs.display(), io_cause(&e))),
-                Ok(m) if m.file_type().is_symlink() => Kind::Symlink {
-                    target: std::fs::read_link(abs)
+        .zip(probed.into_par_iter())
+        .map(|(p, (abs, in_bin, probe))| {
+            let kind = match probe.map_err(|e| err!("{e}"))? {
+                Probe::Missing => Kind::Missing,
+                Probe::Symlink => Kind::Symlink {
+                    target: std::fs::read_link(&abs)
                         .map_err(|e| err!("{}: {}", abs.display(), io_cause(&e)))?
                         .to_string_lossy()
                         .into_owned(),
                 },
-                Ok(m) if m.is_dir() => Kind::Dir {
-                    mode: m.permissions().mode() & 0o7777,
-                },
-                Ok(m) if m.is_file() => {
-                    let mode = m.permissions().mode() & 0o7777;
-                    let rw = if rel.starts_with(bin_prefix) {
-                        shebang
-                    } else {
-                        None
-                    };
+                Probe::Dir { mode } => Kind::Dir { mode },
+                Probe::Other => Kind::Other,
+                Probe::File { size, mode, stamp } => {
+                    let rw = if in_bin { shebang } else { None };
                     // A rewritten script's hash is never cached.
                     let cached = || {
                         if rw.is_none() {
-                            cache.get(abs, &m)
+                            cache.get_at(&abs, size, &stamp)
                         } else {
                             None
                         }
@@ -649,36 +675,36 @@ pub fn stat(
                     // even when only cached hashes are asked for: it is small,
                     // and that spares a second round trip.
                     let read = hash == HashMode::All
-                        || (hash == HashMode::Cached && rw.is_some() && m.len() < (1 << 20));
-                    let (size, blake3) = if read {
+                        || (hash == HashMode::Cached && rw.is_some() && size < (1 << 20));
+                    let (size_now, blake3) = if read {
                         match cached() {
-                            Some(sha) => {
-                                counters.bytes.fetch_add(m.len(), Ordering::Relaxed);
-                                (m.len(), Some(sha))
+                            Some(h) => {
+                                counters.bytes.fetch_add(size, Ordering::Relaxed);
+                                (size, Some(h))
                             }
                             None => {
-                                let (size, sha) = hash_file(abs, rw, counters).map_err(|e| {
-                                    err!("Failed to read {}: {}", abs.display(), io_cause(&e))
-                                })?;
-                                if rw.is_none() && size == m.len() {
-                                    cache.put(abs, &m, &sha);
+                                let (read_size, h) =
+                                    hash_file(&abs, rw, counters).map_err(|e| {
+                                        err!("Failed to read {}: {}", abs.display(), io_cause(&e))
+                                    })?;
+                                if rw.is_none() && read_size == size {
+                                    cache.put_at(&abs, size, &stamp, &h);
                                 }
-                                (size, Some(sha))
+                                (read_size, Some(h))
                             }
                         }
                     } else if hash == HashMode::Cached {
-                        (m.len(), cached())
+                        (size, cached())
                     } else {
-                        (m.len(), None)
+                        (size, None)
                     };
                     Kind::File {
-                        size,
+                        size: size_now,
                         mode,
                         blake3,
-                        stamp: Some(FileStamp::of(&m)),
+                        stamp: Some(stamp),
                     }
                 }
-                Ok(_) => Kind::Other,
             };
             counters.files.fetch_add(1, Ordering::Relaxed);
             let mut pyc = Vec::new();
@@ -706,7 +732,7 @@ pub fn stat(
                 }
             }
             Ok(Entry {
-                path: (*p).clone(),
+                path: p.clone(),
                 kind,
                 pyc,
             })

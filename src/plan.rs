@@ -198,6 +198,23 @@ pub fn needs_hash<'a>(src: &'a Entries, dst: &'a Entries) -> impl Iterator<Item 
 
 /// Decide the plan. `sets` are the manifest's sets to carry out, in order.
 pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Vec<Warning>)> {
+    fn members_of<'a>(sets: &[Set], side: &Side<'a>) -> Vec<Members<'a>> {
+        sets.iter()
+            .map(|s| members(s, side.scan, side.globs))
+            .collect()
+    }
+    compute_with(sets, src, dst, members_of(sets, src), members_of(sets, dst))
+}
+
+/// [`compute`] with each set's [`members`] on both sides already known (the
+/// controller needed them to ask for the stats), in `sets` order.
+pub fn compute_with<'a>(
+    sets: &[Set],
+    src: &Side<'a>,
+    dst: &Side<'a>,
+    src_members: Vec<Members<'a>>,
+    dst_members: Vec<Members<'a>>,
+) -> Result<(Vec<SetPlan>, Vec<Warning>)> {
     let mut warnings = Vec::new();
     let warn = |w: &mut Vec<Warning>, set: &str, path: Option<&str>, message: String| {
         w.push(Warning {
@@ -214,15 +231,6 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Ve
             owners.entry(f.as_str()).or_default().push(d);
         }
     }
-
-    let src_members: Vec<Members> = sets
-        .iter()
-        .map(|s| members(s, src.scan, src.globs))
-        .collect();
-    let dst_members: Vec<Members> = sets
-        .iter()
-        .map(|s| members(s, dst.scan, dst.globs))
-        .collect();
 
     for (set, m) in sets.iter().zip(&src_members) {
         if m.paths.is_empty() {

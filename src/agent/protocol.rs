@@ -1,8 +1,11 @@
-//! The controller–agent protocol: versioned, length-prefixed JSON frames on
-//! the agent's stdin/stdout.
+//! The controller–agent protocol: versioned, length-prefixed MessagePack
+//! frames on the agent's stdin/stdout.
 //!
-//! Each frame is a little-endian `u32` byte length followed by one JSON value.
-//! The controller speaks first with [`Request::Hello`]; the agent answers with
+//! Each frame is a little-endian `u32` byte length followed by one value in
+//! MessagePack (`rmp-serde`, structs as maps with their field names). A warm
+//! plan moves ~2 MB of paths to each agent and ~3 MB of stat entries back;
+//! MessagePack has no string escaping, and it cut ~20 ms from that plan
+//! against JSON. The controller speaks first with [`Request::Hello`]; the agent answers with
 //! its own protocol number, and either side refuses a mismatch. Requests are
 //! answered in order; long requests send [`Response::Progress`] frames before
 //! their result. Paths in requests are data, never parts of a command line.
@@ -15,7 +18,7 @@ use crate::err;
 use crate::error::{Error, Result};
 
 /// Bumped whenever a frame changes shape.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Largest frame accepted (a listing of a very large venv fits easily).
 const MAX_FRAME: usize = (1 << 30) - 1;
@@ -311,7 +314,7 @@ pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>
     if raw & DATA_BIT != 0 {
         return Ok(Some(Frame::Data(body)));
     }
-    serde_json::from_slice(&body)
+    rmp_serde::from_slice(&body)
         .map(|m| Some(Frame::Msg(m)))
         .map_err(|e| {
             err!(
@@ -661,7 +664,7 @@ impl Kind {
 
 /// Write one frame and flush.
 pub fn write_frame<T: Serialize>(w: &mut dyn Write, value: &T) -> std::io::Result<()> {
-    let body = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    let body = rmp_serde::to_vec_named(value).map_err(std::io::Error::other)?;
     w.write_all(&(body.len() as u32).to_le_bytes())?;
     w.write_all(&body)?;
     w.flush()

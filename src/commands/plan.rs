@@ -78,13 +78,19 @@ impl StatSide<'_> {
     }
 }
 
-/// Every path of the sets' members on one host, sorted.
-fn member_paths<'a>(sets: &[Set], scan: &'a ScanReport, globs: &[String]) -> BTreeSet<&'a str> {
-    let mut paths = BTreeSet::new();
-    for set in sets {
-        paths.append(&mut plan::members(set, scan, globs).paths);
-    }
-    paths
+/// The sets' members on one host (in `sets` order), and all their paths.
+fn member_paths<'a>(
+    sets: &[Set],
+    scan: &'a ScanReport,
+    globs: &[String],
+) -> (Vec<plan::Members<'a>>, BTreeSet<&'a str>) {
+    let members: Vec<plan::Members<'a>> =
+        sets.iter().map(|s| plan::members(s, scan, globs)).collect();
+    let paths = members
+        .iter()
+        .flat_map(|m| m.paths.iter().copied())
+        .collect();
+    (members, paths)
 }
 
 /// Stat entries by path.
@@ -144,7 +150,7 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
         ));
     }
     let sets = select_sets(&manifest, &args.sets)?;
-    let mut plan = make_plan(global, &manifest, &sets, src_host, dst_host)?;
+    let (mut plan, closing) = make_plan(global, &manifest, &sets, src_host, dst_host)?;
     plan.strict |= args.strict;
 
     if args.json {
@@ -186,6 +192,9 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
         eprintln!("{level}: [{check}] {dist}{file}{}", p.reason);
     }
     save_plan(&plan, &args.out)?;
+    // The agents have answered everything; their goodbyes ran beside the
+    // printing and saving.
+    let _ = closing.join();
     if plan.strict && plan.new_problems() > 0 {
         return Err(err!(
             hint = "fix the plan (add the missing sets or packages), or run `overlay apply --force` to apply it anyway",
@@ -215,7 +224,7 @@ pub fn make_plan(
     sets: &[Set],
     src_host: &Host,
     dst_host: &Host,
-) -> Result<Plan> {
+) -> Result<(Plan, std::thread::JoinHandle<()>)> {
     let opts = connect_options(global);
     let started = std::time::Instant::now();
     let timing = |what: &str| {
@@ -251,7 +260,7 @@ pub fn make_plan(
     // Which paths each side must describe: the source its members, the
     // target its own and the source's. (Both at once: the agents are idle
     // until this is done.)
-    let (src_paths, dst_paths) = both(
+    let ((src_members, src_paths), (dst_members, dst_paths)) = both(
         || member_paths(sets, &src_scan, &globs),
         || member_paths(sets, &dst_scan, &globs),
     );
@@ -340,7 +349,7 @@ pub fn make_plan(
         "hash ({} same-size pairs and scripts; read {} + {} files, the rest cached)",
         to_hash, n_src, n_dst
     ));
-    let (set_plans, warnings) = plan::compute(
+    let (set_plans, warnings) = plan::compute_with(
         sets,
         &Side {
             host: &src_host.name,
@@ -354,6 +363,8 @@ pub fn make_plan(
             globs: &globs,
             entries: &dst_entries,
         },
+        src_members,
+        dst_members,
     )?;
     timing("decide");
     let problems = preflight(
@@ -365,11 +376,13 @@ pub fn make_plan(
         &timing,
     )?;
     timing("preflight");
-    let _ = both(|| src.close(), || dst.close());
+    let closing = std::thread::spawn(move || {
+        let _ = both(|| src.close(), || dst.close());
+    });
     // Both hosts' listings (two maps of 35,000 entries for a torch stack)
     // are not freed one allocation at a time just before the process exits.
     std::mem::forget((src_entries, dst_entries, src_scan, dst_scan));
-    Ok(Plan {
+    let plan = Plan {
         format: PLAN_FORMAT,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -381,7 +394,8 @@ pub fn make_plan(
         warnings,
         problems,
         strict: manifest.preflight.strict,
-    })
+    };
+    Ok((plan, closing))
 }
 
 /// Predict what would fail after the overlay: requirements, CUDA majors, ELF loading.
