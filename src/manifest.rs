@@ -43,7 +43,7 @@ pub struct Host {
     pub direct_ssh: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Set {
     pub name: String,
     /// Distribution name globs, PEP 503-normalized.

@@ -160,6 +160,53 @@ pub fn members<'a>(set: &Set, scan: &'a ScanReport, globs: &[String]) -> Members
     }
 }
 
+/// The paths a stat of `members` and `extra` answers for, in its order:
+/// sorted, each once. The controller and the agent both compute it (see
+/// `Request::StatMembers`).
+pub fn stat_order<'a>(members: &[Members<'a>], extra: &[&'a str]) -> Vec<&'a str> {
+    let all: BTreeSet<&str> = members
+        .iter()
+        .flat_map(|m| m.paths.iter().copied())
+        .chain(extra.iter().copied())
+        .collect();
+    all.into_iter().collect()
+}
+
+/// The union of two sorted lists without repeats, sorted: `stat_order` of
+/// members and extras, when the members' own order is known already.
+pub fn merge_sorted<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(b[j]) {
+            std::cmp::Ordering::Less => {
+                out.push(a[i]);
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                out.push(b[j]);
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                out.push(a[i]);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+    out
+}
+
+/// A checksum of a [`stat_order`], to tell that two computations agree.
+pub fn order_check(order: &[&str]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    order.hash(&mut h);
+    h.finish()
+}
+
 fn version_of(d: &Dist) -> String {
     d.build.clone().unwrap_or_else(|| d.version.clone())
 }
@@ -584,6 +631,20 @@ mod tests {
                 entries: d.1,
             },
         )
+    }
+
+    #[test]
+    fn merged_order_is_the_sorted_union() {
+        let a = ["a/x.py", "b/y.so", "c/z.py"];
+        let b = ["a/w.py", "b/y.so", "d/v.py"];
+        let merged = merge_sorted(&a, &b);
+        let mut want: Vec<&str> = a.iter().chain(&b).copied().collect();
+        want.sort();
+        want.dedup();
+        assert_eq!(merged, want);
+        assert_eq!(order_check(&merged), order_check(&want));
+        assert_ne!(order_check(&merged), order_check(&a));
+        assert_eq!(merge_sorted(&[], &b), b);
     }
 
     #[test]

@@ -155,6 +155,46 @@ impl Client {
         let Request::Stat { paths, .. } = req else {
             unreachable!()
         };
+        self.stat_answer(paths, on_progress)
+    }
+
+    /// Stat the members of `sets` on this host (found in the scan it
+    /// answered) and `extra` paths: the answer is for `order`, which is
+    /// [`crate::plan::stat_order`] of the same, as the controller computed it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn stat_members(
+        &mut self,
+        venv: &str,
+        sets: &[crate::manifest::Set],
+        globs: &[String],
+        extra: Vec<String>,
+        order: Vec<String>,
+        check: u64,
+        hash: HashMode,
+        shebang: Option<ShebangRewrite>,
+        pycache: bool,
+        on_progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<Entry>> {
+        self.send(&Request::StatMembers {
+            venv: venv.to_string(),
+            sets: sets.to_vec(),
+            globs: globs.to_vec(),
+            extra,
+            count: order.len() as u64,
+            check,
+            hash,
+            shebang,
+            pycache,
+        })?;
+        self.stat_answer(order, on_progress)
+    }
+
+    /// Read a stat's answer: one entry for each of `paths`, in order.
+    fn stat_answer(
+        &mut self,
+        paths: Vec<String>,
+        on_progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<Entry>> {
         loop {
             match self.recv()? {
                 Response::Progress(p) => on_progress(p),

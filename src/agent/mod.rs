@@ -80,6 +80,9 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
             other => session.handle(other, output)?,
         };
         send(output, &response)?;
+        if let Response::Scan(report) = response {
+            session.scan = Some(report);
+        }
     }
 }
 
@@ -92,6 +95,8 @@ fn send(out: &mut dyn Write, r: &Response) -> Result<()> {
 struct Session {
     state: Option<State>,
     generation: Option<Generation>,
+    /// The scan this agent answered last (for `StatMembers`).
+    scan: Option<protocol::ScanReport>,
     /// A `PrefetchPreflight` walk: its venv and the thread listing the
     /// shared objects of site-packages.
     prefetch: Option<(
@@ -141,6 +146,46 @@ impl Session {
                     .map(protocol::StatEntry::from_entry)
                     .collect(),
             }),
+            Request::StatMembers {
+                venv,
+                sets,
+                globs,
+                extra,
+                count,
+                check,
+                hash,
+                shebang,
+                pycache,
+            } => {
+                let scan = self
+                    .scan
+                    .as_ref()
+                    .filter(|s| s.venv == venv)
+                    .ok_or_else(|| err!("StatMembers of {venv} without a Scan of it first"))?;
+                let members: Vec<crate::plan::Members> = sets
+                    .iter()
+                    .map(|s| crate::plan::members(s, scan, &globs))
+                    .collect();
+                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+                let order = crate::plan::stat_order(&members, &extra);
+                if order.len() as u64 != count || crate::plan::order_check(&order) != check {
+                    return Err(err!(
+                        hint = "use one overlay build on both ends",
+                        "the agent found {} member paths in {venv}, the controller {count} (or in another order)",
+                        order.len()
+                    ));
+                }
+                let paths: Vec<String> = order.iter().map(|p| p.to_string()).collect();
+                with_progress(output, &counters, || {
+                    inventory::stat(&venv, &paths, hash, shebang.as_ref(), pycache, &counters)
+                })?
+                .map(|entries| Response::Stat {
+                    entries: entries
+                        .into_iter()
+                        .map(protocol::StatEntry::from_entry)
+                        .collect(),
+                })
+            }
             Request::Send {
                 venv,
                 files,

@@ -1,11 +1,8 @@
-//! The controller–agent protocol: versioned, length-prefixed MessagePack
-//! frames on the agent's stdin/stdout.
+//! The controller–agent protocol: versioned, length-prefixed JSON frames on
+//! the agent's stdin/stdout.
 //!
-//! Each frame is a little-endian `u32` byte length followed by one value in
-//! MessagePack (`rmp-serde`, structs as maps with their field names). A warm
-//! plan moves ~2 MB of paths to each agent and ~3 MB of stat entries back;
-//! MessagePack has no string escaping, and it cut ~20 ms from that plan
-//! against JSON. The controller speaks first with [`Request::Hello`]; the agent answers with
+//! Each frame is a little-endian `u32` byte length followed by one JSON value.
+//! The controller speaks first with [`Request::Hello`]; the agent answers with
 //! its own protocol number, and either side refuses a mismatch. Requests are
 //! answered in order; long requests send [`Response::Progress`] frames before
 //! their result. Paths in requests are data, never parts of a command line.
@@ -85,6 +82,24 @@ pub enum Request {
     Stat {
         venv: String,
         paths: Vec<String>,
+        hash: HashMode,
+        shebang: Option<ShebangRewrite>,
+        pycache: bool,
+    },
+    /// [`Stat`](Request::Stat) of the sets' members on this host, as
+    /// [`crate::plan::members`] finds them in the scan this agent answered
+    /// last, plus `extra` paths: the paths themselves need not travel (a
+    /// torch stack has 35,000). They are stated in [`crate::plan::stat_order`];
+    /// `count` and `check` ([`crate::plan::order_check`]) are the
+    /// controller's for that order, so a disagreement is an error, not a
+    /// misread answer.
+    StatMembers {
+        venv: String,
+        sets: Vec<crate::manifest::Set>,
+        globs: Vec<String>,
+        extra: Vec<String>,
+        count: u64,
+        check: u64,
         hash: HashMode,
         shebang: Option<ShebangRewrite>,
         pycache: bool,

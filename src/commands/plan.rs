@@ -53,6 +53,34 @@ struct StatSide<'a> {
 }
 
 impl StatSide<'_> {
+    /// Stat the members of `sets` on this side's host, plus `extra` paths,
+    /// with the hashes its cache still vouches for; the answer is for
+    /// `order` ([`plan::stat_order`] of the same).
+    fn stat_members(
+        &self,
+        client: &mut Client,
+        sets: &[Set],
+        globs: &[String],
+        extra: &[&str],
+        order: &[&str],
+    ) -> Result<Vec<Entry>> {
+        if order.is_empty() {
+            return Ok(Vec::new());
+        }
+        client.stat_members(
+            self.venv,
+            sets,
+            globs,
+            extra.iter().map(|p| p.to_string()).collect(),
+            order.iter().map(|p| p.to_string()).collect(),
+            plan::order_check(order),
+            HashMode::Cached,
+            self.shebang.clone(),
+            self.pycache,
+            &mut |_| {},
+        )
+    }
+
     /// Stat `paths` on this side's host (hashing them with `HashMode::All`,
     /// with progress on the bar). An empty list costs no round trip.
     fn stat(&self, client: &mut Client, paths: Vec<String>, mode: HashMode) -> Result<Vec<Entry>> {
@@ -78,24 +106,19 @@ impl StatSide<'_> {
     }
 }
 
-/// The sets' members on one host (in `sets` order), and all their paths.
-fn member_paths<'a>(
-    sets: &[Set],
-    scan: &'a ScanReport,
-    globs: &[String],
-) -> (Vec<plan::Members<'a>>, BTreeSet<&'a str>) {
-    let members: Vec<plan::Members<'a>> =
-        sets.iter().map(|s| plan::members(s, scan, globs)).collect();
-    let paths = members
-        .iter()
-        .flat_map(|m| m.paths.iter().copied())
-        .collect();
-    (members, paths)
+/// The sets' members on one host, in `sets` order.
+fn members_of<'a>(sets: &[Set], scan: &'a ScanReport, globs: &[String]) -> Vec<plan::Members<'a>> {
+    sets.iter().map(|s| plan::members(s, scan, globs)).collect()
 }
 
-/// Stat entries by path.
+/// Stat entries by path. (The path moves into the key; the entry's own
+/// `path` is left empty.)
 fn index(v: Vec<Entry>) -> plan::Entries {
-    v.into_iter().map(|e| (e.path.clone(), e)).collect()
+    let mut map = plan::Entries::with_capacity_and_hasher(v.len(), Default::default());
+    for mut e in v {
+        map.insert(std::mem::take(&mut e.path), e);
+    }
+    map
 }
 
 /// Run `f` for the source and the target at the same time.
@@ -258,14 +281,28 @@ pub fn make_plan(
     plan::check_python(&source, &target)?;
 
     // Which paths each side must describe: the source its members, the
-    // target its own and the source's. (Both at once: the agents are idle
-    // until this is done.)
-    let ((src_members, src_paths), (dst_members, dst_paths)) = both(
-        || member_paths(sets, &src_scan, &globs),
-        || member_paths(sets, &dst_scan, &globs),
+    // target its own and the source's. Each agent works its members out
+    // from the scan it sent, as this side does, so only the paths the
+    // target lacks travel (a torch stack's 35,000 paths do not).
+    let ((src_members, src_order), (dst_members, dst_own)) = both(
+        || {
+            let m = members_of(sets, &src_scan, &globs);
+            let order = plan::stat_order(&m, &[]);
+            (m, order)
+        },
+        || {
+            let m = members_of(sets, &dst_scan, &globs);
+            let order = plan::stat_order(&m, &[]);
+            (m, order)
+        },
     );
-    let dst_paths: Vec<String> = dst_paths.union(&src_paths).map(|p| p.to_string()).collect();
-    let src_paths: Vec<String> = src_paths.into_iter().map(String::from).collect();
+    let extra: Vec<&str> = src_order
+        .iter()
+        .copied()
+        .filter(|p| dst_own.binary_search(p).is_err())
+        .collect();
+    // What the target's agent computes as `stat_order(members, extra)`.
+    let dst_order = plan::merge_sorted(&dst_own, &extra);
 
     let shebang = ShebangRewrite {
         from: src_host.venv.clone(),
@@ -293,12 +330,12 @@ pub fn make_plan(
     let (s, d) = both(
         || {
             src_side
-                .stat(&mut src, src_paths, HashMode::Cached)
+                .stat_members(&mut src, sets, &globs, &[], &src_order)
                 .map(index)
         },
         || {
             dst_side
-                .stat(&mut dst, dst_paths, HashMode::Cached)
+                .stat_members(&mut dst, sets, &globs, &extra, &dst_order)
                 .map(index)
         },
     );
