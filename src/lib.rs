@@ -15,3 +15,4 @@ pub mod preflight;
 pub mod report;
 pub mod transport;
 pub mod verify;
+

@@ -127,13 +127,23 @@ pub struct Side<'a> {
 /// controller's own input.)
 pub type Entries = HashMap<String, Entry, rustc_hash::FxBuildHasher>;
 
-/// The distributions and paths of one set on one host.
+/// The distributions and paths of one set on one host. The path lists are
+/// sorted and without repeats (sorted vectors: a torch stack's 35,000
+/// paths sort in a few ms, where inserting them into ordered sets one by
+/// one took ~15 ms per list on both the controller and the agents).
 pub struct Members<'a> {
     pub dists: Vec<&'a Dist>,
     /// Paths owned by the set's distributions.
-    pub dist_paths: BTreeSet<&'a str>,
+    pub dist_paths: Vec<&'a str>,
     /// All paths: distribution files plus glob matches.
-    pub paths: BTreeSet<&'a str>,
+    pub paths: Vec<&'a str>,
+}
+
+/// Sort and drop repeats.
+fn sorted_unique(mut v: Vec<&str>) -> Vec<&str> {
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 /// The set's members on a host (from its scan; entries not needed).
@@ -143,16 +153,23 @@ pub fn members<'a>(set: &Set, scan: &'a ScanReport, globs: &[String]) -> Members
         .iter()
         .filter(|d| matches_any(&set.dists, &d.normalized))
         .collect();
-    let dist_paths: BTreeSet<&str> = dists
-        .iter()
-        .flat_map(|d| d.files.iter().map(String::as_str))
-        .collect();
-    let mut paths = dist_paths.clone();
+    let dist_paths = sorted_unique(
+        dists
+            .iter()
+            .flat_map(|d| d.files.iter().map(String::as_str))
+            .collect(),
+    );
+    let mut globbed: Vec<&str> = Vec::new();
     for g in &set.files {
         if let Some(i) = globs.iter().position(|x| x == g) {
-            paths.extend(scan.globs.get(i).into_iter().flatten().map(String::as_str));
+            globbed.extend(scan.globs.get(i).into_iter().flatten().map(String::as_str));
         }
     }
+    let paths = if globbed.is_empty() {
+        dist_paths.clone()
+    } else {
+        merge_sorted(&dist_paths, &sorted_unique(globbed))
+    };
     Members {
         dists,
         dist_paths,
@@ -164,12 +181,11 @@ pub fn members<'a>(set: &Set, scan: &'a ScanReport, globs: &[String]) -> Members
 /// sorted, each once. The controller and the agent both compute it (see
 /// `Request::StatMembers`).
 pub fn stat_order<'a>(members: &[Members<'a>], extra: &[&'a str]) -> Vec<&'a str> {
-    let all: BTreeSet<&str> = members
-        .iter()
-        .flat_map(|m| m.paths.iter().copied())
-        .chain(extra.iter().copied())
-        .collect();
-    all.into_iter().collect()
+    let mut order: Vec<&str> = Vec::new();
+    for m in members {
+        order = merge_sorted(&order, &m.paths);
+    }
+    merge_sorted(&order, &sorted_unique(extra.to_vec()))
 }
 
 /// The union of two sorted lists without repeats, sorted: `stat_order` of
@@ -196,6 +212,21 @@ pub fn merge_sorted<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
     }
     out.extend_from_slice(&a[i..]);
     out.extend_from_slice(&b[j..]);
+    out
+}
+
+/// The items of sorted `a` that sorted `b` lacks, in order.
+fn sorted_difference<'a>(a: &[&'a str], b: &[&str]) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for &x in a {
+        while j < b.len() && b[j] < x {
+            j += 1;
+        }
+        if b.get(j) != Some(&x) {
+            out.push(x);
+        }
+    }
     out
 }
 
@@ -233,14 +264,20 @@ pub fn check_python(src: &HostInfo, dst: &HostInfo) -> Result<()> {
 /// The paths whose content decides the plan: regular files on both sides
 /// with the same size, and `bin/` scripts (their shebang may be rewritten,
 /// which changes their size on the source).
-pub fn needs_hash<'a>(src: &'a Entries, dst: &'a Entries) -> impl Iterator<Item = &'a str> {
-    src.iter()
-        .filter(|(p, s)| match (&s.kind, dst.get(*p).map(|e| &e.kind)) {
+/// Yields each such path with its source entry and its target entry, if any.
+pub fn needs_hash<'a>(
+    src: &'a Entries,
+    dst: &'a Entries,
+) -> impl Iterator<Item = (&'a str, &'a Entry, Option<&'a Entry>)> {
+    src.iter().filter_map(|(p, s)| {
+        let d = dst.get(p);
+        let needed = match (&s.kind, d.map(|e| &e.kind)) {
             (Kind::File { .. }, _) if p.starts_with("../../../bin/") => true,
             (Kind::File { size: a, .. }, Some(Kind::File { size: b, .. })) => a == b,
             _ => false,
-        })
-        .map(|(p, _)| p.as_str())
+        };
+        needed.then_some((p.as_str(), s, d))
+    })
 }
 
 /// Decide the plan. `sets` are the manifest's sets to carry out, in order.
@@ -278,6 +315,7 @@ pub fn compute_with<'a>(
             owners.entry(f.as_str()).or_default().push(d);
         }
     }
+
 
     for (set, m) in sets.iter().zip(&src_members) {
         if m.paths.is_empty() {
@@ -425,7 +463,7 @@ pub fn compute_with<'a>(
                 }
                 Some(_) => Action::Replace,
             };
-            if sm.dist_paths.contains(&path) {
+            if sm.dist_paths.binary_search(&path).is_ok() {
                 let foreign = foreign_owners(path);
                 if !foreign.is_empty() && t.is_some() {
                     warn(
@@ -443,7 +481,7 @@ pub fn compute_with<'a>(
             record(&mut plan, path, action, s.kind.size(), Some(&s.kind), t);
         }
 
-        for &path in dm.paths.difference(&sm.paths) {
+        for path in sorted_difference(&dm.paths, &sm.paths) {
             let Some(t) = dst
                 .entries
                 .get(path)
@@ -631,6 +669,15 @@ mod tests {
                 entries: d.1,
             },
         )
+    }
+
+    #[test]
+    fn sorted_difference_keeps_order() {
+        assert_eq!(
+            sorted_difference(&["a", "b", "c", "e"], &["b", "d", "e"]),
+            ["a", "c"]
+        );
+        assert_eq!(sorted_difference(&["a"], &[]), ["a"]);
     }
 
     #[test]

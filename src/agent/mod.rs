@@ -99,10 +99,7 @@ struct Session {
     scan: Option<protocol::ScanReport>,
     /// A `PrefetchPreflight` walk: its venv and the thread listing the
     /// shared objects of site-packages.
-    prefetch: Option<(
-        String,
-        std::thread::JoinHandle<Option<crate::preflight::SharedObjects>>,
-    )>,
+    prefetch: Option<(String, std::thread::JoinHandle<Option<crate::preflight::SharedObjects>>)>,
 }
 
 impl Session {

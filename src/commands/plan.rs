@@ -357,19 +357,19 @@ pub fn make_plan(
     // files on both sides with the same size (a size difference already
     // means "replace"), and scripts whose shebang is rewritten; and of
     // those only the sides the cache did not answer.
-    let unhashed = |entries: &plan::Entries, p: &str| {
+    let unhashed = |e: Option<&Entry>| {
         matches!(
-            entries.get(p).map(|e| &e.kind),
+            e.map(|e| &e.kind),
             Some(Kind::File { blake3: None, .. })
         )
     };
     let (mut to_hash, mut src_hash, mut dst_hash) = (0usize, Vec::new(), Vec::new());
-    for p in plan::needs_hash(&src_entries, &dst_entries) {
+    for (p, s, d) in plan::needs_hash(&src_entries, &dst_entries) {
         to_hash += 1;
-        if unhashed(&src_entries, p) {
+        if unhashed(Some(s)) {
             src_hash.push(p.to_string());
         }
-        if unhashed(&dst_entries, p) {
+        if unhashed(d) {
             dst_hash.push(p.to_string());
         }
     }
@@ -384,7 +384,9 @@ pub fn make_plan(
     dst_entries.extend(index(d?));
     timing(&format!(
         "hash ({} same-size pairs and scripts; read {} + {} files, the rest cached)",
-        to_hash, n_src, n_dst
+        to_hash,
+        n_src,
+        n_dst
     ));
     let (set_plans, warnings) = plan::compute_with(
         sets,
