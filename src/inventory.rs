@@ -134,7 +134,9 @@ pub fn venv_relative(site_rel: &str, path: &str) -> Option<String> {
     if path
         .split('/')
         .all(|c| !c.is_empty() && c != "." && c != "..")
-        && site_rel.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+        && site_rel
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
     {
         return Some(format!("{site_rel}/{path}"));
     }
@@ -547,8 +549,14 @@ pub fn hex(bytes: &[u8]) -> String {
 enum Probe {
     Missing,
     Symlink,
-    Dir { mode: u32 },
-    File { size: u64, mode: u32, stamp: FileStamp },
+    Dir {
+        mode: u32,
+    },
+    File {
+        size: u64,
+        mode: u32,
+        stamp: FileStamp,
+    },
     Other,
 }
 

@@ -15,4 +15,3 @@ pub mod preflight;
 pub mod report;
 pub mod transport;
 pub mod verify;
-

@@ -27,7 +27,11 @@ pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
         };
         if x != y {
             // The first differing byte decides: compare as big-endian.
-            return if x.swap_bytes() < y.swap_bytes() { -1 } else { 1 };
+            return if x.swap_bytes() < y.swap_bytes() {
+                -1
+            } else {
+                1
+            };
         }
         i += 8;
     }
@@ -59,10 +63,16 @@ mod tests {
         let cases: &[(&[u8], &[u8])] = &[
             (b"", b""),
             (b"a", b"b"),
-            (b"lib/python3.11/site-packages/nvidia/a", b"lib/python3.11/site-packages/nvidia/b"),
+            (
+                b"lib/python3.11/site-packages/nvidia/a",
+                b"lib/python3.11/site-packages/nvidia/b",
+            ),
             (b"abcdefgh\x80", b"abcdefgh\x7f"),
             (b"abcdefgX12345678", b"abcdefgY12345678"),
-            (b"\xff\x00\x00\x00\x00\x00\x00\x00", b"\x00\xff\xff\xff\xff\xff\xff\xff"),
+            (
+                b"\xff\x00\x00\x00\x00\x00\x00\x00",
+                b"\x00\xff\xff\xff\xff\xff\xff\xff",
+            ),
             (b"same-same-same", b"same-same-same"),
         ];
         for (x, y) in cases {

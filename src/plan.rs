@@ -316,7 +316,6 @@ pub fn compute_with<'a>(
         }
     }
 
-
     for (set, m) in sets.iter().zip(&src_members) {
         if m.paths.is_empty() {
             return Err(err!(

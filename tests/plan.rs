@@ -6,6 +6,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::path::PathBuf;
 
 use common::{Testbed, assert_same, snapshot};
 
@@ -39,14 +40,8 @@ fn changes_of(doc: &serde_json::Value, set: &str, skip_keep: bool) -> (Changes, 
     (changes, s["unchanged"].as_u64().unwrap())
 }
 
-#[test]
-fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
-    if !common::requires_root() {
-        return;
-    }
-    let tb = Testbed::new(2);
-    tb.write_manifest(SETS);
-    let before = (snapshot(tb.host_venv_dir(0)), snapshot(tb.host_venv_dir(1)));
+/// `overlay plan src dst --json`, which must succeed.
+fn plan_json(tb: &Testbed) -> serde_json::Value {
     let out = tb
         .overlay(&["plan", "src", "dst", "--json"])
         .output()
@@ -56,7 +51,18 @@ fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
+    if !common::requires_root() {
+        return;
+    }
+    let tb = Testbed::new(2);
+    tb.write_manifest(SETS);
+    let before = (snapshot(tb.host_venv_dir(0)), snapshot(tb.host_venv_dir(1)));
+    let plan = plan_json(&tb);
     let reference = tb.record_plan(0, 1);
     assert_eq!(plan["source"], "src");
     assert_eq!(plan["target"], "dst");
@@ -106,6 +112,37 @@ fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
         "{text}"
     );
     assert!(tb.work.join(".overlay/plan.json").exists());
+
+    // The agent is started as the copy of this build the host already has;
+    // a damaged copy (or none) is found out by its silence, and uploaded
+    // again before the plan goes on.
+    let agent_on = |i: usize| -> PathBuf {
+        let dir = tb.host_dir(i).join("root/.cache/overlay");
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("overlay-")
+            })
+            .unwrap_or_else(|| panic!("no agent in {}", dir.display()))
+    };
+    let size = std::fs::metadata(env!("CARGO_BIN_EXE_overlay"))
+        .unwrap()
+        .len();
+    let (on_src, on_dst) = (agent_on(0), agent_on(1));
+    std::fs::write(&on_dst, b"#!/bin/sh\nexit 3\n").unwrap();
+    std::fs::remove_file(&on_src).unwrap();
+    let again = plan_json(&tb);
+    assert_eq!(
+        again["sets"], plan["sets"],
+        "the same plan after re-uploads"
+    );
+    assert_eq!(std::fs::metadata(&on_src).unwrap().len(), size);
+    assert_eq!(std::fs::metadata(&on_dst).unwrap().len(), size);
 }
 
 /// Run a plan that must fail: exit 2, every needle in stderr, a hint, and no venv changed.

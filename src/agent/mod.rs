@@ -86,6 +86,32 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
     }
 }
 
+/// How a stat request wants its paths described.
+struct StatHow<'a> {
+    hash: protocol::HashMode,
+    shebang: Option<&'a protocol::ShebangRewrite>,
+    pycache: bool,
+}
+
+/// Stat `paths` (with progress frames) into a `Stat` answer.
+fn stat_answer(
+    output: &mut dyn Write,
+    counters: &Counters,
+    venv: &str,
+    paths: &[String],
+    how: &StatHow<'_>,
+) -> Result<Response> {
+    with_progress(output, counters, || {
+        inventory::stat(venv, paths, how.hash, how.shebang, how.pycache, counters)
+    })?
+    .map(|entries| Response::Stat {
+        entries: entries
+            .into_iter()
+            .map(protocol::StatEntry::from_entry)
+            .collect(),
+    })
+}
+
 fn send(out: &mut dyn Write, r: &Response) -> Result<()> {
     write_frame(out, r).map_err(|e| err!("agent: cannot write to the controller: {e}"))
 }
@@ -99,7 +125,10 @@ struct Session {
     scan: Option<protocol::ScanReport>,
     /// A `PrefetchPreflight` walk: its venv and the thread listing the
     /// shared objects of site-packages.
-    prefetch: Option<(String, std::thread::JoinHandle<Option<crate::preflight::SharedObjects>>)>,
+    prefetch: Option<(
+        String,
+        std::thread::JoinHandle<Option<crate::preflight::SharedObjects>>,
+    )>,
 }
 
 impl Session {
@@ -134,15 +163,14 @@ impl Session {
                 hash,
                 shebang,
                 pycache,
-            } => with_progress(output, &counters, || {
-                inventory::stat(&venv, &paths, hash, shebang.as_ref(), pycache, &counters)
-            })?
-            .map(|entries| Response::Stat {
-                entries: entries
-                    .into_iter()
-                    .map(protocol::StatEntry::from_entry)
-                    .collect(),
-            }),
+            } => {
+                let how = StatHow {
+                    hash,
+                    shebang: shebang.as_ref(),
+                    pycache,
+                };
+                stat_answer(output, &counters, &venv, &paths, &how)
+            }
             Request::StatMembers {
                 venv,
                 sets,
@@ -173,15 +201,12 @@ impl Session {
                     ));
                 }
                 let paths: Vec<String> = order.iter().map(|p| p.to_string()).collect();
-                with_progress(output, &counters, || {
-                    inventory::stat(&venv, &paths, hash, shebang.as_ref(), pycache, &counters)
-                })?
-                .map(|entries| Response::Stat {
-                    entries: entries
-                        .into_iter()
-                        .map(protocol::StatEntry::from_entry)
-                        .collect(),
-                })
+                let how = StatHow {
+                    hash,
+                    shebang: shebang.as_ref(),
+                    pycache,
+                };
+                stat_answer(output, &counters, &venv, &paths, &how)
             }
             Request::Send {
                 venv,

@@ -357,12 +357,8 @@ pub fn make_plan(
     // files on both sides with the same size (a size difference already
     // means "replace"), and scripts whose shebang is rewritten; and of
     // those only the sides the cache did not answer.
-    let unhashed = |e: Option<&Entry>| {
-        matches!(
-            e.map(|e| &e.kind),
-            Some(Kind::File { blake3: None, .. })
-        )
-    };
+    let unhashed =
+        |e: Option<&Entry>| matches!(e.map(|e| &e.kind), Some(Kind::File { blake3: None, .. }));
     let (mut to_hash, mut src_hash, mut dst_hash) = (0usize, Vec::new(), Vec::new());
     for (p, s, d) in plan::needs_hash(&src_entries, &dst_entries) {
         to_hash += 1;
@@ -384,9 +380,7 @@ pub fn make_plan(
     dst_entries.extend(index(d?));
     timing(&format!(
         "hash ({} same-size pairs and scripts; read {} + {} files, the rest cached)",
-        to_hash,
-        n_src,
-        n_dst
+        to_hash, n_src, n_dst
     ));
     let (set_plans, warnings) = plan::compute_with(
         sets,

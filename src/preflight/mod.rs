@@ -111,8 +111,7 @@ fn walk_shared_objects(site: &Path) -> SharedObjects {
                 .filter_entry(|e| e.file_name() != "__pycache__")
                 .flatten()
                 .filter(|e| {
-                    e.file_type().is_file()
-                        && e.file_name().to_str().is_some_and(looks_shared)
+                    e.file_type().is_file() && e.file_name().to_str().is_some_and(looks_shared)
                 })
                 .filter_map(|e| {
                     let rel = e.path().strip_prefix(site).ok()?.to_str()?.to_string();
@@ -196,7 +195,9 @@ pub fn run_on_target(
     let staying = listed
         .unwrap_or_else(|| walk_shared_objects(&site))
         .into_iter()
-        .filter(|(rel, _)| !placed_set.contains(rel.as_str()) && !deleted_set.contains(rel.as_str()));
+        .filter(|(rel, _)| {
+            !placed_set.contains(rel.as_str()) && !deleted_set.contains(rel.as_str())
+        });
     for (rel, path) in staying {
         let Some(info) = view.elf(&path) else {
             continue;
