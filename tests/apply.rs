@@ -88,6 +88,22 @@ fn site_rel(p: &str) -> String {
     parts.join("/")
 }
 
+/// `overlay plan src dst`, which must succeed.
+fn plan(tb: &Testbed) {
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
+}
+
+/// Plan, then `overlay apply ARGS...`; both must succeed.
+fn plan_and_apply(tb: &Testbed, args: &[&str]) -> Output {
+    plan(tb);
+    let mut apply = vec!["apply"];
+    apply.extend_from_slice(args);
+    ok(tb.overlay(&apply).output().unwrap(), "apply")
+}
+
 #[test]
 fn round_trip_over_ssh_is_exact_and_reversible() {
     if !common::requires_root() {
@@ -208,14 +224,7 @@ fn a_hardlinked_file_keeps_its_old_content() {
     let old = fs::read(&version).unwrap();
     let link = tb.dir().join("uv-cache-copy-of-version.py");
     fs::hard_link(&version, &link).unwrap();
-    ok(
-        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
-        "plan",
-    );
-    ok(
-        tb.overlay(&["apply", "--backup"]).output().unwrap(),
-        "apply",
-    );
+    plan_and_apply(&tb, &["--backup"]);
     assert_ne!(fs::read(&version).unwrap(), old, "version.py was replaced");
     assert_eq!(
         fs::read(&link).unwrap(),
@@ -233,11 +242,7 @@ fn a_hardlinked_file_keeps_its_old_content() {
 fn without_backup_the_old_files_are_dropped_and_rollback_says_why() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(
-        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
-        "plan",
-    );
-    ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
+    plan_and_apply(&tb, &[]);
     let out = tb.overlay(&["rollback", "dst"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -251,14 +256,7 @@ fn without_backup_the_old_files_are_dropped_and_rollback_says_why() {
 fn a_generation_from_the_sha256_era_is_refused_by_rollback_and_nothing_changes() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(
-        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
-        "plan",
-    );
-    ok(
-        tb.overlay(&["apply", "--backup"]).output().unwrap(),
-        "apply",
-    );
+    plan_and_apply(&tb, &["--backup"]);
     // What an overlay before BLAKE3 wrote: no `digest` in meta.json.
     let gens = tb.host_venv_dir(1).join(".overlay/generations");
     let generation = std::fs::read_dir(&gens)
@@ -289,10 +287,7 @@ fn a_generation_from_the_sha256_era_is_refused_by_rollback_and_nothing_changes()
 fn a_drifted_target_is_refused_and_nothing_changes() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(
-        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
-        "plan",
-    );
+    plan(&tb);
     fs::write(
         tb.site_packages(1).join("minitorch/version.py"),
         "changed by hand\n",
@@ -319,10 +314,7 @@ fn a_drifted_target_is_refused_and_nothing_changes() {
 fn a_source_file_changed_since_the_plan_aborts_with_nothing_applied() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(
-        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
-        "plan",
-    );
+    plan(&tb);
     // Same size, different content: only the hash while streaming can tell.
     let f = tb.site_packages(0).join("minitorch/version.py");
     let mut content = fs::read(&f).unwrap();
@@ -378,10 +370,7 @@ fn the_agent_stopping_after_any_journal_step_rolls_back_exactly() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
     let before = snapshot(tb.host_venv_dir(1));
-    ok(
-        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
-        "plan",
-    );
+    plan(&tb);
     // A clean run tells how many journal steps there are.
     ok(
         tb.overlay(&["apply", "--backup"]).output().unwrap(),
@@ -431,10 +420,7 @@ fn the_agent_stopping_after_any_journal_step_rolls_back_exactly() {
 fn an_interrupted_switch_can_be_resumed() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(
-        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
-        "plan",
-    );
+    plan(&tb);
     let src = snapshot(tb.host_venv_dir(0));
     let plan = plan_json(&tb);
     // Step 2 is "staged", so stopping at 6 is in the middle of the switch.
@@ -463,10 +449,7 @@ fn killing_the_controller_at_random_moments_never_loses_a_file() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
     let before = snapshot(tb.host_venv_dir(1));
-    ok(
-        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
-        "plan",
-    );
+    plan(&tb);
     // Deterministic "random" delays spread over the apply's lifetime.
     let mut seed: u64 = 0x9e3779b97f4a7c15;
     for round in 0..8 {
@@ -500,10 +483,7 @@ fn cutting_the_ssh_connection_mid_apply_rolls_back_exactly() {
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
     let before = snapshot(tb.host_venv_dir(1));
-    ok(
-        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
-        "plan",
-    );
+    plan(&tb);
     let listener: i32 = fs::read_to_string(tb.host_dir(1).join("pid"))
         .unwrap()
         .trim()
@@ -539,10 +519,7 @@ fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
     }
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    ok(
-        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
-        "plan",
-    );
+    plan(&tb);
     // Move the target venv onto a tmpfs with almost no room left.
     let venv = tb.host_venv_dir(1).to_path_buf();
     let copy = tb.dir().join("venv-copy");
