@@ -571,3 +571,127 @@ pub fn main() -> Result<()> {
     let mut output = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
     serve(&mut input, &mut output)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::Set;
+    use protocol::HashMode;
+
+    /// A venv with one distribution `a` of three files plus its dist-info.
+    fn venv() -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        let site = t.path().join("lib/python3.11/site-packages");
+        std::fs::create_dir_all(site.join("a/sub")).unwrap();
+        std::fs::create_dir_all(site.join("a-1.0.dist-info")).unwrap();
+        for (p, text) in [
+            ("a/__init__.py", "x = 1\n"),
+            ("a/sub/b.py", "y = 2\n"),
+            ("a/c.so", "not really\n"),
+            (
+                "a-1.0.dist-info/METADATA",
+                "Metadata-Version: 2.1\nName: a\nVersion: 1.0\n",
+            ),
+            (
+                "a-1.0.dist-info/RECORD",
+                "a/__init__.py,,\na/sub/b.py,,\na/c.so,,\na-1.0.dist-info/METADATA,,\na-1.0.dist-info/RECORD,,\n",
+            ),
+        ] {
+            std::fs::write(site.join(p), text).unwrap();
+        }
+        t
+    }
+
+    /// Serve `requests` in one session; the answers, without progress frames.
+    fn exchange(requests: &[Request]) -> Vec<Response> {
+        let mut input = Vec::new();
+        for r in requests {
+            write_frame(&mut input, r).unwrap();
+        }
+        let mut output = Vec::new();
+        serve(&mut input.as_slice(), &mut output).unwrap();
+        let mut answers = Vec::new();
+        let mut r = output.as_slice();
+        while let Some(m) = read_frame::<Response>(&mut r).unwrap() {
+            if !matches!(m, Response::Progress(_)) {
+                answers.push(m);
+            }
+        }
+        answers
+    }
+
+    #[test]
+    fn stat_members_answers_in_the_controllers_order_and_refuses_another() {
+        let t = venv();
+        let v = t.path().to_str().unwrap().to_string();
+        let set = Set {
+            name: "a".into(),
+            dists: vec!["a".into()],
+            files: vec![],
+        };
+        // The controller's side of it, from the same scan.
+        let scan = inventory::scan(&v, &[]).unwrap();
+        let members = vec![crate::plan::members(&set, &scan, &[])];
+        let order = crate::plan::stat_order(&members, &["a/extra.py"]);
+        assert_eq!(order.len(), 6);
+        let stat = |count: usize, check: u64| Request::StatMembers {
+            venv: v.clone(),
+            sets: vec![set.clone()],
+            globs: vec![],
+            extra: vec!["a/extra.py".into()],
+            count: count as u64,
+            check,
+            hash: HashMode::None,
+            shebang: None,
+            pycache: false,
+        };
+        let right = || stat(order.len(), crate::plan::order_check(&order));
+        let answers = exchange(&[
+            right(),
+            Request::Scan {
+                venv: v.clone(),
+                file_globs: vec![],
+            },
+            right(),
+            stat(order.len(), crate::plan::order_check(&order[1..])),
+            stat(order.len() - 1, crate::plan::order_check(&order)),
+            Request::Bye,
+        ]);
+        // Before a scan of that venv: refused.
+        assert!(
+            matches!(&answers[0], Response::Error(e) if e.message.contains("without a Scan")),
+            "{:?}",
+            answers[0]
+        );
+        assert!(matches!(answers[1], Response::Scan(_)));
+        // In order: one entry per path, the extra one missing.
+        let Response::Stat { entries } = &answers[2] else {
+            panic!("{:?}", answers[2]);
+        };
+        let kinds: Vec<Option<crate::agent::protocol::Kind>> = order
+            .iter()
+            .zip(entries.clone())
+            .map(|(p, e)| e.into_entry(p.to_string()).map(|e| e.kind))
+            .collect();
+        assert_eq!(kinds.len(), order.len());
+        let extra = order.iter().position(|p| *p == "a/extra.py").unwrap();
+        assert_eq!(kinds[extra], Some(crate::agent::protocol::Kind::Missing));
+        let b = order.iter().position(|p| *p == "a/sub/b.py").unwrap();
+        assert!(
+            matches!(
+                kinds[b],
+                Some(crate::agent::protocol::Kind::File { size: 6, .. })
+            ),
+            "{:?}",
+            kinds[b]
+        );
+        // Another order (checksum) or another count: refused, with a hint.
+        for a in &answers[3..5] {
+            assert!(
+                matches!(a, Response::Error(e) if e.message.contains("member paths") && e.hint.is_some()),
+                "{a:?}"
+            );
+        }
+        assert!(matches!(answers[5], Response::Bye));
+    }
+}
