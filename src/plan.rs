@@ -590,16 +590,8 @@ mod tests {
 
     fn dist(name: &str, version: &str, files: &[&str]) -> Dist {
         Dist {
-            name: name.into(),
-            normalized: crate::manifest::normalize_name(name),
-            version: version.into(),
-            build: None,
-            dist_info: format!("{name}-{version}.dist-info"),
             files: files.iter().map(|s| s.to_string()).collect(),
-            problem: None,
-            requires_dist: vec![],
-            provides_extra: vec![],
-            cuda: None,
+            ..Dist::for_test(name, version)
         }
     }
 

@@ -397,6 +397,25 @@ pub struct Dist {
     pub cuda: Option<String>,
 }
 
+#[cfg(test)]
+impl Dist {
+    /// A distribution for unit tests: `name` `version` and nothing else.
+    pub(crate) fn for_test(name: &str, version: &str) -> Dist {
+        Dist {
+            name: name.into(),
+            normalized: crate::manifest::normalize_name(name),
+            version: version.into(),
+            build: None,
+            dist_info: format!("{name}-{version}.dist-info"),
+            files: vec![],
+            problem: None,
+            requires_dist: vec![],
+            provides_extra: vec![],
+            cuda: None,
+        }
+    }
+}
+
 /// What the agent knows of its host, for evaluating markers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Facts {

@@ -220,16 +220,11 @@ mod tests {
         requires: &[&str],
     ) -> Dist {
         Dist {
-            name: name.into(),
-            normalized: crate::manifest::normalize_name(name),
-            version: version.into(),
-            build: None,
             dist_info: String::new(),
             files: files.iter().map(|s| s.to_string()).collect(),
-            problem: None,
             requires_dist: requires.iter().map(|s| s.to_string()).collect(),
-            provides_extra: vec![],
             cuda: cuda.map(String::from),
+            ..Dist::for_test(name, version)
         }
     }
 

@@ -159,16 +159,9 @@ mod tests {
 
     fn dist(name: &str, version: &str, requires: &[&str], extras: &[&str]) -> Dist {
         Dist {
-            name: name.into(),
-            normalized: crate::manifest::normalize_name(name),
-            version: version.into(),
-            build: None,
-            dist_info: format!("{name}-{version}.dist-info"),
-            files: vec![],
-            problem: None,
             requires_dist: requires.iter().map(|s| s.to_string()).collect(),
             provides_extra: extras.iter().map(|s| s.to_string()).collect(),
-            cuda: None,
+            ..Dist::for_test(name, version)
         }
     }
 
