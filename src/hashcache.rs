@@ -18,12 +18,11 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustc_hash::FxHashMap;
-
 use serde::de::DeserializeOwned;
-
-use crate::agent::protocol::FileStamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::agent::protocol::FileStamp;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Stamp {
@@ -36,13 +35,7 @@ struct Stamp {
 
 impl Stamp {
     fn of(m: &Metadata) -> Stamp {
-        Stamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
-        }
+        Stamp::at(m.size(), &FileStamp::of(m))
     }
 
     /// The same stamp from an lstat kept as a [`FileStamp`] and a size.

@@ -177,6 +177,11 @@ pub fn members<'a>(set: &Set, scan: &'a ScanReport, globs: &[String]) -> Members
     }
 }
 
+/// Each set's [`members`] on a host, in `sets` order.
+pub fn members_of<'a>(sets: &[Set], scan: &'a ScanReport, globs: &[String]) -> Vec<Members<'a>> {
+    sets.iter().map(|s| members(s, scan, globs)).collect()
+}
+
 /// The paths a stat of `members` and `extra` answers for, in its order:
 /// sorted, each once. The controller and the agent both compute it (see
 /// `Request::StatMembers`).
@@ -188,9 +193,8 @@ pub fn stat_order<'a>(members: &[Members<'a>], extra: &[&'a str]) -> Vec<&'a str
     merge_sorted(&order, &sorted_unique(extra.to_vec()))
 }
 
-/// The union of two sorted lists without repeats, sorted: `stat_order` of
-/// members and extras, when the members' own order is known already.
-pub fn merge_sorted<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+/// The union of two sorted lists without repeats, sorted.
+fn merge_sorted<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
     let mut out = Vec::with_capacity(a.len() + b.len());
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
@@ -216,7 +220,7 @@ pub fn merge_sorted<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
 }
 
 /// The items of sorted `a` that sorted `b` lacks, in order.
-fn sorted_difference<'a>(a: &[&'a str], b: &[&str]) -> Vec<&'a str> {
+pub fn sorted_difference<'a>(a: &[&'a str], b: &[&str]) -> Vec<&'a str> {
     let mut out = Vec::new();
     let mut j = 0;
     for &x in a {
@@ -282,12 +286,13 @@ pub fn needs_hash<'a>(
 
 /// Decide the plan. `sets` are the manifest's sets to carry out, in order.
 pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Vec<Warning>)> {
-    fn members_of<'a>(sets: &[Set], side: &Side<'a>) -> Vec<Members<'a>> {
-        sets.iter()
-            .map(|s| members(s, side.scan, side.globs))
-            .collect()
-    }
-    compute_with(sets, src, dst, members_of(sets, src), members_of(sets, dst))
+    compute_with(
+        sets,
+        src,
+        dst,
+        members_of(sets, src.scan, src.globs),
+        members_of(sets, dst.scan, dst.globs),
+    )
 }
 
 /// [`compute`] with each set's [`members`] on both sides already known (the

@@ -187,10 +187,7 @@ impl Session {
                     .as_ref()
                     .filter(|s| s.venv == venv)
                     .ok_or_else(|| err!("StatMembers of {venv} without a Scan of it first"))?;
-                let members: Vec<crate::plan::Members> = sets
-                    .iter()
-                    .map(|s| crate::plan::members(s, scan, &globs))
-                    .collect();
+                let members = crate::plan::members_of(&sets, scan, &globs);
                 let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
                 let order = crate::plan::stat_order(&members, &extra);
                 if order.len() as u64 != count || crate::plan::order_check(&order) != check {

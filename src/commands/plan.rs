@@ -106,9 +106,15 @@ impl StatSide<'_> {
     }
 }
 
-/// The sets' members on one host, in `sets` order.
-fn members_of<'a>(sets: &[Set], scan: &'a ScanReport, globs: &[String]) -> Vec<plan::Members<'a>> {
-    sets.iter().map(|s| plan::members(s, scan, globs)).collect()
+/// The sets' members on one host and the order of their stat.
+fn members_and_order<'a>(
+    sets: &[Set],
+    scan: &'a ScanReport,
+    globs: &[String],
+) -> (Vec<plan::Members<'a>>, Vec<&'a str>) {
+    let members = plan::members_of(sets, scan, globs);
+    let order = plan::stat_order(&members, &[]);
+    (members, order)
 }
 
 /// Stat entries by path. (The path moves into the key; the entry's own
@@ -285,24 +291,12 @@ pub fn make_plan(
     // from the scan it sent, as this side does, so only the paths the
     // target lacks travel (a torch stack's 35,000 paths do not).
     let ((src_members, src_order), (dst_members, dst_own)) = both(
-        || {
-            let m = members_of(sets, &src_scan, &globs);
-            let order = plan::stat_order(&m, &[]);
-            (m, order)
-        },
-        || {
-            let m = members_of(sets, &dst_scan, &globs);
-            let order = plan::stat_order(&m, &[]);
-            (m, order)
-        },
+        || members_and_order(sets, &src_scan, &globs),
+        || members_and_order(sets, &dst_scan, &globs),
     );
-    let extra: Vec<&str> = src_order
-        .iter()
-        .copied()
-        .filter(|p| dst_own.binary_search(p).is_err())
-        .collect();
-    // What the target's agent computes as `stat_order(members, extra)`.
-    let dst_order = plan::merge_sorted(&dst_own, &extra);
+    let extra = plan::sorted_difference(&src_order, &dst_own);
+    // The order the target's agent states them in.
+    let dst_order = plan::stat_order(&dst_members, &extra);
 
     let shebang = ShebangRewrite {
         from: src_host.venv.clone(),

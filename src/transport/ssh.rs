@@ -102,14 +102,15 @@ pub fn start_cached_agent(host: &str, target: &str, opts: &ConnectOptions) -> Re
     let conn = conn?;
     // Relative to the login directory, where sshd starts the command (and
     // where SFTP's "." is): the same file `upload_agent` would name.
-    exec_agent(who, conn, &agent_file(&digest, Path::new(".cache/overlay")))
+    exec_agent(who, conn, &format!("{AGENT_DIR}/{}", agent_name(&digest)))
 }
 
-/// Where in `dir` this build of the agent lives: named by its digest.
-fn agent_file(digest: &AgentDigest, dir: &Path) -> String {
-    dir.join(format!("overlay-{}", &digest.hex[..16]))
-        .to_string_lossy()
-        .into_owned()
+/// Where agents are kept, relative to the home directory.
+const AGENT_DIR: &str = ".cache/overlay";
+
+/// The file name of this build of the agent: named by its digest.
+fn agent_name(digest: &AgentDigest) -> String {
+    format!("overlay-{}", &digest.hex[..16])
 }
 
 /// `[user@]host[:port]` as written in the manifest; `host` may be an alias.
@@ -1323,8 +1324,8 @@ fn upload_agent(
     let home = sftp
         .realpath(Path::new("."))
         .map_err(|e| fail("cannot find the home directory".into(), e))?;
-    let dir = home.join(".cache").join("overlay");
-    let name = format!("overlay-{}", &digest.hex[..16]);
+    let dir = home.join(AGENT_DIR);
+    let name = agent_name(&digest);
     let final_path = dir.join(&name);
     let final_str = final_path
         .to_str()
@@ -1341,7 +1342,8 @@ fn upload_agent(
         return Ok(final_str);
     }
 
-    for d in [home.join(".cache"), dir.clone()] {
+    // AGENT_DIR's parent (`~/.cache`) first, then AGENT_DIR.
+    for d in [dir.parent().unwrap_or(&home).to_path_buf(), dir.clone()] {
         if let Err(e) = sftp.mkdir(&d, 0o700) {
             match sftp.stat(&d) {
                 Ok(st) if st.is_dir() => {}
@@ -1638,13 +1640,16 @@ fn acking<T>(
     fd: RawFd,
     mut op: impl FnMut() -> std::result::Result<T, ssh2::Error>,
 ) -> std::result::Result<T, ssh2::Error> {
-    let timeout = Duration::from_millis(u64::from(session.timeout()).max(1));
-    let deadline = std::time::Instant::now() + timeout;
+    // As in libssh2, a timeout of 0 means none.
+    let deadline = match session.timeout() {
+        0 => None,
+        ms => Some(std::time::Instant::now() + Duration::from_millis(u64::from(ms))),
+    };
     session.set_blocking(false);
     let r = loop {
         match op() {
             Err(e) if e.code() == ErrorCode::Session(libssh2_sys_codes::EAGAIN) => {
-                if std::time::Instant::now() >= deadline {
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                     break Err(ssh2::Error::new(
                         ErrorCode::Session(libssh2_sys_codes::TIMEOUT),
                         "timed out waiting for the server",
