@@ -27,16 +27,6 @@ fn ok(out: Output, what: &str) -> Output {
     out
 }
 
-fn plan_json(tb: &Testbed) -> serde_json::Value {
-    let out = ok(
-        tb.overlay(&["plan", "src", "dst", "--json"])
-            .output()
-            .unwrap(),
-        "plan",
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// Paths (relative to the venv) the plan adds or replaces.
 fn carried(plan: &serde_json::Value) -> Vec<String> {
     let mut v = Vec::new();
@@ -113,7 +103,7 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
     tb.write_manifest(SETS);
     let before = snapshot(tb.host_venv_dir(1));
     let src_snap = snapshot(tb.host_venv_dir(0));
-    let plan = plan_json(&tb);
+    let plan = tb.plan_json();
     let carried = carried(&plan);
     assert!(carried.len() > 10, "{plan}");
 
@@ -422,7 +412,7 @@ fn an_interrupted_switch_can_be_resumed() {
     tb.write_manifest(SETS);
     plan(&tb);
     let src = snapshot(tb.host_venv_dir(0));
-    let plan = plan_json(&tb);
+    let plan = tb.plan_json();
     // Step 2 is "staged", so stopping at 6 is in the middle of the switch.
     let out = tb
         .overlay(&["apply", "--backup"])
@@ -714,7 +704,7 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
     fs::write(&manifest, text).unwrap();
     let before = snapshot(tb.host_venv_dir(1));
     let src_snap = snapshot(tb.host_venv_dir(0));
-    let plan = plan_json(&tb);
+    let plan = tb.plan_json();
 
     // Unknown host key on the source: refused before anything changes.
     let_host_reach(&tb, 0, 1, "dst-direct", false);

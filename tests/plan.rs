@@ -40,20 +40,6 @@ fn changes_of(doc: &serde_json::Value, set: &str, skip_keep: bool) -> (Changes, 
     (changes, s["unchanged"].as_u64().unwrap())
 }
 
-/// `overlay plan src dst --json`, which must succeed.
-fn plan_json(tb: &Testbed) -> serde_json::Value {
-    let out = tb
-        .overlay(&["plan", "src", "dst", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 #[test]
 fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
     if !common::requires_root() {
@@ -62,7 +48,7 @@ fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
     let before = (snapshot(tb.host_venv_dir(0)), snapshot(tb.host_venv_dir(1)));
-    let plan = plan_json(&tb);
+    let plan = tb.plan_json();
     let reference = tb.record_plan(0, 1);
     assert_eq!(plan["source"], "src");
     assert_eq!(plan["target"], "dst");
@@ -136,7 +122,7 @@ fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
     let (on_src, on_dst) = (agent_on(0), agent_on(1));
     std::fs::write(&on_dst, b"#!/bin/sh\nexit 3\n").unwrap();
     std::fs::remove_file(&on_src).unwrap();
-    let again = plan_json(&tb);
+    let again = tb.plan_json();
     assert_eq!(
         again["sets"], plan["sets"],
         "the same plan after re-uploads"

@@ -554,6 +554,22 @@ impl Testbed {
         serde_json::from_slice(&out.stdout).expect("record-plan prints JSON")
     }
 
+    /// `overlay plan src dst --json`, which must succeed: the plan.
+    pub fn plan_json(&self) -> serde_json::Value {
+        let out = self
+            .overlay(&["plan", "src", "dst", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "plan failed ({}):\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("plan --json prints JSON")
+    }
+
     /// Stop host `i` (Drop does it for all).
     pub fn stop(&mut self, i: usize) {
         let h = &mut self.hosts[i];
