@@ -28,7 +28,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicI32};
-use std::sync::{Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 use crate::agent::protocol::{
     Compression, FileStamp, Kind, Progress, Response, SendFile, ShebangRewrite, write_data_parts,
@@ -700,16 +700,24 @@ impl Read for ChannelReader {
 
 /// Target side: unpack the stream into `staging/<index>`, checking each
 /// file against the plan. Runs on its own thread, fed by [`ChannelReader`].
+///
+/// Three kinds of thread share the work: this one parses the tar stream and
+/// hashes each file into a chunk buffer, one writer writes the chunks out
+/// (so that a wait on the disk does not stall the stream), and two fsync
+/// each staged file beside both. The stage is done when every fsync is.
 pub fn unpack(
     g: &Generation,
     host_dir: &Path,
     input: ChannelReader,
     counters: &Counters,
 ) -> Result<(u64, u64, Vec<Written>)> {
-    // Each staged file is fsynced beside the stream, not in its way; the
-    // stage is done when every fsync is.
-    let (sync_tx, sync_rx) = mpsc::sync_channel::<(File, PathBuf)>(256);
+    let (sync_tx, sync_rx) = mpsc::sync_channel::<(Arc<File>, PathBuf)>(256);
     let sync_rx = Mutex::new(sync_rx);
+    let (job_tx, job_rx) = mpsc::sync_channel::<WriteJob>(WRITE_BUFFERS);
+    let (free_tx, free_rx) = mpsc::sync_channel::<AlignedBuf>(WRITE_BUFFERS);
+    for _ in 0..WRITE_BUFFERS {
+        let _ = free_tx.send(AlignedBuf::new(WRITE_CHUNK));
+    }
     std::thread::scope(|scope| {
         let syncers: Vec<_> = (0..2)
             .map(|_| {
@@ -729,7 +737,11 @@ pub fn unpack(
                 })
             })
             .collect();
-        let r = unpack_into(g, host_dir, input, counters, sync_tx);
+        let writer = scope.spawn(move || write_staged(g, host_dir, job_rx, free_tx, sync_tx));
+        let r = unpack_into(g, host_dir, input, counters, job_tx, free_rx);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(err!("the staging writer panicked")));
         let mut synced = Ok(());
         for s in syncers {
             let r = s
@@ -739,28 +751,171 @@ pub fn unpack(
                 synced = r;
             }
         }
-        let r = r?;
+        // The writer's own error explains a stream that stopped because of it.
+        let written = written?;
+        let (files, bytes) = r?;
         synced?;
         if let Ok(d) = File::open(g.dir.join("staging")) {
             let _ = d.sync_all();
         }
-        Ok(r)
+        Ok((files, bytes, written))
     })
 }
 
 /// A staged file: its change index, the blake3 written, and its stamp.
 pub type Written = (usize, String, FileStamp);
 
+/// Staged files are written in chunks of this many bytes.
+const WRITE_CHUNK: usize = 4 << 20;
+/// Chunk buffers in flight between the unpacker and the writer.
+const WRITE_BUFFERS: usize = 4;
+/// Staged files at least this big are written with `O_DIRECT`.
+pub const DIRECT_MIN: u64 = 4 << 20;
+/// What `O_DIRECT` asks of buffer addresses, file offsets and lengths; 4096
+/// covers every common block device (a larger need shows as `EINVAL`, and
+/// the file is finished through the page cache).
+const DIRECT_ALIGN: usize = 4096;
+
+/// A zeroed buffer whose usable part starts on a `DIRECT_ALIGN` boundary.
+struct AlignedBuf {
+    mem: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let mem = vec![0u8; len + DIRECT_ALIGN];
+        let start = mem.as_ptr().align_offset(DIRECT_ALIGN);
+        AlignedBuf { mem, start, len }
+    }
+    fn get(&mut self) -> &mut [u8] {
+        &mut self.mem[self.start..self.start + self.len]
+    }
+}
+
+/// A chunk of a staged file for the writer: the first `len` bytes of `buf`
+/// go at the file's current offset.
+struct WriteJob {
+    index: usize,
+    file: Arc<File>,
+    buf: AlignedBuf,
+    len: usize,
+    /// On a file's last chunk: how to finish it.
+    last: Option<Finish>,
+}
+
+/// What the writer does to a staged file after its last byte.
+struct Finish {
+    digest: String,
+    mode: u32,
+    /// Owner to set (when running as root).
+    owner: Option<(Option<u32>, Option<u32>)>,
+}
+
+/// The writer thread: write each chunk, finish each file (owner, mode,
+/// stamp) and hand it to the fsync threads. A big file bypasses the page
+/// cache (`O_DIRECT`, set by the unpacker): every staged file is fsynced
+/// before the switch anyway, so caching its pages gains nothing, while
+/// copying gigabytes into the cache costs the host CPU and evicts what its
+/// workloads keep hot (model weights, say). Where the filesystem refuses
+/// `O_DIRECT`, the file is written the ordinary way.
+fn write_staged(
+    g: &Generation,
+    host_dir: &Path,
+    jobs: mpsc::Receiver<WriteJob>,
+    free: mpsc::SyncSender<AlignedBuf>,
+    sync: mpsc::SyncSender<(Arc<File>, PathBuf)>,
+) -> Result<Vec<Written>> {
+    let staging = g.dir.join("staging");
+    let mut written = Vec::new();
+    for mut job in jobs {
+        let dest = || staging.join(job.index.to_string());
+        write_chunk(&job.file, &mut job.buf.get()[..job.len], job.last.is_some())
+            .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
+        if let Some(fin) = job.last.take() {
+            let out = &job.file;
+            if let Some((uid, gid)) = fin.owner {
+                let _ = std::os::unix::fs::fchown(&**out, uid, gid);
+            }
+            out.set_permissions(fs::Permissions::from_mode(fin.mode))
+                .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
+            let stamp = out
+                .metadata()
+                .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
+            written.push((job.index, fin.digest, FileStamp::of(&stamp)));
+            sync.send((job.file.clone(), dest()))
+                .map_err(|_| err!("the fsync threads stopped"))?;
+        }
+        // The unpacker may be gone (it failed); then nobody needs the buffer.
+        let _ = free.send(job.buf);
+    }
+    Ok(written)
+}
+
+/// Write `data` at `file`'s offset. With `O_DIRECT` on, a last chunk's tail
+/// (past the last whole block) goes through the page cache.
+fn write_chunk(file: &File, data: &mut [u8], last: bool) -> std::io::Result<()> {
+    let mut direct = is_direct(file);
+    let end = data.len();
+    let aligned = if direct && last {
+        end / DIRECT_ALIGN * DIRECT_ALIGN
+    } else {
+        end
+    };
+    let mut f = file;
+    let mut at = 0;
+    while at < end {
+        if direct && at >= aligned {
+            direct = !set_direct(file, false);
+        }
+        let to = if direct { aligned } else { end };
+        match f.write(&data[at..to]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // An alignment this filesystem does not accept, or a short
+            // write that left the offset unaligned: go on buffered.
+            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                set_direct(file, false);
+                direct = false;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn is_direct(file: &File) -> bool {
+    rustix::fs::fcntl_getfl(file).is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT))
+}
+
+/// Turn `O_DIRECT` on or off for `file`; false if the filesystem refuses.
+fn set_direct(file: &File, on: bool) -> bool {
+    use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
+    let Ok(flags) = fcntl_getfl(file) else {
+        return false;
+    };
+    let flags = if on {
+        flags | OFlags::DIRECT
+    } else {
+        flags - OFlags::DIRECT
+    };
+    fcntl_setfl(file, flags).is_ok()
+}
+
 fn unpack_into(
     g: &Generation,
     host_dir: &Path,
     input: ChannelReader,
     counters: &Counters,
-    sync: mpsc::SyncSender<(File, PathBuf)>,
-) -> Result<(u64, u64, Vec<Written>)> {
+    jobs: mpsc::SyncSender<WriteJob>,
+    free: mpsc::Receiver<AlignedBuf>,
+) -> Result<(u64, u64)> {
     let staging = g.dir.join("staging");
-    let mut written = Vec::new();
-    let mut buf = vec![0u8; 1 << 20];
+    let stopped = || err!("the staging writer stopped");
+    let next_buf = || free.recv().map_err(|_| stopped());
+    let mut buf = next_buf()?;
     let is_root = rustix::process::geteuid().is_root();
     let mut archive = tar::Archive::new(input);
     let mut seen = vec![false; g.meta.changes.len()];
@@ -789,6 +944,12 @@ fn unpack_into(
         }
         let dest = staging.join(i.to_string());
         let header = entry.header().clone();
+        let owner = is_root.then(|| {
+            (
+                header.uid().ok().map(|u| u as u32),
+                header.gid().ok().map(|u| u as u32),
+            )
+        });
         match (&c.source, header.entry_type()) {
             (Some(Kind::Symlink { target }), tar::EntryType::Symlink) => {
                 let link = entry
@@ -804,12 +965,8 @@ fn unpack_into(
                 }
                 std::os::unix::fs::symlink(target, &dest)
                     .map_err(|e| stage_error(&dest, e, host_dir, g))?;
-                if is_root {
-                    let _ = std::os::unix::fs::lchown(
-                        &dest,
-                        header.uid().ok().map(|u| u as u32),
-                        header.gid().ok().map(|u| u as u32),
-                    );
+                if let Some((uid, gid)) = owner {
+                    let _ = std::os::unix::fs::lchown(&dest, uid, gid);
                 }
             }
             (
@@ -818,24 +975,40 @@ fn unpack_into(
                 }),
                 tar::EntryType::Regular,
             ) => {
-                let mut out = OpenOptions::new()
+                let out = OpenOptions::new()
                     .write(true)
                     .create_new(true)
                     .mode(0o600)
                     .open(&dest)
                     .map_err(|e| stage_error(&dest, e, host_dir, g))?;
+                if *size >= DIRECT_MIN {
+                    set_direct(&out, true);
+                }
+                let out = Arc::new(out);
                 let mut hasher = ContentHasher::new();
-                let mut n_total = 0u64;
+                let (mut n_total, mut fill) = (0u64, 0usize);
                 loop {
+                    if fill == WRITE_CHUNK {
+                        let full = std::mem::replace(&mut buf, next_buf()?);
+                        let job = WriteJob {
+                            index: i,
+                            file: out.clone(),
+                            buf: full,
+                            len: fill,
+                            last: None,
+                        };
+                        jobs.send(job).map_err(|_| stopped())?;
+                        fill = 0;
+                    }
+                    let space = &mut buf.get()[fill..];
                     let n = entry
-                        .read(&mut buf)
+                        .read(space)
                         .map_err(|e| err!("Failed to read the stream: {e}"))?;
                     if n == 0 {
                         break;
                     }
-                    hasher.update(&buf[..n]);
-                    out.write_all(&buf[..n])
-                        .map_err(|e| stage_error(&dest, e, host_dir, g))?;
+                    hasher.update(&space[..n]);
+                    fill += n;
                     n_total += n as u64;
                     counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
@@ -848,22 +1021,19 @@ fn unpack_into(
                         size
                     ));
                 }
-                if is_root {
-                    let _ = std::os::unix::fs::fchown(
-                        &out,
-                        header.uid().ok().map(|u| u as u32),
-                        header.gid().ok().map(|u| u as u32),
-                    );
-                }
-                out.set_permissions(fs::Permissions::from_mode(*mode))
-                    .map_err(|e| stage_error(&dest, e, host_dir, g))?;
-                let stamp = out
-                    .metadata()
-                    .map_err(|e| stage_error(&dest, e, host_dir, g))?;
-                sync.send((out, dest))
-                    .map_err(|_| err!("the fsync threads stopped"))?;
+                let job = WriteJob {
+                    index: i,
+                    file: out,
+                    buf: std::mem::replace(&mut buf, next_buf()?),
+                    len: fill,
+                    last: Some(Finish {
+                        digest,
+                        mode: *mode,
+                        owner,
+                    }),
+                };
+                jobs.send(job).map_err(|_| stopped())?;
                 bytes += size;
-                written.push((i, digest, FileStamp::of(&stamp)));
             }
             (expected, got) => {
                 return Err(err!(
@@ -890,7 +1060,7 @@ fn unpack_into(
             missing[0]
         ));
     }
-    Ok((files, bytes, written))
+    Ok((files, bytes))
 }
 
 /// Describe a write failure in staging; a full disk says how much is needed.
@@ -916,6 +1086,114 @@ fn stage_error(dest: &Path, e: std::io::Error, dir: &Path, g: &Generation) -> cr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The target's side of a stream: a file bigger than two write chunks
+    /// (written around the page cache, with an unaligned tail), a small one
+    /// and a symlink arrive intact in staging, with their modes, and the
+    /// digests the writer reports are what arrived.
+    #[test]
+    fn unpack_stages_big_and_small_files_exactly() {
+        use crate::journal::{GenChange, PrepareRequest, State};
+        let t = tempfile::tempdir().unwrap();
+        let site = t.path().join("lib/python3.11/site-packages");
+        fs::create_dir_all(&site).unwrap();
+        let v = t.path().to_str().unwrap();
+        // Not a multiple of anything: 2 chunks, then 777 bytes past a block.
+        let big: Vec<u8> = (0..2 * WRITE_CHUNK + 3 * DIRECT_ALIGN + 777)
+            .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
+            .collect();
+        let small = b"print('hi')\n".to_vec();
+        let hex = |d: &[u8]| content_hex(ContentHasher::new().update(d));
+        let file = |d: &[u8], mode| Kind::File {
+            size: d.len() as u64,
+            mode,
+            blake3: Some(hex(d)),
+            stamp: None,
+        };
+        let change = |path: &str, source| GenChange {
+            path: path.into(),
+            action: Action::Add,
+            source: Some(source),
+            target: None,
+            bytecode: false,
+            staged: None,
+        };
+        let state = State::open(v).unwrap();
+        let counters = Counters::default();
+        let req = PrepareRequest {
+            venv: v.into(),
+            source: "s".into(),
+            target: "t".into(),
+            plan_created: 0,
+            changes: vec![
+                change("big.so", file(&big, 0o755)),
+                change("small.py", file(&small, 0o644)),
+                change(
+                    "link.so",
+                    Kind::Symlink {
+                        target: "big.so".into(),
+                    },
+                ),
+            ],
+            backup: false,
+            resume: false,
+        };
+        let g = state.prepare(&req, &counters).unwrap();
+        let mut tar = tar::Builder::new(Vec::new());
+        for (name, data, mode) in [("0", &big, 0o755), ("1", &small, 0o644)] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(mode);
+            tar.append_data(&mut h, name, &data[..]).unwrap();
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        tar.append_link(&mut h, "2", "big.so").unwrap();
+        let stream = tar.into_inner().unwrap();
+        // Blocks of odd sizes, as frames would cut it.
+        let (tx, rx) = mpsc::sync_channel(stream.len() / 100_000 + 2);
+        for piece in stream.chunks(100_003) {
+            tx.send((piece.to_vec(), 0)).unwrap();
+        }
+        drop(tx);
+        let (files, bytes, written) =
+            unpack(&g, t.path(), ChannelReader::new(rx), &counters).unwrap();
+        assert_eq!((files, bytes), (3, (big.len() + small.len()) as u64));
+        let staging = g.dir.join("staging");
+        assert!(fs::read(staging.join("0")).unwrap() == big);
+        assert_eq!(fs::read(staging.join("1")).unwrap(), small);
+        assert_eq!(
+            fs::read_link(staging.join("2")).unwrap(),
+            Path::new("big.so")
+        );
+        let mode = |p: &str| fs::metadata(staging.join(p)).unwrap().permissions().mode() & 0o7777;
+        assert_eq!((mode("0"), mode("1")), (0o755, 0o644));
+        let mut digests: Vec<(usize, String)> =
+            written.into_iter().map(|(i, d, _)| (i, d)).collect();
+        digests.sort();
+        assert_eq!(digests, vec![(0, hex(&big)), (1, hex(&small))]);
+    }
+
+    /// `write_chunk` finishes an `O_DIRECT` file through the page cache
+    /// where its tail is not a whole block, on any filesystem.
+    #[test]
+    fn a_direct_write_with_a_ragged_tail_is_exact() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("f");
+        let f = File::create(&p).unwrap();
+        let on = set_direct(&f, true);
+        assert_eq!(is_direct(&f), on);
+        let mut buf = AlignedBuf::new(3 * DIRECT_ALIGN);
+        for (i, b) in buf.get().iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let want: Vec<u8> = buf.get()[..2 * DIRECT_ALIGN + 5].to_vec();
+        write_chunk(&f, &mut buf.get()[..2 * DIRECT_ALIGN + 5], true).unwrap();
+        assert!(!is_direct(&f), "the tail is written without O_DIRECT");
+        drop(f);
+        assert!(fs::read(&p).unwrap() == want);
+    }
 
     /// Feed window rates (bytes/s) per level; returns the level after each.
     fn run(t: &mut Tuner, rate_at: impl Fn(i32, usize) -> f64, windows: usize) -> Vec<i32> {
