@@ -97,6 +97,27 @@ impl Write for BlockCutter<'_> {
 }
 
 impl BlockCutter<'_> {
+    /// Read from `file` straight into the block being cut, hashing what
+    /// arrives. Returns the bytes read: 0 at the end of the file.
+    fn read_from(&mut self, file: &File, hasher: &mut ContentHasher) -> std::io::Result<usize> {
+        if self.buf.len() >= BLOCK {
+            self.emit()?;
+        }
+        let start = self.buf.len();
+        let n = loop {
+            match rustix::io::read(file, rustix::buffer::spare_capacity(&mut self.buf)) {
+                Ok(n) => break n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        };
+        hasher.update(&self.buf[start..]);
+        if self.buf.len() >= BLOCK {
+            self.emit()?;
+        }
+        Ok(n)
+    }
+
     fn emit(&mut self) -> std::io::Result<()> {
         let broken = || {
             std::io::Error::new(
@@ -110,7 +131,13 @@ impl BlockCutter<'_> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(BLOCK));
+        let mut next = Vec::with_capacity(BLOCK);
+        if self.buf.len() > BLOCK {
+            // More capacity than asked for was filled: cut at BLOCK.
+            next.extend_from_slice(&self.buf[BLOCK..]);
+            self.buf.truncate(BLOCK);
+        }
+        let data = std::mem::replace(&mut self.buf, next);
         let block = Block {
             seq: self.seq,
             level: self.level.load(Ordering::Relaxed),
@@ -326,32 +353,6 @@ pub fn unpack_block(
     }
 }
 
-/// A reader that hashes what passes through. It reads the file 1 MiB at a
-/// time (the tar builder asks for 8 KiB), so a big file costs few syscalls
-/// and few hasher calls.
-struct HashingReader<'b, R> {
-    inner: R,
-    hasher: ContentHasher,
-    buf: &'b mut [u8],
-    pos: usize,
-    len: usize,
-}
-
-impl<R: Read> Read for HashingReader<'_, R> {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        if self.pos == self.len {
-            let n = self.inner.read(self.buf)?;
-            self.hasher.update(&self.buf[..n]);
-            self.pos = 0;
-            self.len = n;
-        }
-        let n = out.len().min(self.len - self.pos);
-        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
-    }
-}
-
 /// Source side: write the files as a tar stream in packed data frames to
 /// `out`. Returns the bytes of files, the bytes sent, the blake3 of each
 /// file, and with `Auto` the tuner's log.
@@ -556,7 +557,6 @@ fn read_files(
     counters: &Counters,
 ) -> Result<(u64, Vec<(usize, String)>)> {
     let mut hashes = Vec::with_capacity(files.len());
-    let mut read_buf = vec![0u8; 1 << 20];
     let mut tar = tar::Builder::new(cutter);
     let mut raw = 0u64;
     for f in files {
@@ -620,16 +620,28 @@ fn read_files(
                         if meta.len() != *size {
                             return Err(changed());
                         }
-                        let mut r = HashingReader {
-                            inner: file.take(*size),
-                            hasher: ContentHasher::new(),
-                            buf: &mut read_buf,
-                            pos: 0,
-                            len: 0,
+                        // Read straight into the stream's block and hash it
+                        // there: no copy through tar's 8 KiB buffer.
+                        let failed = |e: std::io::Error| {
+                            err!("Failed to stream {}: {}", abs.display(), io_cause(&e))
                         };
-                        tar.append_data(&mut h, &name, &mut r)
-                            .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
-                        content_hex(&r.hasher)
+                        h.set_path(&name).map_err(failed)?;
+                        h.set_cksum();
+                        let cutter = tar.get_mut();
+                        cutter.write_all(h.as_bytes()).map_err(failed)?;
+                        let mut hasher = ContentHasher::new();
+                        let mut left = *size;
+                        while left > 0 {
+                            let n = cutter.read_from(&file, &mut hasher).map_err(failed)?;
+                            if n == 0 || n as u64 > left {
+                                // Shorter or longer than the plan said.
+                                return Err(changed());
+                            }
+                            left -= n as u64;
+                        }
+                        let pad = (512 - (*size % 512) as usize) % 512;
+                        cutter.write_all(&[0u8; 512][..pad]).map_err(failed)?;
+                        content_hex(&hasher)
                     };
                 match blake3 {
                     Some(want) if *want != digest => return Err(changed()),

@@ -323,9 +323,18 @@ pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>
             "frame of {len} bytes is too large"
         ));
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)
-        .map_err(|e| err!("connection closed in the middle of a frame: {e}"))?;
+    // Read into fresh capacity: a data frame is up to 1 MiB, and zeroing it
+    // first would cost as much as a copy.
+    let mut body = Vec::with_capacity(len);
+    match r.take(len as u64).read_to_end(&mut body) {
+        Ok(n) if n == len => {}
+        Ok(n) => {
+            return Err(err!(
+                "connection closed in the middle of a frame ({n} of {len} bytes)"
+            ));
+        }
+        Err(e) => return Err(err!("connection closed in the middle of a frame: {e}")),
+    }
     if raw & DATA_BIT != 0 {
         return Ok(Some(Frame::Data(body)));
     }
