@@ -750,7 +750,8 @@ pub fn unpack(
             })
             .collect();
         let writer = scope.spawn(move || write_staged(g, host_dir, job_rx, free_tx, sync_tx));
-        let r = unpack_into(g, host_dir, input, counters, job_tx, free_rx);
+        let direct = direct_io_fs(&g.dir.join("staging"));
+        let r = unpack_into(g, host_dir, input, counters, direct, job_tx, free_rx);
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(err!("the staging writer panicked")));
@@ -898,6 +899,18 @@ fn write_chunk(file: &File, data: &mut [u8], last: bool) -> std::io::Result<()> 
     Ok(())
 }
 
+/// Whether big staged files in `dir` are written with `O_DIRECT`: only on
+/// the local block filesystems where it is a plain DMA from our buffer
+/// (ext4, XFS, btrfs). Elsewhere (NFS, where every direct write is a
+/// synchronous round trip to the server; FUSE; tmpfs, which is the page
+/// cache) the page cache stays in the way.
+fn direct_io_fs(dir: &Path) -> bool {
+    const EXT4: u64 = 0xEF53;
+    const XFS: u64 = 0x5846_5342;
+    const BTRFS: u64 = 0x9123_683E;
+    rustix::fs::statfs(dir).is_ok_and(|s| matches!(s.f_type as u64, EXT4 | XFS | BTRFS))
+}
+
 fn is_direct(file: &File) -> bool {
     rustix::fs::fcntl_getfl(file).is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT))
 }
@@ -921,6 +934,7 @@ fn unpack_into(
     host_dir: &Path,
     input: ChannelReader,
     counters: &Counters,
+    direct: bool,
     jobs: mpsc::SyncSender<WriteJob>,
     free: mpsc::Receiver<AlignedBuf>,
 ) -> Result<(u64, u64)> {
@@ -993,7 +1007,7 @@ fn unpack_into(
                     .mode(0o600)
                     .open(&dest)
                     .map_err(|e| stage_error(&dest, e, host_dir, g))?;
-                if *size >= DIRECT_MIN {
+                if direct && *size >= DIRECT_MIN {
                     set_direct(&out, true);
                 }
                 let out = Arc::new(out);

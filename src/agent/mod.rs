@@ -7,6 +7,7 @@ pub mod client;
 pub mod protocol;
 
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -20,6 +21,10 @@ use protocol::{
 };
 
 /// Serve requests until `Bye` or end of input.
+/// What the agent asks for its stdin and stdout pipes
+/// (`/proc/sys/fs/pipe-max-size`, 1 MiB by default, is the unprivileged limit).
+pub const PIPE_SIZE: usize = 1 << 20;
+
 pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
     let mut session = Session::default();
     loop {
@@ -564,6 +569,13 @@ fn with_progress<T: Send>(
 pub fn main() -> Result<()> {
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
+    // sshd connects the agent through pipes of 64 KiB; a stream moves in
+    // 1 MiB frames, and bigger pipes let each side write a frame with one
+    // call and fewer wakeups of the other. Not a pipe, or over the user's
+    // limit: left as it is.
+    for fd in [stdin.as_fd(), stdout.as_fd()] {
+        let _ = rustix::pipe::fcntl_setpipe_size(fd, PIPE_SIZE);
+    }
     let mut input = std::io::BufReader::new(stdin.lock());
     let mut output = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
     serve(&mut input, &mut output)
