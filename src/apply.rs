@@ -7,9 +7,11 @@
 //!
 //! The stream is pipelined end to end: on the source, one thread reads and
 //! hashes, a compressor per core packs blocks, and a writer puts them on the
-//! connection in order; on the target, one thread reads and decodes frames
-//! while another writes and hashes, and fsyncs run beside both. Neither side
-//! holds more than a few megabytes; the controller only relays frames.
+//! connection in order; on the target, one thread reads and decodes frames,
+//! another unpacks and hashes them into chunk buffers, a writer writes the
+//! chunks (big files with `O_DIRECT`, around the page cache), and fsyncs run
+//! beside all three. Neither side holds more than a few tens of megabytes;
+//! the controller only relays frames.
 //!
 //! With [`Compression::Auto`] the writer picks the zstd level for the link
 //! as it goes, the way `zstd --adapt` does: it measures how many bytes of
