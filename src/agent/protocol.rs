@@ -341,11 +341,20 @@ pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>
     rmp_serde::from_slice(&body)
         .map(|m| Some(Frame::Msg(m)))
         .map_err(|e| {
-            err!(
-                hint =
-                    "controller and agent disagree on the protocol; upgrade overlay on both sides",
-                "malformed frame: {e}"
-            )
+            // Protocols 1-5 framed JSON. Our MessagePack messages start with
+            // a map or a string, never with `{` (0x7b, the integer 123).
+            if body.starts_with(b"{\"") {
+                let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+                err!(
+                    hint = "the other side is an older overlay (protocol 5 or before, JSON frames): use one overlay build on both ends (is OVERLAY_AGENT_BINARY another build?)",
+                    "the other side speaks an older protocol; it said: {text}"
+                )
+            } else {
+                err!(
+                    hint = "controller and agent disagree on the protocol; use one overlay build on both ends",
+                    "malformed frame: {e}"
+                )
+            }
         })
 }
 
@@ -725,6 +734,17 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_json_frame_from_an_older_agent_is_named_as_such() {
+        let body = br#"{"error":{"message":"malformed request"}}"#;
+        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(body);
+        let e = read_frame::<Response>(&mut frame.as_slice()).unwrap_err();
+        assert!(e.message.contains("older protocol"), "{}", e.message);
+        assert!(e.message.contains("malformed request"), "{}", e.message);
+        assert!(e.hint.unwrap().contains("one overlay build"));
+    }
 
     #[test]
     fn stat_entries_round_trip_without_path_and_drop_a_hashed_files_stamp() {
