@@ -27,6 +27,26 @@ fn ok(out: Output, what: &str) -> Output {
     out
 }
 
+/// Put a file of 9 MiB and 1,234 bytes (bigger than two of the target's
+/// 4 MiB write chunks, with a tail that is not a whole block) into the
+/// source's patched set, so that the apply writes it with `O_DIRECT` where
+/// the filesystem allows. Returns its path as the plan names it (relative
+/// to site-packages).
+fn add_big_file(tb: &Testbed) -> String {
+    let rel = "minisglang/srt/speculative/big_table.bin";
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let data: Vec<u8> = (0..(9 << 20) + 1234)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 56) as u8
+        })
+        .collect();
+    fs::write(tb.host_venv_dir(0).join(common::SITE).join(rel), data).unwrap();
+    rel.to_string()
+}
+
 /// Paths (relative to the venv) the plan adds or replaces.
 fn carried(plan: &serde_json::Value) -> Vec<String> {
     let mut v = Vec::new();
@@ -101,11 +121,13 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
     }
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
+    let big = add_big_file(&tb);
     let before = snapshot(tb.host_venv_dir(1));
     let src_snap = snapshot(tb.host_venv_dir(0));
     let plan = tb.plan_json();
     let carried = carried(&plan);
     assert!(carried.len() > 10, "{plan}");
+    assert!(carried.contains(&big), "{big} not in {carried:?}");
 
     let out = ok(
         tb.overlay(&["apply", "--backup", "--json"])
@@ -702,9 +724,11 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
     );
     assert!(text.contains("direct_ssh"), "{text}");
     fs::write(&manifest, text).unwrap();
+    let big = add_big_file(&tb);
     let before = snapshot(tb.host_venv_dir(1));
     let src_snap = snapshot(tb.host_venv_dir(0));
     let plan = tb.plan_json();
+    assert!(carried(&plan).contains(&big), "{big} not carried: {plan}");
 
     // Unknown host key on the source: refused before anything changes.
     let_host_reach(&tb, 0, 1, "dst-direct", false);
