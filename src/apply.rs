@@ -102,9 +102,9 @@ impl BlockCutter<'_> {
     /// Read from `file` straight into the block being cut, hashing what
     /// arrives. Returns the bytes read: 0 at the end of the file.
     fn read_from(&mut self, file: &File, hasher: &mut ContentHasher) -> std::io::Result<usize> {
-        if self.buf.len() >= BLOCK {
-            self.emit()?;
-        }
+        // A full block was emitted by whoever filled it (here or `write`);
+        // the block's capacity is exactly BLOCK, so a read never overfills.
+        debug_assert!(self.buf.len() < BLOCK && self.buf.capacity() == BLOCK);
         let start = self.buf.len();
         let n = loop {
             match rustix::io::read(file, rustix::buffer::spare_capacity(&mut self.buf)) {
@@ -133,13 +133,7 @@ impl BlockCutter<'_> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let mut next = Vec::with_capacity(BLOCK);
-        if self.buf.len() > BLOCK {
-            // More capacity than asked for was filled: cut at BLOCK.
-            next.extend_from_slice(&self.buf[BLOCK..]);
-            self.buf.truncate(BLOCK);
-        }
-        let data = std::mem::replace(&mut self.buf, next);
+        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(BLOCK));
         let block = Block {
             seq: self.seq,
             level: self.level.load(Ordering::Relaxed),
@@ -785,7 +779,7 @@ const WRITE_CHUNK: usize = 4 << 20;
 /// Chunk buffers in flight between the unpacker and the writer.
 const WRITE_BUFFERS: usize = 4;
 /// Staged files at least this big are written with `O_DIRECT`.
-pub const DIRECT_MIN: u64 = 4 << 20;
+const DIRECT_MIN: u64 = 4 << 20;
 /// What `O_DIRECT` asks of buffer addresses, file offsets and lengths; 4096
 /// covers every common block device (a larger need shows as `EINVAL`, and
 /// the file is finished through the page cache).
@@ -846,7 +840,7 @@ fn write_staged(
     let mut written = Vec::new();
     for mut job in jobs {
         let dest = || staging.join(job.index.to_string());
-        write_chunk(&job.file, &mut job.buf.get()[..job.len], job.last.is_some())
+        write_chunk(&job.file, &job.buf.get()[..job.len], job.last.is_some())
             .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
         if let Some(fin) = job.last.take() {
             let out = &job.file;
@@ -859,7 +853,7 @@ fn write_staged(
                 .metadata()
                 .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
             written.push((job.index, fin.digest, FileStamp::of(&stamp)));
-            sync.send((job.file.clone(), dest()))
+            sync.send((job.file, dest()))
                 .map_err(|_| err!("the fsync threads stopped"))?;
         }
         // The unpacker may be gone (it failed); then nobody needs the buffer.
@@ -870,7 +864,7 @@ fn write_staged(
 
 /// Write `data` at `file`'s offset. With `O_DIRECT` on, a last chunk's tail
 /// (past the last whole block) goes through the page cache.
-fn write_chunk(file: &File, data: &mut [u8], last: bool) -> std::io::Result<()> {
+fn write_chunk(file: &File, data: &[u8], last: bool) -> std::io::Result<()> {
     let mut direct = is_direct(file);
     let end = data.len();
     let aligned = if direct && last {
@@ -882,7 +876,9 @@ fn write_chunk(file: &File, data: &mut [u8], last: bool) -> std::io::Result<()> 
     let mut at = 0;
     while at < end {
         if direct && at >= aligned {
-            direct = !set_direct(file, false);
+            // Should clearing fail, the tail's write fails with EINVAL below.
+            set_direct(file, false);
+            direct = false;
         }
         let to = if direct { aligned } else { end };
         match f.write(&data[at..to]) {
@@ -1217,7 +1213,7 @@ mod tests {
             *b = (i % 251) as u8;
         }
         let want: Vec<u8> = buf.get()[..2 * DIRECT_ALIGN + 5].to_vec();
-        write_chunk(&f, &mut buf.get()[..2 * DIRECT_ALIGN + 5], true).unwrap();
+        write_chunk(&f, &buf.get()[..2 * DIRECT_ALIGN + 5], true).unwrap();
         assert!(!is_direct(&f), "the tail is written without O_DIRECT");
         drop(f);
         assert!(fs::read(&p).unwrap() == want);

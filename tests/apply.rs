@@ -11,21 +11,10 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{Testbed, assert_same, snapshot};
+use common::{Testbed, assert_same, ok, snapshot};
 
 /// The fixture scenario's four sets (see tests/common).
 const SETS: &str = common::SCENARIO_SETS;
-
-fn ok(out: Output, what: &str) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// Put a file of 9 MiB and 1,234 bytes (bigger than two of the target's
 /// 4 MiB write chunks, with a tail that is not a whole block) into the

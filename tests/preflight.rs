@@ -15,9 +15,7 @@
 
 mod common;
 
-use std::process::Output;
-
-use common::Testbed;
+use common::{Testbed, ok};
 
 /// Every set of the testbed.py preflight scenario; `--set` selects.
 const MANIFEST: &str = r#"
@@ -96,17 +94,6 @@ sys.exit(main(["check", "--disable-pip-version-check"]))
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn ok(out: Output, what: &str) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    out
 }
 
 /// The probe's output for `mods` in host `i`'s venv, one line per module.

@@ -66,6 +66,19 @@ pub const VENV: &str = "/root/venv";
 /// Site-packages relative to a venv dir (the fixtures are built for 3.11).
 pub const SITE: &str = "lib/python3.11/site-packages";
 
+/// `out` of a command that must have succeeded (`what` names it), else a
+/// panic with its status, stdout and stderr.
+pub fn ok(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 pub fn testbed_py() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/testbed.py")
 }
@@ -556,16 +569,11 @@ impl Testbed {
 
     /// `overlay plan src dst --json`, which must succeed: the plan.
     pub fn plan_json(&self) -> serde_json::Value {
-        let out = self
-            .overlay(&["plan", "src", "dst", "--json"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "plan failed ({}):\nstdout:\n{}\nstderr:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        let out = ok(
+            self.overlay(&["plan", "src", "dst", "--json"])
+                .output()
+                .unwrap(),
+            "plan",
         );
         serde_json::from_slice(&out.stdout).expect("plan --json prints JSON")
     }
