@@ -332,7 +332,7 @@ impl Beneath {
     pub fn is_empty_dir(&self, rel: &str) -> io::Result<bool> {
         let d = self.dir(rel)?;
         let mut dir = rustix::fs::Dir::read_from(&d.fd)?;
-        while let Some(e) = dir.next() {
+        for e in dir.by_ref() {
             let e = e?;
             let n = e.file_name().to_bytes();
             if n != b"." && n != b".." {
@@ -347,7 +347,7 @@ impl Beneath {
         let d = self.dir(rel)?;
         let mut dir = rustix::fs::Dir::read_from(&d.fd)?;
         let mut out = Vec::new();
-        while let Some(e) = dir.next() {
+        for e in dir.by_ref() {
             let e = e?;
             let n = e.file_name().to_bytes();
             if n != b"." && n != b".." {
