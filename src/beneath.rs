@@ -125,6 +125,40 @@ fn walk(fd: BorrowedFd<'_>, rel: &str) -> io::Result<OwnedFd> {
     cur.ok_or_else(|| invalid(rel))
 }
 
+/// Remove the entry `name` of the directory `fd`, recursively.
+fn remove_tree(fd: BorrowedFd<'_>, name: &str, depth: usize) -> io::Result<()> {
+    match rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+        Ok(st) if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() => {
+            return match rustix::fs::unlinkat(fd, name, AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        }
+        Ok(_) => {}
+    }
+    if depth > 4096 {
+        return Err(Errno::LOOP.into());
+    }
+    let d = rustix::fs::openat(fd, name, DIR_FLAGS, Mode::empty())?;
+    let mut names = Vec::new();
+    for e in rustix::fs::Dir::read_from(&d)? {
+        let e = e?;
+        let n = e.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(String::from_utf8_lossy(n).into_owned());
+        }
+    }
+    for n in names {
+        remove_tree(d.as_fd(), &n, depth + 1)?;
+    }
+    match rustix::fs::unlinkat(fd, name, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Split a normalized path into its parent (`""` for the top) and name.
 fn split(rel: &str) -> (&str, &str) {
     match rel.rfind('/') {
@@ -357,6 +391,38 @@ impl Beneath {
         Ok(out)
     }
 
+    /// Open the file `rel` for appending, creating it with `mode` if absent
+    /// (never through a symlink, never a symlink at its end).
+    pub fn open_append(&self, rel: &str, mode: u32) -> io::Result<File> {
+        let (fd, name) = self.parent(rel)?;
+        let f = rustix::fs::openat(
+            &fd,
+            name,
+            OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )?;
+        Ok(File::from(f))
+    }
+
+    /// Set the permission bits of the directory `rel` (opened first, so a
+    /// symlink is never followed).
+    pub fn set_dir_mode(&self, rel: &str, mode: u32) -> io::Result<()> {
+        let d = self.dir(rel)?;
+        rustix::fs::fchmod(&d.fd, Mode::from_raw_mode(mode)).map_err(Into::into)
+    }
+
+    /// Remove `rel` and everything below it, if present: files and symlinks
+    /// are unlinked, directories emptied through their own fds (a symlink is
+    /// removed, never followed). Absent is fine.
+    pub fn remove_all(&self, rel: &str) -> io::Result<()> {
+        let (fd, name) = match self.parent(rel) {
+            Ok(p) => p,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        remove_tree(fd.as_fd(), name, 0)
+    }
+
     /// Make this directory's entries durable.
     pub fn sync(&self) -> io::Result<()> {
         rustix::fs::fsync(&self.fd).map_err(Into::into)
@@ -460,6 +526,34 @@ mod tests {
         assert!(is_refused(&r), "{r}");
         assert!(!is_refused(&r2), "a file in the chain is ENOTDIR: {r2}");
         ok.unwrap();
+    }
+
+    #[test]
+    fn remove_all_never_follows_a_link_and_append_creates() {
+        let (_t, b, outside) = tree();
+        b.create_dir_all("g/s/t", 0o700).unwrap();
+        b.symlink(outside.to_str().unwrap(), "g/s/out").unwrap();
+        b.symlink("../../../outside", "g/s/t/rel").unwrap();
+        {
+            use std::io::Write;
+            let mut f = b.open_append("g/s/t/j", 0o600).unwrap();
+            f.write_all(b"one\n").unwrap();
+            let mut f = b.open_append("g/s/t/j", 0o600).unwrap();
+            f.write_all(b"two\n").unwrap();
+        }
+        assert_eq!(b.read("g/s/t/j", 100).unwrap(), b"one\ntwo\n");
+        assert!(is_refused(&b.open_append("pkg/evil/j", 0o600).unwrap_err()));
+        assert!(b.open_append("pkg/evil", 0o600).is_err());
+        b.set_dir_mode("g/s", 0o750).unwrap();
+        assert_eq!(b.lstat("g/s").unwrap().unwrap().st_mode & 0o7777, 0o750);
+        assert!(is_refused(&b.set_dir_mode("pkg/evil", 0o777).unwrap_err()));
+        b.remove_all("g").unwrap();
+        b.remove_all("g").unwrap();
+        assert!(!b.exists("g"));
+        assert!(is_refused(&b.remove_all("pkg/evil/x").unwrap_err()));
+        b.remove_all("pkg/evil").unwrap();
+        assert_eq!(std::fs::read(outside.join("x")).unwrap(), b"outside");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
     }
 
     #[test]

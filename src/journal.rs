@@ -6,21 +6,47 @@
 //! one file system, so after a crash at any moment each path is either fully
 //! old or fully new, and the journal says which steps may have happened.
 //!
+//! Every write is fd-relative: [`State`] opens the venv root once (a
+//! [`Beneath`]) and every path operation — stage lookups, moves to the
+//! backup, mkdir, place, rmdir, undo, redo, commit, prune, discard, and the
+//! state files themselves — goes through it, so a symlink anywhere in a
+//! parent chain is refused at the moment of the write, whatever the tree
+//! held when the change list was checked. Nothing is ever written outside
+//! the venv root.
+//!
+//! Shape changes: [`State::prepare`] refuses a change list that would write
+//! below a path the same list turns into a file or symlink (or deletes as a
+//! directory), and any change path inside `.overlay`. A directory replaced
+//! by a file or symlink is switched last: its planned children are moved to
+//! the backup first, then the directory (with whatever unplanned content is
+//! left, e.g. `__pycache__`) is moved whole to `whole/<index>`, then the new
+//! entry is placed; undo puts the directory back whole. A file standing
+//! where the source has a directory (the source has files below it) is moved
+//! to the backup first (an *aside* change the agent adds), then the
+//! directory is created.
+//!
 //! Undo and redo both look at the file system to see whether a journalled
-//! step took effect, so each can itself be interrupted and run again.
+//! step took effect, so each can itself be interrupted and run again. What
+//! is read back (meta.json, the journal) is validated before it is acted
+//! on: change paths and journalled directories must be plain venv-relative
+//! paths outside `.overlay`, indices must exist; a damaged or planted file is
+//! an error naming the generation and the file, never an action. State files
+//! are written whole ([`Beneath::write_atomic`]: temp, fsync, rename), mode
+//! 0600 in 0700 directories.
 
-use std::collections::BTreeSet;
-use std::fs::{self, File, OpenOptions};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fs::File;
 use std::io::{BufRead, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
 use crate::agent::protocol::{Entry, FileStamp, HashMode, Kind};
+use crate::beneath::{Beneath, is_refused, normalize};
 use crate::err;
-use crate::error::{Result, io_cause};
-use crate::inventory::{Counters, Venv};
+use crate::error::{Error, Result, io_cause};
+use crate::inventory::{Counters, Venv, venv_relative};
 use crate::plan::Action;
 
 /// The state directory inside the venv (a sibling of `bin/` and `lib/`).
@@ -73,6 +99,9 @@ pub struct GenerationInfo {
     pub backup_bytes: u64,
     pub backup: bool,
     pub status: Status,
+    /// Why the generation's state cannot be read (status `damaged`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -88,6 +117,8 @@ pub enum Status {
     Switched,
     Complete,
     RolledBack,
+    /// Its meta.json or journal cannot be read or fails validation.
+    Damaged,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -136,6 +167,11 @@ pub struct Meta {
     #[serde(default = "sha256_name")]
     pub digest: String,
     pub changes: Vec<GenChange>,
+    /// Changes (indices) that are *asides*, set by the agent only: a file
+    /// deleted so that a directory can take its place (the change list
+    /// writes below it). After the switch each is a directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asides: Vec<usize>,
 }
 
 /// The content hash this version writes and checks.
@@ -148,54 +184,47 @@ fn sha256_name() -> String {
 /// The `.overlay` state of one venv, locked for the lifetime of this value.
 pub struct State {
     pub venv: Venv,
-    /// Canonical venv root: every write lands below it.
+    /// Canonical venv root, for messages: every write goes through `fs`.
     root: PathBuf,
+    /// The venv root, opened once: every path operation is relative to it.
+    fs: Beneath,
     dir: PathBuf,
     _lock: File,
-}
-
-/// A test hook: `OVERLAY_TEST_STOP_AFTER=N` makes the agent exit abruptly
-/// after writing its N-th journal record (crash-safety tests).
-/// The receiving end of a direct stream (`Request::Receive`): the prepared
-/// generation `id` of the venv at `venv_root`, and the venv's root. The lock
-/// is held by the controller's own agent, which waits for this stream; this
-/// side takes no lock but accepts only a generation that is prepared and
-/// not yet staged into, so it never writes anywhere but an empty staging
-/// folder of the venv's own state directory.
-pub fn open_for_receive(venv_root: &str, id: &str) -> Result<(PathBuf, Generation)> {
-    let bad = || {
-        err!(
-            hint =
-                "this request comes only from overlay's own source agent during `apply --direct`",
-            "No prepared generation {id:?} to receive into in {venv_root}"
-        )
-    };
-    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-        return Err(bad());
-    }
-    let venv = Venv::open(venv_root)?;
-    let root = fs::canonicalize(&venv.root).map_err(io(format_args!("resolve {venv_root}")))?;
-    let dir = root.join(STATE_DIR).join("generations").join(id);
-    let meta: Meta = fs::read_to_string(dir.join("meta.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .ok_or_else(bad)?;
-    let records = read_journal(&dir.join("journal"))?;
-    let g = Generation { dir, meta, records };
-    let staging = g.dir.join("staging");
-    let empty = fs::symlink_metadata(&staging).is_ok_and(|m| m.is_dir())
-        && fs::read_dir(&staging).is_ok_and(|mut rd| rd.next().is_none());
-    if g.status() != Status::Prepared || !empty {
-        return Err(bad());
-    }
-    Ok((root, g))
+    /// Test hook: fail with an error after this many switch or undo steps.
+    stop_after: AtomicU64,
 }
 
 /// Switch steps whose journal records share one fsync.
 pub const SWITCH_BATCH: usize = 256;
 
+/// Where the generations live, relative to the venv root.
+const GENERATIONS: &str = ".overlay/generations";
+
+/// The largest meta.json or before.json read back.
+const STATE_FILE_LIMIT: u64 = 1 << 30;
+
+/// Whether a venv-relative path is overlay's own state (or above it).
+fn is_state(rel: &str) -> bool {
+    rel == STATE_DIR || rel.starts_with(".overlay/")
+}
+
+/// A generation id as this agent makes them: `[0-9A-Za-z-]+`.
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+}
+
+/// The proper ancestors of a normalized relative path, shallowest first.
+fn ancestors(rel: &str) -> impl Iterator<Item = &str> {
+    rel.match_indices('/').map(move |(i, _)| &rel[..i])
+}
+
+fn parent_of(rel: &str) -> &str {
+    rel.rfind('/').map_or("", |i| &rel[..i])
+}
+
+/// A test hook: `OVERLAY_TEST_STOP_AFTER=N` makes the agent exit abruptly
+/// after writing its N-th journal record (crash-safety tests).
 fn crash_hook() {
-    use std::sync::atomic::{AtomicU64, Ordering};
     static COUNT: AtomicU64 = AtomicU64::new(0);
     if let Some(n) = std::env::var("OVERLAY_TEST_STOP_AFTER")
         .ok()
@@ -216,33 +245,64 @@ fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> crate::err
     move |e| err!("Failed to {what}: {}", io_cause(&e))
 }
 
-fn fsync_dir(p: &Path) {
-    if let Ok(f) = File::open(p) {
-        let _ = f.sync_all();
+/// An I/O failure on `shown`; a refused symlink in its chain says so.
+fn fs_err(what: &str, shown: &Path, e: &std::io::Error) -> Error {
+    if is_refused(e) {
+        err!(
+            hint = "overlay never writes through a symlink; `overlay rollback HOST` restores what this generation changed",
+            "Failed to {what} {}: a symlink in its path was refused",
+            shown.display()
+        )
+    } else {
+        err!("Failed to {what} {}: {}", shown.display(), io_cause(e))
     }
 }
 
-fn lexists(p: &Path) -> bool {
-    fs::symlink_metadata(p).is_ok()
+/// The receiving end of a direct stream (`Request::Receive`): the prepared
+/// generation `id` of the venv at `venv_root`, and the venv's root. The lock
+/// is held by the controller's own agent, which waits for this stream; this
+/// side takes no lock but accepts only a generation that is prepared and
+/// not yet staged into, so it never writes anywhere but an empty staging
+/// folder of the venv's own state directory.
+pub fn open_for_receive(venv_root: &str, id: &str) -> Result<(PathBuf, Generation)> {
+    let bad = || {
+        err!(
+            hint =
+                "this request comes only from overlay's own source agent during `apply --direct`",
+            "No prepared generation {id:?} to receive into in {venv_root}"
+        )
+    };
+    if !valid_id(id) {
+        return Err(bad());
+    }
+    let venv = Venv::open(venv_root)?;
+    let root = std::fs::canonicalize(&venv.root).map_err(io(format_args!("resolve {venv_root}")))?;
+    let fs = Beneath::open(&root).map_err(io(format_args!("open {}", root.display())))?;
+    let g = Generation::open(&venv, &fs, &root, id).map_err(|_| bad())?;
+    let empty = g.fs.is_empty_dir("staging").unwrap_or(false);
+    if g.status() != Status::Prepared || !empty {
+        return Err(bad());
+    }
+    Ok((root, g))
 }
 
 impl State {
     /// Open (creating) the state directory and take its lock.
     pub fn open(venv_root: &str) -> Result<State> {
         let venv = Venv::open(venv_root)?;
-        let root = fs::canonicalize(&venv.root).map_err(io(format_args!("resolve {venv_root}")))?;
+        let root =
+            std::fs::canonicalize(&venv.root).map_err(io(format_args!("resolve {venv_root}")))?;
+        let fs = Beneath::open(&root).map_err(io(format_args!("open {}", root.display())))?;
         let dir = root.join(STATE_DIR);
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir.join("generations"))
-            .map_err(io(format_args!("create {}", dir.display())))?;
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("lock"))
-            .map_err(io(format_args!("open {}/lock", dir.display())))?;
+        fs.create_dir_all(GENERATIONS, 0o700).map_err(|e| {
+            fs_err("create", &dir.join("generations"), &e).hint(format!(
+                "{} must be overlay's own directory; move whatever is there aside",
+                dir.display()
+            ))
+        })?;
+        let lock = fs
+            .open_append(".overlay/lock", 0o600)
+            .map_err(|e| fs_err("open", &dir.join("lock"), &e))?;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
@@ -262,100 +322,251 @@ impl State {
         Ok(State {
             venv,
             root,
+            fs,
             dir,
             _lock: lock,
+            stop_after: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// Test hook: the switch and undo stop with an error after `n` more steps.
+    #[cfg(test)]
+    pub(crate) fn stop_after(&self, n: u64) {
+        self.stop_after.store(n, Ordering::SeqCst);
+    }
+
+    fn step_hook(&self) -> Result<()> {
+        let left = self.stop_after.load(Ordering::SeqCst);
+        if left == u64::MAX {
+            return Ok(());
+        }
+        if left == 0 {
+            return Err(err!("stopped by the test hook"));
+        }
+        self.stop_after.store(left - 1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn shown(&self, rel: &str) -> PathBuf {
+        self.fs.shown(rel)
     }
 
     fn gen_dir(&self, id: &str) -> PathBuf {
         self.dir.join("generations").join(id)
     }
 
-    /// Generation ids, oldest first.
+    /// Generation ids (directories with a meta.json or a journal), oldest first.
     pub fn generation_ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = fs::read_dir(self.dir.join("generations"))
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| e.path().join("meta.json").exists())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
+        let mut ids: Vec<String> = self
+            .fs
+            .list(GENERATIONS)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|id| valid_id(id))
+            .filter(|id| {
+                self.fs.exists(&format!("{GENERATIONS}/{id}/meta.json"))
+                    || self.fs.exists(&format!("{GENERATIONS}/{id}/journal"))
             })
-            .unwrap_or_default();
+            .collect();
         ids.sort();
         ids
     }
 
     pub fn load(&self, id: &str) -> Result<Generation> {
-        let dir = self.gen_dir(id);
-        let text = fs::read_to_string(dir.join("meta.json")).map_err(|e| {
-            err!(
+        if !valid_id(id) {
+            return Err(err!(
                 hint = "run `overlay history HOST` to list generations",
-                "No generation {id} in {}: {}",
-                self.dir.display(),
-                io_cause(&e)
-            )
-        })?;
-        let meta: Meta = serde_json::from_str(&text)
-            .map_err(|e| err!("{}/meta.json is damaged: {e}", dir.display()))?;
-        let records = read_journal(&dir.join("journal"))?;
-        Ok(Generation { dir, meta, records })
+                "No generation {id:?} in {}",
+                self.dir.display()
+            ));
+        }
+        Generation::open(&self.venv, &self.fs, &self.root, id)
     }
 
-    /// Where a site-packages-relative path lives, refusing `..` escapes and
-    /// parents that are symlinks (a write must never follow one out of the venv).
-    pub fn target_path(&self, path: &str) -> Result<PathBuf> {
+    /// The status the journal alone gives (for a generation whose meta.json
+    /// is damaged); `None` if the journal cannot be read either.
+    fn journal_status(&self, id: &str) -> Option<Status> {
+        let fs = self.fs.dir(&format!("{GENERATIONS}/{id}")).ok()?;
+        let records = read_journal(&fs).ok()?;
+        Some(status_of(&records))
+    }
+
+    /// A change's path relative to the venv root, or why it is refused.
+    fn change_rel(&self, path: &str) -> Result<String> {
         let (_, rel) = self.venv.resolve(path)?;
-        let mut cur = self.root.clone();
-        let parts: Vec<&str> = rel.split('/').collect();
-        for part in &parts[..parts.len() - 1] {
-            cur.push(part);
-            match fs::symlink_metadata(&cur) {
-                Ok(m) if m.file_type().is_symlink() => {
-                    return Err(err!(
-                        hint = "overlay never writes through a symlink; replace the link with a directory or leave the path out",
-                        "Refusing to write {path}: {} is a symlink",
-                        cur.display()
-                    ));
-                }
-                Ok(m) if !m.is_dir() => {
-                    return Err(err!(
-                        "Refusing to write {path}: {} is not a directory",
-                        cur.display()
-                    ));
-                }
-                _ => {}
+        if normalize(&rel).is_none() {
+            return Err(err!(
+                hint = "a RECORD or glob may only name files inside the venv",
+                "path {path:?} is not a plain path inside the venv {}",
+                self.root.display()
+            ));
+        }
+        if is_state(&rel) {
+            return Err(err!(
+                hint = "a RECORD or glob must not name overlay's own state; leave the path out of the manifest (or fix the RECORD on the source)",
+                "Refusing the change list: {path:?} is {}, overlay's own state",
+                self.shown(&rel).display()
+            ));
+        }
+        Ok(rel)
+    }
+
+    /// `rel` relative to site-packages, as change paths are written.
+    fn site_relative(&self, rel: &str) -> String {
+        match rel.strip_prefix(&format!("{}/", self.venv.site_rel)) {
+            Some(r) => r.to_string(),
+            None => {
+                let up = self.venv.site_rel.split('/').count();
+                format!("{}{rel}", "../".repeat(up))
             }
         }
-        Ok(self.root.join(rel))
     }
 
-    fn backup_path(&self, g: &Generation, path: &str) -> Result<PathBuf> {
-        let (_, rel) = self.venv.resolve(path)?;
-        Ok(g.dir.join("backup").join(rel))
+    /// Check the shape of a change list against itself and the venv as it is
+    /// now. Returns each change's venv-relative path, and the aside changes
+    /// to add (files standing where the list needs a directory).
+    /// Also returns the changes of the list to mark aside (deleted files
+    /// where a directory comes).
+    fn check_shapes(&self, changes: &[GenChange]) -> Result<(Vec<GenChange>, BTreeSet<usize>)> {
+        let mut rels = Vec::with_capacity(changes.len());
+        let mut index: HashMap<String, usize> = HashMap::new();
+        for (i, c) in changes.iter().enumerate() {
+            let rel = self.change_rel(&c.path)?;
+            if c.action != Action::Delete
+                && !matches!(c.source, Some(Kind::File { .. } | Kind::Symlink { .. }))
+            {
+                return Err(err!(
+                    hint = "run `overlay plan` again with this overlay build",
+                    "Refusing the change list: {} brings no file or symlink",
+                    c.path
+                ));
+            }
+            if let Some(first) = index.insert(rel.clone(), i) {
+                return Err(err!(
+                    hint = "two RECORD rows name one file; leave one of them out of the manifest",
+                    "Refusing the change list: {} and {} are the same path {}",
+                    changes[first].path,
+                    c.path,
+                    self.shown(&rel).display()
+                ));
+            }
+            rels.push(rel);
+        }
+        let kind_name = |k: &Option<Kind>| match k {
+            Some(Kind::Symlink { .. }) => "a symlink",
+            Some(Kind::Dir { .. }) => "a directory",
+            _ => "a file",
+        };
+        let mut seen: HashMap<String, Option<rustix::fs::FileType>> = HashMap::new();
+        let mut mark = BTreeSet::new();
+        let mut asides: Vec<String> = Vec::new();
+        for (i, c) in changes.iter().enumerate() {
+            let writes = c.action != Action::Delete;
+            for a in ancestors(&rels[i]) {
+                if let Some(&j) = index.get(a) {
+                    let d = &changes[j];
+                    if !writes {
+                        // Deleted below a path that changes: moved to the
+                        // backup before it (see `switch_order`).
+                        continue;
+                    }
+                    let how = match d.action {
+                        Action::Delete if !matches!(d.target, Some(Kind::Dir { .. })) => {
+                            // A file deleted where a directory comes.
+                            mark.insert(j);
+                            continue;
+                        }
+                        Action::Delete => "deletes as a directory".to_string(),
+                        _ => format!("turns into {}", kind_name(&d.source)),
+                    };
+                    return Err(err!(
+                        hint = "the source lists files below a path it has as a file or symlink (a RECORD naming paths through a symlink?); fix the source venv or leave these paths out of the manifest, then run `overlay plan` again",
+                        "Refusing the change list: {} would be written below {}, which the same change list {how}",
+                        c.path,
+                        d.path
+                    ));
+                }
+                let kind = match seen.get(a) {
+                    Some(k) => *k,
+                    None => {
+                        let k = self.fs.kind(a).map_err(|e| {
+                            fs_err("look at", &self.shown(a), &e).hint(
+                                "overlay never writes through a symlink; replace the link with a directory or leave the path out",
+                            )
+                        })?;
+                        seen.insert(a.to_string(), k);
+                        k
+                    }
+                };
+                match kind {
+                    None => break,
+                    Some(k) if k.is_dir() => {}
+                    Some(k) if k.is_symlink() => {
+                        return Err(err!(
+                            hint = "overlay never writes through a symlink; replace the link with a directory or leave the path out",
+                            "Refusing to write {}: {} is a symlink",
+                            c.path,
+                            self.shown(a).display()
+                        ));
+                    }
+                    Some(k) if writes && k.is_file() => {
+                        if !asides.iter().any(|x| x == a) {
+                            asides.push(a.to_string());
+                        }
+                        break;
+                    }
+                    Some(_) => {
+                        return Err(err!(
+                            hint = "move that file aside on the target, then run `overlay plan` again",
+                            "Refusing to write {}: {} is not a directory",
+                            c.path,
+                            self.shown(a).display()
+                        ));
+                    }
+                }
+            }
+        }
+        let extra = asides
+            .into_iter()
+            .map(|a| GenChange {
+                    path: self.site_relative(&a),
+                    action: Action::Delete,
+                    source: None,
+                    target: None,
+                    bytecode: false,
+                    staged: None,
+            })
+            .collect();
+        Ok((extra, mark))
     }
 
     /// Open a new generation after checking the plan's preconditions.
     pub fn prepare(&self, req: &PrepareRequest, counters: &Counters) -> Result<Generation> {
+        let (extra, mark) = self.check_shapes(&req.changes)?;
+        let mut changes = req.changes.clone();
+        let mut asides: Vec<usize> = mark.into_iter().collect();
+        asides.extend(changes.len()..changes.len() + extra.len());
+        changes.extend(extra);
         // Preconditions: what we replace or delete is as the plan saw it; what we add is absent.
         // Hash only where the plan did (and the small bytecode files); elsewhere
         // the stamp tells whether the file changed since the plan.
-        let hashed: Vec<bool> = req
-            .changes
+        let hashed: Vec<bool> = changes
             .iter()
             .map(|c| c.bytecode || c.target.as_ref().is_some_and(|t| t.digest().is_some()))
             .collect();
         let now_entries = stat_mixed(
             &req.venv,
-            &req.changes
-                .iter()
-                .map(|c| c.path.clone())
-                .collect::<Vec<_>>(),
+            &changes.iter().map(|c| c.path.clone()).collect::<Vec<_>>(),
             &hashed,
             counters,
         )?;
         let mut drift = Vec::new();
-        for (c, e) in req.changes.iter().zip(&now_entries) {
-            self.target_path(&c.path)?;
+        for (i, (c, e)) in changes.iter_mut().zip(&now_entries).enumerate() {
+            if asides.contains(&i) && c.target.is_none() {
+                // Added by the agent just now: what is there is what goes aside.
+                c.target = Some(e.kind.clone());
+                continue;
+            }
             if c.bytecode {
                 continue;
             }
@@ -385,13 +596,14 @@ impl State {
             ));
         }
         // Free space: new files are staged in full before anything is switched.
-        let need: u64 = req
-            .changes
+        let need: u64 = changes
             .iter()
             .filter(|c| c.action != Action::Delete)
             .map(|c| c.source.as_ref().map_or(0, Kind::size))
             .sum();
-        let free = free_bytes(&self.dir)?;
+        let free = rustix::fs::fstatvfs(&self.fs)
+            .map(|s| s.f_bavail * s.f_frsize)
+            .map_err(|e| err!("Failed to read free space of {}: {e}", self.root.display()))?;
         let margin = 16 << 20;
         // Test hook: OVERLAY_TEST_SKIP_SPACE_CHECK lets the disk fill up while staging.
         if need + margin > free && std::env::var_os("OVERLAY_TEST_SKIP_SPACE_CHECK").is_none() {
@@ -413,16 +625,18 @@ impl State {
             format_time(created),
             (nanos ^ std::process::id()) & 0xffff
         );
+        let rel = format!("{GENERATIONS}/{id}");
         let dir = self.gen_dir(&id);
         // Not recursive: an existing directory of that name is an error, never reused.
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .map_err(io(format_args!("create {}", dir.display())))?;
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(dir.join("staging"))
-            .map_err(io(format_args!("create {}", dir.display())))?;
+        self.fs
+            .create_dir(&rel, 0o700)
+            .map_err(|e| fs_err("create", &dir, &e))?;
+        let fs = self
+            .fs
+            .dir(&rel)
+            .map_err(|e| fs_err("open", &dir, &e))?;
+        fs.create_dir("staging", 0o700)
+            .map_err(|e| fs_err("create", &dir.join("staging"), &e))?;
         let meta = Meta {
             id: id.clone(),
             created,
@@ -431,24 +645,61 @@ impl State {
             plan_created: req.plan_created,
             backup: req.backup,
             digest: DIGEST.into(),
-            changes: req.changes.clone(),
+            changes,
+            asides,
         };
-        write_synced(
-            &dir.join("before.json"),
+        fs.write_atomic(
+            "before.json",
             &serde_json::to_vec(&now_entries).expect("serializes"),
-        )?;
-        write_synced(
-            &dir.join("meta.json"),
+            0o600,
+        )
+        .map_err(|e| fs_err("write", &dir.join("before.json"), &e))?;
+        fs.write_atomic(
+            "meta.json",
             &serde_json::to_vec_pretty(&meta).expect("serializes"),
-        )?;
-        fsync_dir(&dir);
+            0o600,
+        )
+        .map_err(|e| fs_err("write", &dir.join("meta.json"), &e))?;
+        let (rels, problem) = validate(&self.venv, &id, &meta, &[]);
+        if let Some(p) = problem {
+            return Err(err!("{p}"));
+        }
         let mut g = Generation {
             dir,
+            fs,
             meta,
             records: Vec::new(),
+            rels,
         };
         g.append(Record::Prepared)?;
         Ok(g)
+    }
+
+    /// The order of the switch: asides (files where a directory comes)
+    /// first, then the ordinary changes in list order, then directories
+    /// replaced or deleted whole, deepest first — after every planned
+    /// change below them.
+    fn switch_order(g: &Generation) -> Vec<usize> {
+        let group = |i: usize| {
+            let c = &g.meta.changes[i];
+            if g.meta.asides.contains(&i) {
+                0
+            } else if c.action != Action::Add && matches!(c.target, Some(Kind::Dir { .. })) {
+                2
+            } else {
+                1
+            }
+        };
+        let mut order: Vec<usize> = (0..g.meta.changes.len()).collect();
+        order.sort_by_key(|&i| {
+            let depth = if group(i) == 2 {
+                usize::MAX - g.rels[i].matches('/').count()
+            } else {
+                0
+            };
+            (group(i), depth, i)
+        });
+        order
     }
 
     /// Switch the staged files into place (or continue an interrupted switch).
@@ -457,129 +708,134 @@ impl State {
     /// [`SWITCH_BATCH`] steps are made durable with one fsync, then the steps
     /// are taken. Undo and redo look at the file system to tell a recorded
     /// step that was taken from one that was not, so a crash anywhere in a
-    /// batch is recovered like a crash between two single steps.
+    /// batch is recovered like a crash between two single steps. Every step
+    /// is made relative to the venv's fd when it happens: a symlink in a
+    /// parent chain fails the step, it is never followed.
     pub fn switch(&self, g: &mut Generation) -> Result<u64> {
         enum Step {
-            Move { target: PathBuf, backup: PathBuf },
-            Mkdir(PathBuf),
-            Place { staged: PathBuf, target: PathBuf },
+            Move(usize),
+            Mkdir(String),
+            Place(usize),
         }
-        let changes = g.meta.changes.clone();
-        let mut created_dirs: BTreeSet<PathBuf> = BTreeSet::new();
+        let order = Self::switch_order(g);
+        // What this batch's steps will have done, before they run.
+        let mut made: HashSet<String> = HashSet::new();
+        let mut gone: HashSet<String> = HashSet::new();
         let mut changed = 0;
-        let indices: Vec<usize> = (0..changes.len()).collect();
-        for batch in indices.chunks(SWITCH_BATCH) {
+        for batch in order.chunks(SWITCH_BATCH) {
+            made.clear();
+            gone.clear();
             let mut records = Vec::new();
             let mut steps = Vec::new();
             for &i in batch {
-                let c = &changes[i];
-                let target = self.target_path(&c.path)?;
-                let staged = g.dir.join("staging").join(i.to_string());
-                let backup = self.backup_path(g, &c.path)?;
+                let c = &g.meta.changes[i];
+                let rel = g.rels[i].clone();
+                let staged = format!("staging/{i}");
+                let present = |r: &str, made: &HashSet<String>, gone: &HashSet<String>| {
+                    made.contains(r) || (!gone.contains(r) && self.fs.exists(r))
+                };
                 if c.action != Action::Add
-                    && lexists(&target)
-                    && !lexists(&backup)
-                    && !(c.action == Action::Replace && !lexists(&staged) && g.placed(i))
+                    && present(&rel, &made, &gone)
+                    && !g.fs.exists(&g.backup_rel(i))
+                    && !(c.action == Action::Replace && !g.fs.exists(&staged) && g.placed(i))
                 {
                     records.push(Record::Move { i });
-                    steps.push(Step::Move {
-                        target: target.clone(),
-                        backup,
-                    });
+                    steps.push(Step::Move(i));
+                    made.remove(&rel);
+                    gone.insert(rel.clone());
                 }
-                if c.action != Action::Delete && lexists(&staged) {
+                if c.action != Action::Delete && g.fs.exists(&staged) {
                     // Create missing parents, journalled so that rollback removes them.
-                    let mut missing = Vec::new();
-                    let mut p = target.parent();
-                    while let Some(dir) = p {
-                        if dir == self.root || created_dirs.contains(dir) || lexists(dir) {
-                            break;
-                        }
-                        missing.push(dir.to_path_buf());
-                        p = dir.parent();
-                    }
-                    for dir in missing.into_iter().rev() {
-                        let rel = dir
-                            .strip_prefix(&self.root)
-                            .expect("below root")
-                            .to_string_lossy()
-                            .into_owned();
-                        records.push(Record::Mkdir { dir: rel });
-                        created_dirs.insert(dir.clone());
-                        steps.push(Step::Mkdir(dir));
+                    let missing: Vec<&str> = ancestors(&rel)
+                        .filter(|a| !present(a, &made, &gone))
+                        .collect();
+                    for dir in missing {
+                        records.push(Record::Mkdir {
+                            dir: dir.to_string(),
+                        });
+                        gone.remove(dir);
+                        made.insert(dir.to_string());
+                        steps.push(Step::Mkdir(dir.to_string()));
                     }
                     records.push(Record::Place { i });
-                    steps.push(Step::Place { staged, target });
+                    steps.push(Step::Place(i));
+                    gone.remove(&rel);
+                    made.insert(rel);
                 }
                 changed += 1;
             }
             g.append_all(records)?;
             for step in steps {
                 match step {
-                    Step::Move { target, backup } => {
-                        if let Some(parent) = backup.parent() {
-                            fs::create_dir_all(parent)
-                                .map_err(io(format_args!("create {}", parent.display())))?;
-                        }
-                        fs::rename(&target, &backup)
-                            .map_err(io(format_args!("move {} to the backup", target.display())))?;
+                    Step::Move(i) => {
+                        let rel = &g.rels[i];
+                        let backup = g.backup_rel(i);
+                        let parent = parent_of(&backup);
+                        g.fs.create_dir_all(parent, 0o700)
+                            .map_err(|e| fs_err("create", &g.fs.shown(parent), &e))?;
+                        self.fs
+                            .rename_noreplace(rel, &g.fs, &backup)
+                            .map_err(|e| fs_err("move to the backup", &self.shown(rel), &e))?;
                     }
                     Step::Mkdir(dir) => {
-                        fs::create_dir(&dir)
-                            .map_err(io(format_args!("create {}", dir.display())))?;
+                        self.fs
+                            .create_dir(&dir, 0o755)
+                            .map_err(|e| fs_err("create", &self.shown(&dir), &e))?;
                     }
-                    Step::Place { staged, target } => {
-                        fs::rename(&staged, &target)
-                            .map_err(io(format_args!("put {} in place", target.display())))?;
+                    Step::Place(i) => {
+                        let rel = &g.rels[i];
+                        g.fs.rename_noreplace(&format!("staging/{i}"), &self.fs, rel)
+                            .map_err(|e| fs_err("put in place", &self.shown(rel), &e))?;
                     }
                 }
                 crash_hook();
+                self.step_hook()?;
             }
         }
         // Remove directories the deletes left empty, deepest first.
-        let site = self.root.join(&self.venv.site_rel);
-        let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
-        for c in changes.iter().filter(|c| c.action == Action::Delete) {
-            let mut p = self.target_path(&c.path)?.parent().map(Path::to_path_buf);
-            while let Some(dir) = p {
-                if dir == site || dir == self.root || !dir.starts_with(&self.root) {
-                    break;
+        let site = self.venv.site_rel.clone();
+        let mut dirs: BTreeSet<String> = BTreeSet::new();
+        for (i, (c, rel)) in g.meta.changes.iter().zip(&g.rels).enumerate() {
+            if c.action == Action::Delete && !g.meta.asides.contains(&i) {
+                for a in ancestors(rel) {
+                    if a.len() > site.len() && a.starts_with(&format!("{site}/")) {
+                        dirs.insert(a.to_string());
+                    } else if !site.starts_with(&format!("{a}/")) && a != site {
+                        // A `bin/`-side path outside site-packages.
+                        dirs.insert(a.to_string());
+                    }
                 }
-                dirs.insert(dir.clone());
-                p = dir.parent().map(Path::to_path_buf);
             }
         }
-        let mut dirs: Vec<PathBuf> = dirs.into_iter().collect();
-        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        let mut dirs: Vec<String> = dirs.into_iter().collect();
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.matches('/').count()));
         for dir in dirs {
-            let Ok(meta) = fs::symlink_metadata(&dir) else {
+            let Ok(Some(st)) = self.fs.lstat(&dir) else {
                 continue;
             };
-            if !meta.is_dir() || fs::read_dir(&dir).map_or(true, |mut rd| rd.next().is_some()) {
+            if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir()
+                || !self.fs.is_empty_dir(&dir).unwrap_or(false)
+            {
                 continue;
             }
-            let rel = dir
-                .strip_prefix(&self.root)
-                .expect("below root")
-                .to_string_lossy()
-                .into_owned();
             g.append(Record::Rmdir {
-                dir: rel,
-                mode: meta.permissions().mode() & 0o7777,
+                dir: dir.clone(),
+                mode: st.st_mode & 0o7777,
             })?;
-            fs::remove_dir(&dir).map_err(io(format_args!("remove empty {}", dir.display())))?;
+            self.fs
+                .remove_dir(&dir)
+                .map_err(|e| fs_err("remove the empty directory", &self.shown(&dir), &e))?;
+            self.step_hook()?;
         }
         // Make the renames durable: every directory that gained or lost an entry.
-        let mut parents: BTreeSet<PathBuf> = BTreeSet::new();
-        for c in &changes {
-            if let Some(p) = self.target_path(&c.path)?.parent() {
-                parents.insert(p.to_path_buf());
+        let mut parents: BTreeSet<&str> = g.rels.iter().map(|r| parent_of(r)).collect();
+        parents.insert(&site);
+        for p in parents {
+            if let Ok(d) = self.fs.dir(p) {
+                let _ = d.sync();
             }
         }
-        parents.insert(site.clone());
-        for p in &parents {
-            fsync_dir(p);
-        }
+        let _ = g.fs.sync();
         g.append(Record::Switched)?;
         Ok(changed)
     }
@@ -601,7 +857,12 @@ impl State {
             .changes
             .iter()
             .zip(&now)
-            .filter(|(c, e)| match (c.action, &c.staged, &c.source, &e.kind) {
+            .enumerate()
+            .filter(|(i, (c, e))| match (c.action, &c.staged, &c.source, &e.kind) {
+                // A file moved aside for a directory: the directory is there.
+                (Action::Delete, ..) if g.meta.asides.contains(i) => {
+                    !matches!(e.kind, Kind::Dir { .. })
+                }
                 (Action::Delete, ..) => e.kind.exists(),
                 (
                     _,
@@ -616,7 +877,7 @@ impl State {
                 ) => !(size == s2 && mode == m2 && st.same_inode_unchanged(now)),
                 _ => !c.source.as_ref().is_some_and(|s| s.same_as(&e.kind)),
             })
-            .map(|(c, _)| c.path.as_str())
+            .map(|(_, (c, _))| c.path.as_str())
             .collect();
         if !bad.is_empty() {
             return Err(err!(
@@ -632,9 +893,10 @@ impl State {
     /// Mark complete; drop the backup unless asked to keep it; prune.
     pub fn commit(&self, g: &mut Generation, keep: Option<usize>) -> Result<Vec<String>> {
         g.append(Record::Complete)?;
-        let _ = fs::remove_dir_all(g.dir.join("staging"));
+        let _ = g.fs.remove_all("staging");
         if !g.meta.backup {
-            let _ = fs::remove_dir_all(g.dir.join("backup"));
+            let _ = g.fs.remove_all("backup");
+            let _ = g.fs.remove_all("whole");
         }
         match keep {
             // Never prune the generation just made.
@@ -643,8 +905,161 @@ impl State {
         }
     }
 
+    /// Remove bytecode compiled from the generation's new `.py` files since
+    /// the switch: it would be stale once the old ones are back (same size
+    /// and mtime is possible); the backup brings back the old bytecode.
+    fn remove_new_bytecode(&self, g: &Generation) {
+        let journalled: BTreeSet<&str> = g
+            .rels
+            .iter()
+            .zip(&g.meta.changes)
+            .filter(|(_, c)| c.bytecode)
+            .map(|(r, _)| r.as_str())
+            .collect();
+        for (c, rel) in g.meta.changes.iter().zip(&g.rels) {
+            if c.bytecode || !rel.ends_with(".py") {
+                continue;
+            }
+            let (dir, file) = match rel.rsplit_once('/') {
+                Some((d, f)) => (d, f),
+                None => ("", rel.as_str()),
+            };
+            let Some(stem) = file.strip_suffix(".py") else {
+                continue;
+            };
+            let cache = if dir.is_empty() {
+                "__pycache__".to_string()
+            } else {
+                format!("{dir}/__pycache__")
+            };
+            let want = format!("{stem}.");
+            for name in self.fs.list(&cache).unwrap_or_default() {
+                let p = format!("{cache}/{name}");
+                if name.starts_with(&want)
+                    && name.ends_with(".pyc")
+                    && !journalled.contains(p.as_str())
+                {
+                    let _ = self.fs.remove_file(&p);
+                }
+            }
+        }
+    }
+
+    /// Take the entry `rel` out of the venv into the generation's `undone/`
+    /// (never overwriting what is there). Returns where it went.
+    fn take_out(&self, g: &Generation, rel: &str, name: &str) -> std::io::Result<String> {
+        g.fs.create_dir_all("undone", 0o700)?;
+        let mut n = 0;
+        loop {
+            let to = if n == 0 {
+                format!("undone/{name}")
+            } else {
+                format!("undone/{name}.{n}")
+            };
+            match self.fs.rename_noreplace(rel, &g.fs, &to) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+                r => return r.map(|()| to),
+            }
+        }
+    }
+
+    /// Undo one journal record. `moved`: the changes with a `Move` record.
+    fn undo_step(
+        &self,
+        g: &Generation,
+        r: &Record,
+        moved: &HashSet<usize>,
+        out: &mut Undone,
+    ) -> std::io::Result<()> {
+        match r {
+            Record::Place { i } => {
+                let c = &g.meta.changes[*i];
+                let rel = &g.rels[*i];
+                // Not placed yet; or placed, taken out and the old entry
+                // put back by an earlier, interrupted undo.
+                let restored_already = moved.contains(i) && g.backup_of(*i).is_none();
+                if g.fs.exists(&format!("staging/{i}"))
+                    || !self.fs.exists(rel)
+                    || restored_already
+                {
+                    return Ok(());
+                }
+                // A file edited since the apply is kept (in undone/), never lost.
+                if let Some(Kind::File {
+                    blake3: Some(want), ..
+                }) = &c.source
+                    && self.fs.kind(rel)?.is_some_and(|k| k.is_file())
+                {
+                    let now =
+                        crate::inventory::hash_file(&self.shown(rel), None, &Counters::default())
+                            .ok();
+                    if now.is_some_and(|(_, h)| &h != want) {
+                        out.edited.push(c.path.clone());
+                    }
+                }
+                self.take_out(g, rel, &i.to_string())?;
+                out.removed += 1;
+            }
+            Record::Move { i } => {
+                let c = &g.meta.changes[*i];
+                let rel = &g.rels[*i];
+                let Some(backup) = g.backup_of(*i) else {
+                    return Ok(());
+                };
+                if c.bytecode
+                    && self.fs.kind(rel).ok().flatten().is_some_and(|k| k.is_file())
+                {
+                    // Bytecode written since the switch, where the old one goes back.
+                    let _ = self.fs.remove_file(rel);
+                }
+                if !self.fs.exists(rel) {
+                    let parent = parent_of(rel);
+                    if !parent.is_empty() {
+                        self.fs.create_dir_all(parent, 0o755)?;
+                    }
+                    g.fs.rename_noreplace(&backup, &self.fs, rel)?;
+                    out.restored += 1;
+                }
+            }
+            Record::Mkdir { dir } => {
+                if !self.fs.kind(dir)?.is_some_and(|k| k.is_dir()) {
+                    return Ok(());
+                }
+                // Bytecode compiled into a directory the apply made goes with it.
+                let cache = format!("{dir}/__pycache__");
+                if self
+                    .fs
+                    .list(&cache)
+                    .is_ok_and(|names| names.iter().all(|n| n.ends_with(".pyc")))
+                {
+                    let _ = self.fs.remove_all(&cache);
+                }
+                match self.fs.remove_dir(dir) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
+                        // Something was made in it since: kept, out of the way.
+                        let to = self.take_out(g, dir, "dir")?;
+                        out.edited.push(format!("{dir}/ (now {to})"));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Record::Rmdir { dir, mode } => {
+                if !self.fs.exists(dir) {
+                    let mode = mode & 0o7777;
+                    self.fs.create_dir(dir, mode)?;
+                    self.fs.set_dir_mode(dir, mode)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Undo a generation, whatever state it is in. The backup folder is
-    /// kept until [`State::finish_undo`] has verified the result.
+    /// kept until [`State::finish_undo`] has verified the result. A step
+    /// that fails does not stop the others; the undo then fails naming
+    /// them, and can be run again.
     pub fn undo(&self, g: &mut Generation) -> Result<Undone> {
         let mut out = Undone::default();
         if g.status() == Status::RolledBack {
@@ -667,115 +1082,51 @@ impl State {
             ));
         }
         g.append(Record::RollbackBegin)?;
-        let undone = g.dir.join("undone");
-        // Bytecode compiled from the new .py files since the switch would be
-        // stale once the old ones are back (same size and mtime is possible):
-        // remove it; the backup brings back the old bytecode.
-        let journalled: BTreeSet<&str> = g
-            .meta
-            .changes
-            .iter()
-            .filter(|c| c.bytecode)
-            .map(|c| c.path.as_str())
-            .collect();
-        for c in g
-            .meta
-            .changes
-            .iter()
-            .filter(|c| !c.bytecode && c.path.ends_with(".py"))
-        {
-            let target = self.target_path(&c.path)?;
-            let (Some(dir), Some(stem)) = (
-                target.parent(),
-                c.path
-                    .rsplit('/')
-                    .next()
-                    .and_then(|f| f.strip_suffix(".py")),
-            ) else {
-                continue;
-            };
-            let want = format!("{stem}.");
-            for e in fs::read_dir(dir.join("__pycache__"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let rel = match c.path.rsplit_once('/') {
-                    Some((d, _)) => format!("{d}/__pycache__/{name}"),
-                    None => format!("__pycache__/{name}"),
-                };
-                if name.starts_with(&want)
-                    && name.ends_with(".pyc")
-                    && !journalled.contains(rel.as_str())
-                {
-                    let _ = fs::remove_file(e.path());
-                }
-            }
-        }
+        self.remove_new_bytecode(g);
         let records = g.records.clone();
+        let moved: HashSet<usize> = records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Move { i } => Some(*i),
+                _ => None,
+            })
+            .collect();
+        let mut failed = Vec::new();
         for r in records.iter().rev() {
-            match r {
-                Record::Place { i } => {
-                    let c = &g.meta.changes[*i];
-                    let target = self.target_path(&c.path)?;
-                    let staged = g.dir.join("staging").join(i.to_string());
-                    if !lexists(&staged) && lexists(&target) {
-                        // A file edited since the apply is kept (in undone/), never lost.
-                        if let Some(Kind::File {
-                            blake3: Some(want), ..
-                        }) = &c.source
-                        {
-                            let now =
-                                crate::inventory::hash_file(&target, None, &Counters::default())
-                                    .ok();
-                            if now.is_some_and(|(_, h)| &h != want) {
-                                out.edited.push(c.path.clone());
-                            }
-                        }
-                        fs::create_dir_all(&undone).map_err(io("create the undo folder"))?;
-                        fs::rename(&target, undone.join(i.to_string()))
-                            .map_err(io(format_args!("remove {}", target.display())))?;
-                        out.removed += 1;
-                    }
-                }
-                Record::Move { i } => {
-                    let c = &g.meta.changes[*i];
-                    let target = self.target_path(&c.path)?;
-                    let backup = self.backup_path(g, &c.path)?;
-                    if c.bytecode && lexists(&backup) && lexists(&target) {
-                        // Bytecode written since the switch, where the old one goes back.
-                        let _ = fs::remove_file(&target);
-                    }
-                    if lexists(&backup) && !lexists(&target) {
-                        if let Some(parent) = target.parent() {
-                            fs::create_dir_all(parent)
-                                .map_err(io(format_args!("re-create {}", parent.display())))?;
-                        }
-                        fs::rename(&backup, &target)
-                            .map_err(io(format_args!("restore {}", target.display())))?;
-                        out.restored += 1;
-                    }
-                }
-                Record::Mkdir { dir } => {
-                    let _ = fs::remove_dir(self.root.join(dir));
-                }
-                Record::Rmdir { dir, mode } => {
-                    let d = self.root.join(dir);
-                    if !lexists(&d) {
-                        fs::DirBuilder::new()
-                            .mode(*mode)
-                            .create(&d)
-                            .map_err(io(format_args!("re-create {}", d.display())))?;
-                        let _ = fs::set_permissions(&d, fs::Permissions::from_mode(*mode));
-                    }
-                }
-                _ => {}
+            self.step_hook()?;
+            if let Err(e) = self.undo_step(g, r, &moved, &mut out) {
+                let what = match r {
+                    Record::Place { i } | Record::Move { i } => g.meta.changes[*i].path.clone(),
+                    Record::Mkdir { dir } | Record::Rmdir { dir, .. } => dir.clone(),
+                    _ => String::new(),
+                };
+                let cause = if is_refused(&e) {
+                    "a symlink in its path was refused".to_string()
+                } else {
+                    io_cause(&e)
+                };
+                failed.push(format!("{what} ({cause})"));
             }
         }
-        fsync_dir(&self.root.join(&self.venv.site_rel));
+        if let Ok(d) = self.fs.dir(&self.venv.site_rel) {
+            let _ = d.sync();
+        }
+        if !failed.is_empty() {
+            return Err(err!(
+                "Rollback of generation {} in {} could not restore {} path{}: {}",
+                g.meta.id,
+                self.root.display(),
+                failed.len(),
+                if failed.len() == 1 { "" } else { "s" },
+                failed.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
+            )
+            .hint(format!(
+                "fix what blocks these paths (a symlink or file where a directory was?), then run `overlay rollback` again; the old files are kept in {}",
+                g.dir.display()
+            )));
+        }
         g.append(Record::RolledBack)?;
-        let _ = fs::remove_dir_all(g.dir.join("staging"));
+        let _ = g.fs.remove_all("staging");
         Ok(out)
     }
 
@@ -783,19 +1134,39 @@ impl State {
     /// then drop its backup (and the files taken out, unless edited since).
     pub fn finish_undo(&self, g: &Generation, undone: &Undone, counters: &Counters) -> Result<u64> {
         let n = self.verify_before(g, counters)?;
-        let _ = fs::remove_dir_all(g.dir.join("backup"));
+        let _ = g.fs.remove_all("backup");
+        let _ = g.fs.remove_all("whole");
         if undone.edited.is_empty() {
-            let _ = fs::remove_dir_all(g.dir.join("undone"));
+            let _ = g.fs.remove_all("undone");
         }
         Ok(n)
     }
 
     /// Compare the touched paths with the listing from before the apply.
     pub fn verify_before(&self, g: &Generation, counters: &Counters) -> Result<u64> {
-        let text = fs::read(g.dir.join("before.json"))
-            .map_err(io("read the listing from before the apply"))?;
+        let file = g.dir.join("before.json");
+        let damaged = |why: String| {
+            err!(
+                "{} of generation {} is damaged: {why}",
+                file.display(),
+                g.meta.id
+            )
+            .hint(format!(
+                "the rollback itself finished; compare the venv with {}/meta.json by hand, then move {} out of {}",
+                g.dir.display(),
+                g.dir.display(),
+                self.dir.display()
+            ))
+        };
+        let text = g
+            .fs
+            .read("before.json", STATE_FILE_LIMIT)
+            .map_err(|e| damaged(io_cause(&e)))?;
         let before: Vec<Entry> =
-            serde_json::from_slice(&text).map_err(|e| err!("before.json is damaged: {e}"))?;
+            serde_json::from_slice(&text).map_err(|e| damaged(e.to_string()))?;
+        if before.iter().any(|e| self.change_rel(&e.path).is_err()) {
+            return Err(damaged("it names a path outside the venv".into()));
+        }
         let paths: Vec<String> = before.iter().map(|e| e.path.clone()).collect();
         let hashed: Vec<bool> = before.iter().map(|e| e.kind.digest().is_some()).collect();
         let now = stat_mixed(&self.venv.root.to_string_lossy(), &paths, &hashed, counters)?;
@@ -825,11 +1196,41 @@ impl State {
     }
 
     /// The unfinished generation, if any (at most one: the lock serializes).
+    /// A damaged one whose journal says it finished is passed over; one that
+    /// was interrupted is an error saying what to do.
     pub fn unfinished(&self) -> Result<Option<Generation>> {
         for id in self.generation_ids().into_iter().rev() {
-            let g = self.load(&id)?;
-            if !matches!(g.status(), Status::Complete | Status::RolledBack) {
-                return Ok(Some(g));
+            match self.load(&id) {
+                Ok(g) if matches!(g.status(), Status::Complete | Status::RolledBack) => {}
+                Ok(g) => return Ok(Some(g)),
+                Err(e) => match self.journal_status(&id) {
+                    Some(Status::Complete | Status::RolledBack) => {}
+                    _ => return Err(e),
+                },
+            }
+        }
+        Ok(None)
+    }
+
+    /// Drop a damaged generation that never switched anything (its journal
+    /// says so); `None` if there is none.
+    fn discard_damaged(&self) -> Result<Option<(String, String)>> {
+        for id in self.generation_ids().into_iter().rev() {
+            let Err(e) = self.load(&id) else {
+                continue;
+            };
+            if let Some(Status::Prepared | Status::Staged) = self.journal_status(&id) {
+                let rel = format!("{GENERATIONS}/{id}");
+                self.fs
+                    .remove_all(&rel)
+                    .map_err(|e| fs_err("remove", &self.gen_dir(&id), &e))?;
+                return Ok(Some((
+                    id.clone(),
+                    format!(
+                        "discarded the interrupted generation {id} (nothing had been switched; its state was damaged: {})",
+                        e.message
+                    ),
+                )));
             }
         }
         Ok(None)
@@ -838,6 +1239,9 @@ impl State {
     /// Finish an interrupted generation: roll it back, or resume the switch
     /// when its files were all staged. Returns its id and what was done.
     pub fn recover(&self, resume: bool, counters: &Counters) -> Result<Option<(String, String)>> {
+        if let Some(done) = self.discard_damaged()? {
+            return Ok(Some(done));
+        }
         let Some(mut g) = self.unfinished()? else {
             return Ok(None);
         };
@@ -863,7 +1267,7 @@ impl State {
         }
         if matches!(status, Status::Prepared | Status::Staged) {
             // Nothing in the venv changed: drop the generation entirely.
-            fs::remove_dir_all(&g.dir).map_err(io(format_args!("remove {}", g.dir.display())))?;
+            self.discard(g)?;
             return Ok(Some((
                 id.clone(),
                 format!("discarded the interrupted generation {id} (nothing had been switched)"),
@@ -894,12 +1298,18 @@ impl State {
             report.recovered = Some(msg);
             return Ok(report);
         }
-        let live: Vec<String> = self
+        // Complete generations, newest last; a damaged one (whose journal
+        // says complete) is kept in the list so that rollback stops at it.
+        let live: Vec<(String, Option<Error>)> = self
             .generation_ids()
             .into_iter()
-            .filter(|id| self.load(id).is_ok_and(|g| g.status() == Status::Complete))
+            .filter_map(|id| match self.load(&id) {
+                Ok(g) => (g.status() == Status::Complete).then_some((id, None)),
+                Err(e) => (self.journal_status(&id) == Some(Status::Complete))
+                    .then_some((id, Some(e))),
+            })
             .collect();
-        let Some(newest) = live.last().cloned() else {
+        let Some(newest) = live.last().map(|(id, _)| id.clone()) else {
             return Err(err!(
                 hint = "`overlay history HOST` lists generations",
                 "Nothing to roll back in {}: no applied generation",
@@ -907,14 +1317,25 @@ impl State {
             ));
         };
         let to = to.map(str::to_string).unwrap_or(newest);
-        if !live.contains(&to) {
+        if !live.iter().any(|(id, _)| id == &to) {
             return Err(err!(
                 hint = "`overlay history HOST` lists generations that can be rolled back",
                 "Generation {to} is not an applied generation in {}",
                 self.root.display()
             ));
         }
-        for id in live.iter().rev() {
+        for (id, damaged) in live.iter().rev() {
+            if let Some(e) = damaged {
+                return Err(err!(
+                    "Generation {id} cannot be rolled back: {}",
+                    e.message
+                )
+                .hint(format!(
+                    "rollback stops before it; to give up on undoing it, move {} out of {}",
+                    self.gen_dir(id).display(),
+                    self.dir.display()
+                )));
+            }
             let g = self.load(id)?;
             if !g.meta.backup {
                 return Err(err!(
@@ -926,7 +1347,7 @@ impl State {
                 break;
             }
         }
-        for id in live.iter().rev() {
+        for (id, _) in live.iter().rev() {
             let mut g = self.load(id)?;
             let undone = self.undo(&mut g)?;
             report.restored += undone.restored;
@@ -947,28 +1368,56 @@ impl State {
         Ok(report)
     }
 
+    /// Every generation, oldest first; one whose state cannot be read is
+    /// listed as damaged, with why.
     pub fn history(&self) -> Result<Vec<GenerationInfo>> {
-        self.generation_ids()
+        Ok(self
+            .generation_ids()
             .iter()
-            .map(|id| self.load(id).map(|g| g.info()))
-            .collect()
+            .map(|id| match self.load(id) {
+                Ok(g) => g.info(),
+                Err(e) => GenerationInfo {
+                    id: id.clone(),
+                    created: 0,
+                    source: String::new(),
+                    adds: 0,
+                    replaces: 0,
+                    deletes: 0,
+                    bytes: 0,
+                    backup_bytes: du(&self.gen_dir(id).join("backup"))
+                        + du(&self.gen_dir(id).join("whole")),
+                    backup: false,
+                    status: Status::Damaged,
+                    damaged: Some(format!(
+                        "{}{}",
+                        e.message,
+                        e.hint.map(|h| format!(" ({h})")).unwrap_or_default()
+                    )),
+                },
+            })
+            .collect())
     }
 
-    /// Keep the newest `keep` generations (of those not unfinished).
+    /// Keep the newest `keep` generations (of those not unfinished; a
+    /// damaged one counts as finished when its journal says so).
     pub fn prune(&self, keep: usize) -> Result<Vec<String>> {
         let ids: Vec<String> = self
             .generation_ids()
             .into_iter()
             .filter(|id| {
-                self.load(id)
-                    .is_ok_and(|g| matches!(g.status(), Status::Complete | Status::RolledBack))
+                let status = match self.load(id) {
+                    Ok(g) => Some(g.status()),
+                    Err(_) => self.journal_status(id),
+                };
+                matches!(status, Some(Status::Complete | Status::RolledBack))
             })
             .collect();
         let mut removed = Vec::new();
         if ids.len() > keep {
             for id in &ids[..ids.len() - keep] {
-                let d = self.gen_dir(id);
-                fs::remove_dir_all(&d).map_err(io(format_args!("remove {}", d.display())))?;
+                self.fs
+                    .remove_all(&format!("{GENERATIONS}/{id}"))
+                    .map_err(|e| fs_err("remove", &self.gen_dir(id), &e))?;
                 removed.push(id.clone());
             }
         }
@@ -977,7 +1426,9 @@ impl State {
 
     /// Discard a prepared generation (nothing switched).
     pub fn discard(&self, g: Generation) -> Result<()> {
-        fs::remove_dir_all(&g.dir).map_err(io(format_args!("remove {}", g.dir.display())))
+        self.fs
+            .remove_all(&format!("{GENERATIONS}/{}", g.meta.id))
+            .map_err(|e| fs_err("remove", &g.dir, &e))
     }
 }
 
@@ -992,23 +1443,164 @@ pub struct Undone {
 
 /// An opened generation with its journal.
 pub struct Generation {
+    /// Its directory's path, for messages (and the stream's unpacker).
     pub dir: PathBuf,
+    /// Its directory, opened beneath the venv root: every state file,
+    /// `staging/`, `backup/`, `whole/` and `undone/` go through it.
+    pub fs: Beneath,
     pub meta: Meta,
     pub records: Vec<Record>,
+    /// Each change's path relative to the venv root (validated).
+    rels: Vec<String>,
+}
+
+/// The status a list of records gives.
+fn status_of(records: &[Record]) -> Status {
+    let mut s = Status::Prepared;
+    for r in records {
+        s = match r {
+            Record::Prepared => Status::Prepared,
+            Record::Staged => Status::Staged,
+            Record::Move { .. } | Record::Place { .. } | Record::Mkdir { .. } | Record::Rmdir { .. } => {
+                Status::Switching
+            }
+            Record::Switched => Status::Switching,
+            Record::Checked => Status::Switched,
+            Record::Complete => Status::Complete,
+            Record::RollbackBegin => Status::Switching,
+            Record::RolledBack => Status::RolledBack,
+        };
+    }
+    s
+}
+
+/// Check what was read back from a generation before anything acts on it:
+/// each change path is a plain path inside the venv and outside `.overlay`,
+/// each journalled index exists, each journalled directory is a plain
+/// venv-relative path outside `.overlay`. Returns the changes' venv-relative
+/// paths and the first problem found (naming its file).
+fn validate(venv: &Venv, id: &str, meta: &Meta, records: &[Record]) -> (Vec<String>, Option<String>) {
+    let mut rels = Vec::with_capacity(meta.changes.len());
+    let mut problem = None;
+    if meta.id != id {
+        problem = Some(format!("meta.json names generation {:?}", meta.id));
+    }
+    for (i, c) in meta.changes.iter().enumerate() {
+        match venv_relative(&venv.site_rel, &c.path)
+            .filter(|r| normalize(r).is_some() && !is_state(r))
+        {
+            Some(r) => rels.push(r),
+            None => {
+                problem.get_or_insert(format!(
+                    "meta.json change {i} ({:?}) is not a path inside the venv outside .overlay",
+                    c.path
+                ));
+                rels.push(String::new());
+            }
+        }
+    }
+    let n = meta.changes.len();
+    if let Some(i) = meta.asides.iter().find(|&&i| i >= n) {
+        problem.get_or_insert(format!("meta.json names aside {i}; it has {n} changes"));
+    }
+    for r in records {
+        match r {
+            Record::Move { i } | Record::Place { i } if *i >= n => {
+                problem.get_or_insert(format!(
+                    "the journal names change {i}; meta.json has {n}"
+                ));
+            }
+            Record::Mkdir { dir } | Record::Rmdir { dir, .. }
+                if normalize(dir).is_none() || is_state(dir) =>
+            {
+                problem.get_or_insert(format!(
+                    "the journal names the directory {dir:?}, not a path inside the venv outside .overlay"
+                ));
+            }
+            _ => {}
+        }
+    }
+    (rels, problem)
 }
 
 impl Generation {
+    /// Open generation `id` of the venv whose root is `fs`, and validate it.
+    fn open(venv: &Venv, fs: &Beneath, root: &Path, id: &str) -> Result<Generation> {
+        let rel = format!("{GENERATIONS}/{id}");
+        let dir = root.join(&rel);
+        let damaged = |why: String| {
+            err!("Generation {id} in {} is damaged: {why}", root.display()).hint(format!(
+                "if its journal shows it never switched, any overlay command drops it; otherwise move {} out of {} (the old files of a switch are in its backup/ and whole/ folders), then run again",
+                dir.display(),
+                root.join(GENERATIONS).display()
+            ))
+        };
+        let gfs = fs.dir(&rel).map_err(|e| {
+            err!(
+                hint = "run `overlay history HOST` to list generations",
+                "No generation {id} in {}: {}",
+                root.join(STATE_DIR).display(),
+                io_cause(&e)
+            )
+        })?;
+        let text = gfs
+            .read("meta.json", STATE_FILE_LIMIT)
+            .map_err(|e| damaged(format!("{}/meta.json: {}", dir.display(), io_cause(&e))))?;
+        let meta: Meta = serde_json::from_slice(&text)
+            .map_err(|e| damaged(format!("{}/meta.json: {e}", dir.display())))?;
+        let records = read_journal(&gfs)
+            .map_err(|e| damaged(format!("{}/journal: {}", dir.display(), io_cause(&e))))?;
+        let (rels, problem) = validate(venv, id, &meta, &records);
+        if let Some(p) = problem {
+            return Err(damaged(format!("{p} (in {})", dir.display())));
+        }
+        Ok(Generation {
+            dir,
+            fs: gfs,
+            meta,
+            records,
+            rels,
+        })
+    }
+
+    /// Where change `i`'s old entry goes: a directory whole to
+    /// `whole/<i>`, anything else to `backup/<venv-relative path>`.
+    fn backup_rel(&self, i: usize) -> String {
+        if matches!(self.meta.changes[i].target, Some(Kind::Dir { .. })) {
+            format!("whole/{i}")
+        } else {
+            format!("backup/{}", self.rels[i])
+        }
+    }
+
+    /// Where change `i`'s old entry is now, if in the backup. (A directory
+    /// moved by an earlier overlay version sits at `backup/<path>`.)
+    fn backup_of(&self, i: usize) -> Option<String> {
+        let b = self.backup_rel(i);
+        if self.fs.exists(&b) {
+            return Some(b);
+        }
+        let old = format!("backup/{}", self.rels[i]);
+        (b != old
+            && self
+                .fs
+                .kind(&old)
+                .ok()
+                .flatten()
+                .is_some_and(|k| k.is_dir()))
+        .then_some(old)
+    }
+
     /// Append records with one fsync, before the steps they name are taken.
     pub fn append_all(&mut self, rs: Vec<Record>) -> Result<()> {
         if rs.is_empty() {
             return Ok(());
         }
         let path = self.dir.join("journal");
-        let mut f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(io(format_args!("open {}", path.display())))?;
+        let mut f = self
+            .fs
+            .open_append("journal", 0o600)
+            .map_err(|e| fs_err("open", &path, &e))?;
         let mut lines = Vec::new();
         for r in &rs {
             serde_json::to_writer(&mut lines, r).expect("serializes");
@@ -1031,7 +1623,7 @@ impl Generation {
     /// After staging: check the hashes the target computed while writing
     /// against those the source computed while reading, for files the plan
     /// had not hashed, and record them and the staged files' stamps
-    /// (fsynced) for the checks after the switch.
+    /// (meta.json replaced whole, durably) for the checks after the switch.
     pub fn record_hashes(
         &mut self,
         written: &[crate::apply::Written],
@@ -1064,10 +1656,13 @@ impl Generation {
             }
         }
         if changed {
-            write_synced(
-                &self.dir.join("meta.json"),
-                &serde_json::to_vec_pretty(&self.meta).expect("serializes"),
-            )?;
+            self.fs
+                .write_atomic(
+                    "meta.json",
+                    &serde_json::to_vec_pretty(&self.meta).expect("serializes"),
+                    0o600,
+                )
+                .map_err(|e| fs_err("write", &self.dir.join("meta.json"), &e))?;
         }
         Ok(())
     }
@@ -1077,23 +1672,7 @@ impl Generation {
     }
 
     pub fn status(&self) -> Status {
-        let mut s = Status::Prepared;
-        for r in &self.records {
-            s = match r {
-                Record::Prepared => Status::Prepared,
-                Record::Staged => Status::Staged,
-                Record::Move { .. }
-                | Record::Place { .. }
-                | Record::Mkdir { .. }
-                | Record::Rmdir { .. } => Status::Switching,
-                Record::Switched => Status::Switching,
-                Record::Checked => Status::Switched,
-                Record::Complete => Status::Complete,
-                Record::RollbackBegin => Status::Switching,
-                Record::RolledBack => Status::RolledBack,
-            };
-        }
-        s
+        status_of(&self.records)
     }
 
     pub fn info(&self) -> GenerationInfo {
@@ -1101,7 +1680,8 @@ impl Generation {
             self.meta
                 .changes
                 .iter()
-                .filter(|c| c.action == a && !c.bytecode)
+                .enumerate()
+                .filter(|(i, c)| c.action == a && !c.bytecode && !self.meta.asides.contains(i))
                 .count() as u64
         };
         GenerationInfo {
@@ -1118,9 +1698,10 @@ impl Generation {
                 .filter_map(|c| c.source.as_ref())
                 .map(Kind::size)
                 .sum(),
-            backup_bytes: du(&self.dir.join("backup")),
+            backup_bytes: du(&self.dir.join("backup")) + du(&self.dir.join("whole")),
             backup: self.meta.backup,
             status: self.status(),
+            damaged: None,
         }
     }
 }
@@ -1146,30 +1727,22 @@ fn stat_mixed(
         .collect())
 }
 
-fn read_journal(path: &Path) -> Result<Vec<Record>> {
-    let f = match File::open(path) {
+/// The journal's records; a torn last line (a crash mid-write) is ignored:
+/// its step never started. Absent: no records.
+fn read_journal(fs: &Beneath) -> std::io::Result<Vec<Record>> {
+    let f = match fs.open_read("journal") {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(err!("Failed to read {}: {}", path.display(), io_cause(&e))),
+        Err(e) => return Err(e),
     };
     let mut out = Vec::new();
     for line in std::io::BufReader::new(f).lines() {
-        let line = line.map_err(io(format_args!("read {}", path.display())))?;
-        // A torn last line (crash mid-write) is ignored: its step never started.
-        match serde_json::from_str(&line) {
+        match serde_json::from_str(&line?) {
             Ok(r) => out.push(r),
             Err(_) => break,
         }
     }
     Ok(out)
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).map_err(io(format_args!("create {}", path.display())))?;
-    f.write_all(bytes)
-        .map_err(io(format_args!("write {}", path.display())))?;
-    f.sync_all()
-        .map_err(io(format_args!("sync {}", path.display())))
 }
 
 /// Bytes free for an unprivileged... (root may use reserved blocks, but we don't count on it).
@@ -1180,6 +1753,7 @@ pub fn free_bytes(p: &Path) -> Result<u64> {
 }
 
 fn du(p: &Path) -> u64 {
+    // Reads only (symlinks are not followed).
     walkdir::WalkDir::new(p)
         .into_iter()
         .flatten()
