@@ -863,7 +863,8 @@ impl State {
                 (Action::Delete, ..) if g.meta.asides.contains(i) => {
                     !matches!(e.kind, Kind::Dir { .. })
                 }
-                (Action::Delete, ..) => e.kind.exists(),
+                // Gone, or beyond a symlink the list placed (no longer in the venv).
+                (Action::Delete, ..) => e.kind.exists() && self.fs.exists(&g.rels[*i]),
                 (
                     _,
                     Some(st),
@@ -1789,10 +1790,372 @@ pub fn format_time(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::{PermissionsExt, symlink};
 
     #[test]
     fn time_format() {
         assert_eq!(format_time(0), "19700101T000000Z");
         assert_eq!(format_time(1_796_043_722), "20261130T130202Z");
+    }
+
+    pub(super) const SITE: &str = "lib/python3.11/site-packages";
+
+    /// A fake venv (`pyvenv.cfg`, `lib/python3.11/site-packages`) next to an
+    /// `outside` directory holding a file, a directory and a payload.
+    pub(super) struct Fx {
+        pub t: tempfile::TempDir,
+    }
+
+    impl Fx {
+        pub fn new() -> Fx {
+            let t = tempfile::tempdir().unwrap();
+            let fx = Fx { t };
+            std::fs::create_dir_all(fx.site()).unwrap();
+            std::fs::write(fx.venv().join("pyvenv.cfg"), "version = 3.11.4\n").unwrap();
+            std::fs::create_dir_all(fx.outside().join("dir")).unwrap();
+            std::fs::write(fx.outside().join("secret"), b"keep me").unwrap();
+            std::fs::write(fx.outside().join("dir/mod.py"), b"outside").unwrap();
+            std::fs::create_dir_all(fx.t.path().join("payload")).unwrap();
+            std::fs::write(fx.t.path().join("payload/mod.py"), b"payload").unwrap();
+            fx
+        }
+        pub fn venv(&self) -> PathBuf {
+            self.t.path().join("venv")
+        }
+        pub fn v(&self) -> String {
+            self.venv().to_string_lossy().into_owned()
+        }
+        pub fn site(&self) -> PathBuf {
+            self.venv().join(SITE)
+        }
+        pub fn outside(&self) -> PathBuf {
+            self.t.path().join("outside")
+        }
+        /// Everything beside the venv (the outside and the payload).
+        pub fn beside(&self) -> BTreeMap<String, String> {
+            let mut all = snap(self.t.path());
+            all.retain(|k, _| !(k == "venv" || k.starts_with("venv/")));
+            all
+        }
+        /// The venv without overlay's own state.
+        pub fn tree(&self) -> BTreeMap<String, String> {
+            let mut all = snap(&self.venv());
+            all.retain(|k, _| !(k == STATE_DIR || k.starts_with(".overlay/")));
+            all
+        }
+        pub fn kind(&self, path: &str) -> Kind {
+            crate::inventory::stat(
+                &self.v(),
+                &[path.to_string()],
+                HashMode::All,
+                None,
+                false,
+                &Counters::default(),
+            )
+            .unwrap()
+            .remove(0)
+            .kind
+        }
+    }
+
+    /// Path -> type, mode and content (or link target), without following links.
+    pub(super) fn snap(root: &Path) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for e in walkdir::WalkDir::new(root).min_depth(1) {
+            let e = e.unwrap();
+            let m = e.path().symlink_metadata().unwrap();
+            let rel = e.path().strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let mode = m.permissions().mode() & 0o7777;
+            let v = if m.file_type().is_symlink() {
+                format!("l {}", std::fs::read_link(e.path()).unwrap().display())
+            } else if m.is_dir() {
+                format!("d {mode:o}")
+            } else {
+                format!(
+                    "f {mode:o} {}",
+                    String::from_utf8_lossy(&std::fs::read(e.path()).unwrap())
+                )
+            };
+            out.insert(rel, v);
+        }
+        out
+    }
+
+    /// What a change brings: file content or a link target.
+    #[derive(Debug, Clone)]
+    pub(super) enum New {
+        File(Vec<u8>),
+        Link(String),
+    }
+
+    pub(super) fn source_kind(n: &New) -> Kind {
+        match n {
+            New::File(data) => Kind::File {
+                size: data.len() as u64,
+                mode: 0o644,
+                blake3: Some(blake3::hash(data).to_hex().to_string()),
+                stamp: None,
+            },
+            New::Link(t) => Kind::Symlink { target: t.clone() },
+        }
+    }
+
+    pub(super) fn change(
+        fx: &Fx,
+        path: &str,
+        action: Action,
+        new: Option<&New>,
+    ) -> GenChange {
+        GenChange {
+            path: path.into(),
+            action,
+            source: new.map(source_kind),
+            target: (action != Action::Add).then(|| fx.kind(path)),
+            bytecode: false,
+            staged: None,
+        }
+    }
+
+    pub(super) fn request(fx: &Fx, changes: Vec<GenChange>) -> PrepareRequest {
+        PrepareRequest {
+            venv: fx.v(),
+            source: "src".into(),
+            target: "dst".into(),
+            plan_created: 0,
+            changes,
+            backup: true,
+            resume: false,
+        }
+    }
+
+    /// Write what each change brings into staging, as the stream would.
+    pub(super) fn stage(g: &mut Generation, news: &[Option<New>]) {
+        let staging = g.dir.join("staging");
+        for (i, n) in news.iter().enumerate() {
+            let p = staging.join(i.to_string());
+            match n {
+                Some(New::File(d)) => {
+                    std::fs::write(&p, d).unwrap();
+                    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+                }
+                Some(New::Link(t)) => symlink(t, &p).unwrap(),
+                None => {}
+            }
+        }
+        g.append(Record::Staged).unwrap();
+    }
+
+    /// Prepare, stage, switch, check and commit `changes` (each with what it brings).
+    fn apply(fx: &Fx, list: &[(&str, Action, Option<New>)]) -> Result<String> {
+        let state = State::open(&fx.v())?;
+        let changes = list
+            .iter()
+            .map(|(p, a, n)| change(fx, p, *a, n.as_ref()))
+            .collect();
+        let counters = Counters::default();
+        let mut g = state.prepare(&request(fx, changes), &counters)?;
+        let news: Vec<Option<New>> = list.iter().map(|(_, _, n)| n.clone()).collect();
+        stage(&mut g, &news);
+        state.switch(&mut g)?;
+        state.check(&mut g, &counters)?;
+        state.commit(&mut g, None)?;
+        Ok(g.meta.id.clone())
+    }
+
+    fn rollback(fx: &Fx) -> Result<RollbackReport> {
+        State::open(&fx.v())?.rollback(None, &Counters::default())
+    }
+
+    fn history(fx: &Fx) -> Result<Vec<GenerationInfo>> {
+        State::open(&fx.v())?.history()
+    }
+
+    /// Issue 12, case 1: the source has `pkg/sub` as a symlink out of the
+    /// venv and lists `pkg/sub/x` below it. Refused at prepare, naming both
+    /// paths; nothing is written, inside or outside.
+    #[test]
+    fn writing_below_a_directory_that_becomes_a_symlink_is_refused_at_prepare() {
+        let fx = Fx::new();
+        std::fs::create_dir_all(fx.site().join("pkg/sub")).unwrap();
+        std::fs::write(fx.site().join("pkg/sub/mod.py"), b"old").unwrap();
+        std::fs::write(fx.outside().join("x"), b"outside x").unwrap();
+        let (before, beside) = (fx.tree(), fx.beside());
+        let link = New::Link("../../../../../outside".into());
+        let e = apply(
+            &fx,
+            &[
+                ("pkg/sub/mod.py", Action::Delete, None),
+                ("pkg/sub", Action::Replace, Some(link)),
+                ("pkg/sub/x", Action::Replace, Some(New::File(b"evil".to_vec()))),
+            ],
+        )
+        .err()
+        .map(|e| e.message);
+        let e = e.expect("refused");
+        assert!(e.contains("pkg/sub/x") && e.contains("pkg/sub,"), "{e}");
+        assert_eq!(fx.tree(), before);
+        assert_eq!(fx.beside(), beside);
+        assert!(history(&fx).unwrap().is_empty());
+    }
+
+    /// A directory replaced by a symlink: its planned children go to the
+    /// backup first, then the directory whole (with unplanned `__pycache__`),
+    /// then the link is placed; rollback puts the directory back whole.
+    #[test]
+    fn a_directory_replaced_by_a_symlink_moves_whole_and_comes_back_whole() {
+        let fx = Fx::new();
+        let sub = fx.site().join("pkg/sub");
+        std::fs::create_dir_all(sub.join("__pycache__")).unwrap();
+        std::fs::write(sub.join("mod.py"), b"old").unwrap();
+        std::fs::write(sub.join("__pycache__/mod.cpython-311.pyc"), b"pyc").unwrap();
+        let (before, beside) = (fx.tree(), fx.beside());
+        apply(
+            &fx,
+            &[
+                ("pkg/sub/mod.py", Action::Delete, None),
+                ("pkg/sub", Action::Replace, Some(New::Link("../../../../../payload".into()))),
+            ],
+        )
+        .unwrap();
+        assert!(sub.symlink_metadata().unwrap().file_type().is_symlink());
+        assert_eq!(fx.beside(), beside);
+        let h = history(&fx).unwrap();
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0].status, Status::Complete);
+        rollback(&fx).unwrap();
+        assert_eq!(fx.tree(), before);
+        assert_eq!(fx.beside(), beside);
+        assert_eq!(history(&fx).unwrap()[0].status, Status::RolledBack);
+    }
+
+    /// A file where the source has a directory (it lists files below it):
+    /// the file goes to the backup, the directory is made; rollback undoes both.
+    #[test]
+    fn a_file_where_the_source_has_a_directory_goes_to_the_backup() {
+        let fx = Fx::new();
+        std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
+        std::fs::write(fx.site().join("pkg/data"), b"a file").unwrap();
+        let (before, beside) = (fx.tree(), fx.beside());
+        apply(
+            &fx,
+            &[
+                ("pkg/data/x.py", Action::Add, Some(New::File(b"new x".to_vec()))),
+                ("pkg/data/y/z.py", Action::Add, Some(New::File(b"new z".to_vec()))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(fx.site().join("pkg/data/y/z.py")).unwrap(), b"new z");
+        // Python ran meanwhile.
+        std::fs::create_dir_all(fx.site().join("pkg/data/__pycache__")).unwrap();
+        std::fs::write(fx.site().join("pkg/data/__pycache__/x.cpython-311.pyc"), b"c").unwrap();
+        rollback(&fx).unwrap();
+        assert_eq!(fx.tree(), before);
+        assert_eq!(fx.beside(), beside);
+        let h = history(&fx).unwrap();
+        assert_eq!((h[0].adds, h[0].deletes), (2, 0), "{h:?}");
+    }
+
+    /// Issue 12, case 2: a change path inside `.overlay` is refused at
+    /// prepare, and nothing is written there.
+    #[test]
+    fn change_paths_into_overlays_own_state_are_refused() {
+        let fx = Fx::new();
+        for path in [
+            "../../../.overlay/generations/20000101T000000Z-0000/journal",
+            "../../../.overlay/lock",
+            "../../../.overlay",
+        ] {
+            let e = apply(&fx, &[(path, Action::Add, Some(New::File(b"{}".to_vec())))])
+                .err()
+                .map(|e| e.message)
+                .expect("refused");
+            assert!(e.contains(".overlay"), "{e}");
+            assert!(!fx.venv().join(".overlay/generations/20000101T000000Z-0000").exists());
+            assert!(history(&fx).unwrap().is_empty());
+        }
+    }
+
+    /// A planted (or damaged) journal whose directories point outside the
+    /// venv is an error with a hint, never an action outside the venv; and
+    /// `history` lists it as damaged.
+    #[test]
+    fn a_planted_journal_never_acts_outside_the_venv() {
+        let fx = Fx::new();
+        std::fs::write(fx.site().join("a.py"), b"a").unwrap();
+        apply(&fx, &[("a.py", Action::Replace, Some(New::File(b"b".to_vec())))]).unwrap();
+        let id = "20000101T000000Z-0000";
+        let g = fx.venv().join(".overlay/generations").join(id);
+        std::fs::create_dir_all(&g).unwrap();
+        let mut meta: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(fx.venv().join(".overlay/generations").join(&history(&fx).unwrap()[0].id).join("meta.json")).unwrap(),
+        )
+        .unwrap();
+        meta["id"] = id.into();
+        std::fs::write(g.join("meta.json"), meta.to_string()).unwrap();
+        std::fs::write(
+            g.join("journal"),
+            concat!(
+                "{\"op\":\"prepared\"}\n{\"op\":\"staged\"}\n",
+                "{\"op\":\"mkdir\",\"dir\":\"../../outside/dir\"}\n",
+                "{\"op\":\"rmdir\",\"dir\":\"../../outside/made\",\"mode\":511}\n",
+            ),
+        )
+        .unwrap();
+        let beside = fx.beside();
+        let state = State::open(&fx.v()).unwrap();
+        let e = state.recover(false, &Counters::default()).unwrap_err();
+        assert!(e.message.contains(id) && e.message.contains("journal"), "{}", e.message);
+        assert!(e.hint.is_some());
+        drop(state);
+        assert!(rollback(&fx).is_err());
+        assert_eq!(fx.beside(), beside);
+        let h = history(&fx).unwrap();
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[0].status, Status::Damaged, "{h:?}");
+        assert!(h[0].damaged.as_deref().unwrap().contains("../../outside"));
+        // The same through a meta.json change path.
+        meta["changes"][0]["path"] = "../../../../outside/secret".into();
+        std::fs::write(g.join("meta.json"), meta.to_string()).unwrap();
+        std::fs::write(g.join("journal"), "{\"op\":\"prepared\"}\n{\"op\":\"staged\"}\n{\"op\":\"move\",\"i\":0}\n").unwrap();
+        assert!(rollback(&fx).is_err());
+        assert_eq!(fx.beside(), beside);
+        assert_eq!(history(&fx).unwrap()[0].status, Status::Damaged);
+    }
+
+    /// Issue 12, case 3: state files are replaced whole (mode 0600); a
+    /// damaged meta.json never wedges the venv: a generation that never
+    /// switched is dropped, one that did is listed as damaged, and the
+    /// error names the file and says what to do.
+    #[test]
+    fn a_damaged_meta_json_names_itself_and_never_wedges_the_venv() {
+        let fx = Fx::new();
+        std::fs::write(fx.site().join("a.py"), b"a").unwrap();
+        let state = State::open(&fx.v()).unwrap();
+        let counters = Counters::default();
+        let news = [Some(New::File(b"b".to_vec()))];
+        let changes = vec![change(&fx, "a.py", Action::Replace, news[0].as_ref())];
+        let g = state.prepare(&request(&fx, changes.clone()), &counters).unwrap();
+        let meta = g.dir.join("meta.json");
+        let mode = |p: &Path| p.metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(&meta), mode(&g.dir.join("before.json"))), (0o600, 0o600));
+        assert_eq!(mode(&g.dir), 0o700);
+        // A crash mid-write of meta.json while staging (as the in-place rewrite could leave it).
+        std::fs::write(&meta, b"{\"id\": \"trunc").unwrap();
+        drop(g);
+        let (id, msg) = state.recover(false, &counters).unwrap().unwrap();
+        assert!(msg.contains("discarded") && msg.contains("meta.json"), "{msg}");
+        assert!(!fx.venv().join(".overlay/generations").join(&id).exists());
+        // Mid-switch: listed as damaged, rollback names the file and the way out.
+        let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
+        stage(&mut g, &news);
+        state.switch(&mut g).unwrap();
+        std::fs::write(g.dir.join("meta.json"), b"").unwrap();
+        drop(state);
+        let h = history(&fx).unwrap();
+        assert_eq!(h[0].status, Status::Damaged);
+        let e = rollback(&fx).unwrap_err();
+        assert!(e.message.contains("meta.json") && e.message.contains(&h[0].id), "{}", e.message);
+        assert!(e.hint.unwrap().contains("move"));
     }
 }
