@@ -337,7 +337,16 @@ impl Session {
             }
             Request::History { venv } => {
                 let state = self.state(&venv)?;
-                let recovered = state.recover(false, &counters)?.map(|(_, msg)| msg);
+                // A generation recovery cannot finish (damaged mid-switch)
+                // is listed as such; history never fails for it.
+                let recovered = match state.recover(false, &counters) {
+                    Ok(r) => r.map(|(_, msg)| msg),
+                    Err(e) => Some(format!(
+                        "could not finish an interrupted generation: {}{}",
+                        e.message,
+                        e.hint.map(|h| format!(" ({h})")).unwrap_or_default()
+                    )),
+                };
                 state.history().map(|generations| Response::History {
                     generations,
                     recovered,
