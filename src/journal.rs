@@ -276,7 +276,8 @@ pub fn open_for_receive(venv_root: &str, id: &str) -> Result<(PathBuf, Generatio
         return Err(bad());
     }
     let venv = Venv::open(venv_root)?;
-    let root = std::fs::canonicalize(&venv.root).map_err(io(format_args!("resolve {venv_root}")))?;
+    let root =
+        std::fs::canonicalize(&venv.root).map_err(io(format_args!("resolve {venv_root}")))?;
     let fs = Beneath::open(&root).map_err(io(format_args!("open {}", root.display())))?;
     let g = Generation::open(&venv, &fs, &root, id).map_err(|_| bad())?;
     let empty = g.fs.is_empty_dir("staging").unwrap_or(false);
@@ -523,7 +524,8 @@ impl State {
                     }
                     Some(_) => {
                         return Err(err!(
-                            hint = "move that file aside on the target, then run `overlay plan` again",
+                            hint =
+                                "move that file aside on the target, then run `overlay plan` again",
                             "Refusing to write {}: {} is not a directory",
                             c.path,
                             self.shown(a).display()
@@ -535,12 +537,12 @@ impl State {
         let extra = asides
             .into_iter()
             .map(|a| GenChange {
-                    path: self.site_relative(&a),
-                    action: Action::Delete,
-                    source: None,
-                    target: None,
-                    bytecode: false,
-                    staged: None,
+                path: self.site_relative(&a),
+                action: Action::Delete,
+                source: None,
+                target: None,
+                bytecode: false,
+                staged: None,
             })
             .collect();
         Ok((extra, mark))
@@ -637,10 +639,7 @@ impl State {
         self.fs
             .create_dir(&rel, 0o700)
             .map_err(|e| fs_err("create", &dir, &e))?;
-        let fs = self
-            .fs
-            .dir(&rel)
-            .map_err(|e| fs_err("open", &dir, &e))?;
+        let fs = self.fs.dir(&rel).map_err(|e| fs_err("open", &dir, &e))?;
         fs.create_dir("staging", 0o700)
             .map_err(|e| fs_err("create", &dir.join("staging"), &e))?;
         let meta = Meta {
@@ -864,26 +863,28 @@ impl State {
             .iter()
             .zip(&now)
             .enumerate()
-            .filter(|(i, (c, e))| match (c.action, &c.staged, &c.source, &e.kind) {
-                // A file moved aside for a directory: the directory is there.
-                (Action::Delete, ..) if g.meta.asides.contains(i) => {
-                    !matches!(e.kind, Kind::Dir { .. })
-                }
-                // Gone, or beyond a symlink the list placed (no longer in the venv).
-                (Action::Delete, ..) => e.kind.exists() && self.fs.exists(&g.rels[*i]),
-                (
-                    _,
-                    Some(st),
-                    Some(Kind::File { size, mode, .. }),
-                    Kind::File {
-                        size: s2,
-                        mode: m2,
-                        stamp: Some(now),
-                        ..
-                    },
-                ) => !(size == s2 && mode == m2 && st.same_inode_unchanged(now)),
-                _ => !c.source.as_ref().is_some_and(|s| s.same_as(&e.kind)),
-            })
+            .filter(
+                |(i, (c, e))| match (c.action, &c.staged, &c.source, &e.kind) {
+                    // A file moved aside for a directory: the directory is there.
+                    (Action::Delete, ..) if g.meta.asides.contains(i) => {
+                        !matches!(e.kind, Kind::Dir { .. })
+                    }
+                    // Gone, or beyond a symlink the list placed (no longer in the venv).
+                    (Action::Delete, ..) => e.kind.exists() && self.fs.exists(&g.rels[*i]),
+                    (
+                        _,
+                        Some(st),
+                        Some(Kind::File { size, mode, .. }),
+                        Kind::File {
+                            size: s2,
+                            mode: m2,
+                            stamp: Some(now),
+                            ..
+                        },
+                    ) => !(size == s2 && mode == m2 && st.same_inode_unchanged(now)),
+                    _ => !c.source.as_ref().is_some_and(|s| s.same_as(&e.kind)),
+                },
+            )
             .map(|(_, (c, _))| c.path.as_str())
             .collect();
         if !bad.is_empty() {
@@ -985,9 +986,7 @@ impl State {
                 // Not placed yet; or placed, taken out and the old entry
                 // put back by an earlier, interrupted undo.
                 let restored_already = moved.contains(i) && g.backup_of(*i).is_none();
-                if g.fs.exists(&format!("staging/{i}"))
-                    || !self.fs.exists(rel)
-                    || restored_already
+                if g.fs.exists(&format!("staging/{i}")) || !self.fs.exists(rel) || restored_already
                 {
                     return Ok(());
                 }
@@ -1014,7 +1013,12 @@ impl State {
                     return Ok(());
                 };
                 if c.bytecode
-                    && self.fs.kind(rel).ok().flatten().is_some_and(|k| k.is_file())
+                    && self
+                        .fs
+                        .kind(rel)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|k| k.is_file())
                 {
                     // Bytecode written since the switch, where the old one goes back.
                     let _ = self.fs.remove_file(rel);
@@ -1051,12 +1055,10 @@ impl State {
                     Err(e) => return Err(e),
                 }
             }
-            Record::Rmdir { dir, mode } => {
-                if !self.fs.exists(dir) {
-                    let mode = mode & 0o7777;
-                    self.fs.create_dir(dir, mode)?;
-                    self.fs.set_dir_mode(dir, mode)?;
-                }
+            Record::Rmdir { dir, mode } if !self.fs.exists(dir) => {
+                let mode = mode & 0o7777;
+                self.fs.create_dir(dir, mode)?;
+                self.fs.set_dir_mode(dir, mode)?;
             }
             _ => {}
         }
@@ -1165,10 +1167,9 @@ impl State {
                 self.dir.display()
             ))
         };
-        let text = g
-            .fs
-            .read("before.json", STATE_FILE_LIMIT)
-            .map_err(|e| damaged(io_cause(&e)))?;
+        let text =
+            g.fs.read("before.json", STATE_FILE_LIMIT)
+                .map_err(|e| damaged(io_cause(&e)))?;
         let before: Vec<Entry> =
             serde_json::from_slice(&text).map_err(|e| damaged(e.to_string()))?;
         if before.iter().any(|e| self.change_rel(&e.path).is_err()) {
@@ -1307,15 +1308,15 @@ impl State {
         }
         // Complete generations, newest last; a damaged one (whose journal
         // says complete) is kept in the list so that rollback stops at it.
-        let live: Vec<(String, Option<Error>)> = self
-            .generation_ids()
-            .into_iter()
-            .filter_map(|id| match self.load(&id) {
-                Ok(g) => (g.status() == Status::Complete).then_some((id, None)),
-                Err(e) => (self.journal_status(&id) == Some(Status::Complete))
-                    .then_some((id, Some(e))),
-            })
-            .collect();
+        let live: Vec<(String, Option<Error>)> =
+            self.generation_ids()
+                .into_iter()
+                .filter_map(|id| match self.load(&id) {
+                    Ok(g) => (g.status() == Status::Complete).then_some((id, None)),
+                    Err(e) => (self.journal_status(&id) == Some(Status::Complete))
+                        .then_some((id, Some(e))),
+                })
+                .collect();
         let Some(newest) = live.last().map(|(id, _)| id.clone()) else {
             return Err(err!(
                 hint = "`overlay history HOST` lists generations",
@@ -1333,15 +1334,13 @@ impl State {
         }
         for (id, damaged) in live.iter().rev() {
             if let Some(e) = damaged {
-                return Err(err!(
-                    "Generation {id} cannot be rolled back: {}",
-                    e.message
-                )
-                .hint(format!(
-                    "rollback stops before it; to give up on undoing it, move {} out of {}",
-                    self.gen_dir(id).display(),
-                    self.dir.display()
-                )));
+                return Err(
+                    err!("Generation {id} cannot be rolled back: {}", e.message).hint(format!(
+                        "rollback stops before it; to give up on undoing it, move {} out of {}",
+                        self.gen_dir(id).display(),
+                        self.dir.display()
+                    )),
+                );
             }
             let g = self.load(id)?;
             if !g.meta.backup {
@@ -1468,9 +1467,10 @@ fn status_of(records: &[Record]) -> Status {
         s = match r {
             Record::Prepared => Status::Prepared,
             Record::Staged => Status::Staged,
-            Record::Move { .. } | Record::Place { .. } | Record::Mkdir { .. } | Record::Rmdir { .. } => {
-                Status::Switching
-            }
+            Record::Move { .. }
+            | Record::Place { .. }
+            | Record::Mkdir { .. }
+            | Record::Rmdir { .. } => Status::Switching,
             Record::Switched => Status::Switching,
             Record::Checked => Status::Switched,
             Record::Complete => Status::Complete,
@@ -1486,7 +1486,12 @@ fn status_of(records: &[Record]) -> Status {
 /// each journalled index exists, each journalled directory is a plain
 /// venv-relative path outside `.overlay`. Returns the changes' venv-relative
 /// paths and the first problem found (naming its file).
-fn validate(venv: &Venv, id: &str, meta: &Meta, records: &[Record]) -> (Vec<String>, Option<String>) {
+fn validate(
+    venv: &Venv,
+    id: &str,
+    meta: &Meta,
+    records: &[Record],
+) -> (Vec<String>, Option<String>) {
     let mut rels = Vec::with_capacity(meta.changes.len());
     let mut problem = None;
     if meta.id != id {
@@ -1513,9 +1518,7 @@ fn validate(venv: &Venv, id: &str, meta: &Meta, records: &[Record]) -> (Vec<Stri
     for r in records {
         match r {
             Record::Move { i } | Record::Place { i } if *i >= n => {
-                problem.get_or_insert(format!(
-                    "the journal names change {i}; meta.json has {n}"
-                ));
+                problem.get_or_insert(format!("the journal names change {i}; meta.json has {n}"));
             }
             Record::Mkdir { dir } | Record::Rmdir { dir, .. }
                 if normalize(dir).is_none() || is_state(dir) =>
@@ -1871,7 +1874,12 @@ mod tests {
         for e in walkdir::WalkDir::new(root).min_depth(1) {
             let e = e.unwrap();
             let m = e.path().symlink_metadata().unwrap();
-            let rel = e.path().strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let rel = e
+                .path()
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
             let mode = m.permissions().mode() & 0o7777;
             let v = if m.file_type().is_symlink() {
                 format!("l {}", std::fs::read_link(e.path()).unwrap().display())
@@ -1907,12 +1915,7 @@ mod tests {
         }
     }
 
-    pub(super) fn change(
-        fx: &Fx,
-        path: &str,
-        action: Action,
-        new: Option<&New>,
-    ) -> GenChange {
+    pub(super) fn change(fx: &Fx, path: &str, action: Action, new: Option<&New>) -> GenChange {
         GenChange {
             path: path.into(),
             action,
@@ -1993,7 +1996,11 @@ mod tests {
             &[
                 ("pkg/sub/mod.py", Action::Delete, None),
                 ("pkg/sub", Action::Replace, Some(link)),
-                ("pkg/sub/x", Action::Replace, Some(New::File(b"evil".to_vec()))),
+                (
+                    "pkg/sub/x",
+                    Action::Replace,
+                    Some(New::File(b"evil".to_vec())),
+                ),
             ],
         )
         .err()
@@ -2020,7 +2027,11 @@ mod tests {
             &fx,
             &[
                 ("pkg/sub/mod.py", Action::Delete, None),
-                ("pkg/sub", Action::Replace, Some(New::Link("../../../../../payload".into()))),
+                (
+                    "pkg/sub",
+                    Action::Replace,
+                    Some(New::Link("../../../../../payload".into())),
+                ),
             ],
         )
         .unwrap();
@@ -2046,15 +2057,30 @@ mod tests {
         apply(
             &fx,
             &[
-                ("pkg/data/x.py", Action::Add, Some(New::File(b"new x".to_vec()))),
-                ("pkg/data/y/z.py", Action::Add, Some(New::File(b"new z".to_vec()))),
+                (
+                    "pkg/data/x.py",
+                    Action::Add,
+                    Some(New::File(b"new x".to_vec())),
+                ),
+                (
+                    "pkg/data/y/z.py",
+                    Action::Add,
+                    Some(New::File(b"new z".to_vec())),
+                ),
             ],
         )
         .unwrap();
-        assert_eq!(std::fs::read(fx.site().join("pkg/data/y/z.py")).unwrap(), b"new z");
+        assert_eq!(
+            std::fs::read(fx.site().join("pkg/data/y/z.py")).unwrap(),
+            b"new z"
+        );
         // Python ran meanwhile.
         std::fs::create_dir_all(fx.site().join("pkg/data/__pycache__")).unwrap();
-        std::fs::write(fx.site().join("pkg/data/__pycache__/x.cpython-311.pyc"), b"c").unwrap();
+        std::fs::write(
+            fx.site().join("pkg/data/__pycache__/x.cpython-311.pyc"),
+            b"c",
+        )
+        .unwrap();
         rollback(&fx).unwrap();
         assert_eq!(fx.tree(), before);
         assert_eq!(fx.beside(), beside);
@@ -2077,7 +2103,11 @@ mod tests {
                 .map(|e| e.message)
                 .expect("refused");
             assert!(e.contains(".overlay"), "{e}");
-            assert!(!fx.venv().join(".overlay/generations/20000101T000000Z-0000").exists());
+            assert!(
+                !fx.venv()
+                    .join(".overlay/generations/20000101T000000Z-0000")
+                    .exists()
+            );
             assert!(history(&fx).unwrap().is_empty());
         }
     }
@@ -2089,12 +2119,22 @@ mod tests {
     fn a_planted_journal_never_acts_outside_the_venv() {
         let fx = Fx::new();
         std::fs::write(fx.site().join("a.py"), b"a").unwrap();
-        apply(&fx, &[("a.py", Action::Replace, Some(New::File(b"b".to_vec())))]).unwrap();
+        apply(
+            &fx,
+            &[("a.py", Action::Replace, Some(New::File(b"b".to_vec())))],
+        )
+        .unwrap();
         let id = "20000101T000000Z-0000";
         let g = fx.venv().join(".overlay/generations").join(id);
         std::fs::create_dir_all(&g).unwrap();
         let mut meta: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(fx.venv().join(".overlay/generations").join(&history(&fx).unwrap()[0].id).join("meta.json")).unwrap(),
+            &std::fs::read(
+                fx.venv()
+                    .join(".overlay/generations")
+                    .join(&history(&fx).unwrap()[0].id)
+                    .join("meta.json"),
+            )
+            .unwrap(),
         )
         .unwrap();
         meta["id"] = id.into();
@@ -2111,7 +2151,11 @@ mod tests {
         let beside = fx.beside();
         let state = State::open(&fx.v()).unwrap();
         let e = state.recover(false, &Counters::default()).unwrap_err();
-        assert!(e.message.contains(id) && e.message.contains("journal"), "{}", e.message);
+        assert!(
+            e.message.contains(id) && e.message.contains("journal"),
+            "{}",
+            e.message
+        );
         assert!(e.hint.is_some());
         drop(state);
         assert!(rollback(&fx).is_err());
@@ -2123,7 +2167,11 @@ mod tests {
         // The same through a meta.json change path.
         meta["changes"][0]["path"] = "../../../../outside/secret".into();
         std::fs::write(g.join("meta.json"), meta.to_string()).unwrap();
-        std::fs::write(g.join("journal"), "{\"op\":\"prepared\"}\n{\"op\":\"staged\"}\n{\"op\":\"move\",\"i\":0}\n").unwrap();
+        std::fs::write(
+            g.join("journal"),
+            "{\"op\":\"prepared\"}\n{\"op\":\"staged\"}\n{\"op\":\"move\",\"i\":0}\n",
+        )
+        .unwrap();
         assert!(rollback(&fx).is_err());
         assert_eq!(fx.beside(), beside);
         assert_eq!(history(&fx).unwrap()[0].status, Status::Damaged);
@@ -2141,16 +2189,24 @@ mod tests {
         let counters = Counters::default();
         let news = [Some(New::File(b"b".to_vec()))];
         let changes = vec![change(&fx, "a.py", Action::Replace, news[0].as_ref())];
-        let g = state.prepare(&request(&fx, changes.clone()), &counters).unwrap();
+        let g = state
+            .prepare(&request(&fx, changes.clone()), &counters)
+            .unwrap();
         let meta = g.dir.join("meta.json");
         let mode = |p: &Path| p.metadata().unwrap().permissions().mode() & 0o777;
-        assert_eq!((mode(&meta), mode(&g.dir.join("before.json"))), (0o600, 0o600));
+        assert_eq!(
+            (mode(&meta), mode(&g.dir.join("before.json"))),
+            (0o600, 0o600)
+        );
         assert_eq!(mode(&g.dir), 0o700);
         // A crash mid-write of meta.json while staging (as the in-place rewrite could leave it).
         std::fs::write(&meta, b"{\"id\": \"trunc").unwrap();
         drop(g);
         let (id, msg) = state.recover(false, &counters).unwrap().unwrap();
-        assert!(msg.contains("discarded") && msg.contains("meta.json"), "{msg}");
+        assert!(
+            msg.contains("discarded") && msg.contains("meta.json"),
+            "{msg}"
+        );
         assert!(!fx.venv().join(".overlay/generations").join(&id).exists());
         // Mid-switch: listed as damaged, rollback names the file and the way out.
         let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
@@ -2161,7 +2217,11 @@ mod tests {
         let h = history(&fx).unwrap();
         assert_eq!(h[0].status, Status::Damaged);
         let e = rollback(&fx).unwrap_err();
-        assert!(e.message.contains("meta.json") && e.message.contains(&h[0].id), "{}", e.message);
+        assert!(
+            e.message.contains("meta.json") && e.message.contains(&h[0].id),
+            "{}",
+            e.message
+        );
         assert!(e.hint.unwrap().contains("move"));
     }
 }
@@ -2311,7 +2371,7 @@ mod property {
             let exists = {
                 let k = crate::inventory::stat(
                     &fx.v(),
-                    &[p.clone()],
+                    std::slice::from_ref(&p),
                     HashMode::All,
                     None,
                     false,
@@ -2391,7 +2451,14 @@ mod property {
             if let Err(e) = &switched
                 && !e.message.contains("test hook")
             {
-                eprintln!("case-detail: {tree:?}\n  {:?}", g.meta.changes.iter().map(|c| (&c.path, c.action, &c.target, &c.source)).collect::<Vec<_>>());
+                eprintln!(
+                    "case-detail: {tree:?}\n  {:?}",
+                    g.meta
+                        .changes
+                        .iter()
+                        .map(|c| (&c.path, c.action, &c.target, &c.source))
+                        .collect::<Vec<_>>()
+                );
             }
         }
         drop(g);

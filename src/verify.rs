@@ -140,19 +140,32 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
         if timed_out { " (timed out)" } else { "" },
         req.python,
     );
+    // Written through the venv root's fd (never through a symlink), whole.
     let dir = venv.root.join(STATE_DIR).join("verify");
-    std::fs::create_dir_all(&dir)
+    let root = crate::beneath::Beneath::open(&venv.root)
+        .map_err(|e| err!("Failed to open {}: {}", venv.root.display(), io_cause(&e)))?;
+    let verify_rel = format!("{STATE_DIR}/verify");
+    root.create_dir_all(&verify_rel, 0o700)
         .map_err(|e| err!("Failed to create {}: {}", dir.display(), io_cause(&e)))?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    let log = dir.join(format!("{}-{:09}.log", format_time(now), nanos));
-    std::fs::write(&log, &text)
+    let name = format!("{}-{:09}.log", format_time(now), nanos);
+    let log = dir.join(&name);
+    root.write_atomic(&format!("{verify_rel}/{name}"), text.as_bytes(), 0o600)
         .map_err(|e| err!("Failed to write {}: {}", log.display(), io_cause(&e)))?;
-    if let Some(g) = &req.generation {
-        let gdir = venv.root.join(STATE_DIR).join("generations").join(g);
-        if gdir.is_dir() {
-            let _ = std::fs::write(gdir.join("verify.log"), &text);
+    if let Some(g) = &req.generation
+        && !g.is_empty()
+        && g.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    {
+        let gen_rel = format!("{STATE_DIR}/generations/{g}");
+        if root
+            .kind(&gen_rel)
+            .ok()
+            .flatten()
+            .is_some_and(|k| k.is_dir())
+        {
+            let _ = root.write_atomic(&format!("{gen_rel}/verify.log"), text.as_bytes(), 0o600);
         }
     }
     Ok(VerifyReport {

@@ -53,7 +53,11 @@ fn a_directory_the_source_has_as_a_symlink_never_leads_a_write_outside_the_venv(
     add_record_rows(
         &src_site,
         "minitorch",
-        &["minitorch/sub,,", "minitorch/sub/x,,", "minitorch/sub/mod.py,,"],
+        &[
+            "minitorch/sub,,",
+            "minitorch/sub/x,,",
+            "minitorch/sub/mod.py,,",
+        ],
     );
     // Target: minitorch/sub/ is a real directory; /root/payload/x sits outside the venv.
     let dst_site = tb.site_packages(1);
@@ -68,15 +72,26 @@ fn a_directory_the_source_has_as_a_symlink_never_leads_a_write_outside_the_venv(
     let dst_payload = tb.host_dir(1).join("root/payload");
     fs::create_dir_all(&dst_payload).unwrap();
     fs::write(dst_payload.join("x"), "the target's, outside the venv\n").unwrap();
-    fs::write(dst_payload.join("mod.py"), "the target's, outside the venv\n").unwrap();
+    fs::write(
+        dst_payload.join("mod.py"),
+        "the target's, outside the venv\n",
+    )
+    .unwrap();
 
     let before = snapshot(tb.host_venv_dir(1));
     let outside = snapshot(&dst_payload);
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("apply: {err}");
-    assert_same(&outside, &snapshot(&dst_payload), "outside the venv, after apply");
+    assert_same(
+        &outside,
+        &snapshot(&dst_payload),
+        "outside the venv, after apply",
+    );
     if out.status.success() {
         // A plan that leaves such rows out may apply the rest: it rolls back exactly.
         assert!(
@@ -85,7 +100,10 @@ fn a_directory_the_source_has_as_a_symlink_never_leads_a_write_outside_the_venv(
                 .is_dir(),
             "{err}"
         );
-        ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
+        ok(
+            tb.overlay(&["rollback", "dst"]).output().unwrap(),
+            "rollback",
+        );
     } else {
         assert!(
             err.contains("minitorch/sub/")
