@@ -751,9 +751,14 @@ impl State {
                 }
                 if c.action != Action::Delete && g.fs.exists(&staged) {
                     // Create missing parents, journalled so that rollback removes them.
-                    let missing: Vec<&str> = ancestors(&rel)
-                        .filter(|a| !present(a, &made, &gone))
+                    // Upward from the parent, to the first that is there.
+                    let up: Vec<&str> = ancestors(&rel).collect();
+                    let mut missing: Vec<&str> = up
+                        .into_iter()
+                        .rev()
+                        .take_while(|a| !present(a, &made, &gone))
                         .collect();
+                    missing.reverse();
                     for dir in missing {
                         records.push(Record::Mkdir {
                             dir: dir.to_string(),
@@ -1220,38 +1225,42 @@ impl State {
         Ok(None)
     }
 
-    /// Drop a damaged generation that never switched anything (its journal
-    /// says so); `None` if there is none.
-    fn discard_damaged(&self) -> Result<Option<(String, String)>> {
+    /// The newest generation to recover: an unfinished one, or a damaged
+    /// one whose journal says it never switched (dropped here, saying so).
+    /// A damaged one that was interrupted mid-switch is an error.
+    fn to_recover(&self) -> Result<Result<Option<Generation>, (String, String)>> {
         for id in self.generation_ids().into_iter().rev() {
-            let Err(e) = self.load(&id) else {
-                continue;
-            };
-            if let Some(Status::Prepared | Status::Staged) = self.journal_status(&id) {
-                let rel = format!("{GENERATIONS}/{id}");
-                self.fs
-                    .remove_all(&rel)
-                    .map_err(|e| fs_err("remove", &self.gen_dir(&id), &e))?;
-                return Ok(Some((
-                    id.clone(),
-                    format!(
-                        "discarded the interrupted generation {id} (nothing had been switched; its state was damaged: {})",
-                        e.message
-                    ),
-                )));
+            match self.load(&id) {
+                Ok(g) if matches!(g.status(), Status::Complete | Status::RolledBack) => {}
+                Ok(g) => return Ok(Ok(Some(g))),
+                Err(e) => match self.journal_status(&id) {
+                    Some(Status::Complete | Status::RolledBack) => {}
+                    Some(Status::Prepared | Status::Staged) => {
+                        self.fs
+                            .remove_all(&format!("{GENERATIONS}/{id}"))
+                            .map_err(|e| fs_err("remove", &self.gen_dir(&id), &e))?;
+                        return Ok(Err((
+                            id.clone(),
+                            format!(
+                                "discarded the interrupted generation {id} (nothing had been switched; its state was damaged: {})",
+                                e.message
+                            ),
+                        )));
+                    }
+                    _ => return Err(e),
+                },
             }
         }
-        Ok(None)
+        Ok(Ok(None))
     }
 
     /// Finish an interrupted generation: roll it back, or resume the switch
     /// when its files were all staged. Returns its id and what was done.
     pub fn recover(&self, resume: bool, counters: &Counters) -> Result<Option<(String, String)>> {
-        if let Some(done) = self.discard_damaged()? {
-            return Ok(Some(done));
-        }
-        let Some(mut g) = self.unfinished()? else {
-            return Ok(None);
+        let mut g = match self.to_recover()? {
+            Ok(Some(g)) => g,
+            Ok(None) => return Ok(None),
+            Err(done) => return Ok(Some(done)),
         };
         let id = g.meta.id.clone();
         let status = g.status();
