@@ -7,6 +7,14 @@
 //! unless a target distribution outside the set owns it (then it is kept and
 //! a warning names the owner). `__pycache__` is never part of a set; the
 //! bytecode of every `.py` file that changes is deleted with it.
+//!
+//! Only files and symlinks are carried. Left out, each with a warning
+//! (docs/plan.md, "What is left out"): paths into overlay's state folder
+//! `.overlay/`, paths not spelled plainly, directories named by a RECORD row
+//! (on either side: a directory goes only when the deletes leave it empty),
+//! paths behind a symlinked parent directory, devices and fifos. Modes are
+//! carried without setuid, setgid and sticky bits. The target's agent checks
+//! the result again (`validate::check_prepare`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -16,6 +24,7 @@ use crate::agent::protocol::{Dist, Entry, Kind, ScanReport};
 use crate::err;
 use crate::error::Result;
 use crate::manifest::{Set, matches_any};
+use crate::validate::{MODE_MASK, canonical, state_path};
 
 /// Version of the saved plan format.
 pub const PLAN_FORMAT: u32 = 2;
@@ -284,6 +293,34 @@ pub fn needs_hash<'a>(
     })
 }
 
+/// Why the site-relative `path` is never carried, if it is not: it points
+/// into overlay's state folder, or it is not spelled the one plain way
+/// (`validate::canonical`), which the target would refuse.
+fn left_out(site_rel: &str, path: &str) -> Option<&'static str> {
+    if state_path(site_rel, path) {
+        Some("points into overlay's state folder")
+    } else if crate::beneath::normalize(path).is_none() && canonical(site_rel, path).is_none() {
+        Some("is not spelled as a plain path (empty, `.` or needless `..` parts)")
+    } else {
+        None
+    }
+}
+
+/// The names of `paths` for a message: all of them when few, else the first few and a count.
+fn some_of(paths: &[&str]) -> String {
+    const SHOWN: usize = 5;
+    let mut s = paths
+        .iter()
+        .take(SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if paths.len() > SHOWN {
+        s.push_str(&format!(" and {} more", paths.len() - SHOWN));
+    }
+    s
+}
+
 /// Decide the plan. `sets` are the manifest's sets to carry out, in order.
 pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Vec<Warning>)> {
     compute_with(
@@ -377,6 +414,8 @@ pub fn compute_with<'a>(
             stale_bytecode: Vec::new(),
         };
         let mut stale = BTreeSet::new();
+        // Files whose setuid, setgid or sticky bits are dropped.
+        let mut special: Vec<&str> = Vec::new();
         // The target's distributions in this set, matched once (not per path).
         let in_set: BTreeSet<&str> = dm.dists.iter().map(|d| d.normalized.as_str()).collect();
         // Target distributions outside this set that own `path`, as "name version".
@@ -413,6 +452,17 @@ pub fn compute_with<'a>(
             let Some(s) = src.entries.get(path) else {
                 continue;
             };
+            if let Some(why) =
+                left_out(&src.scan.site_packages, path).or(left_out(&dst.scan.site_packages, path))
+            {
+                warn(
+                    &mut warnings,
+                    &set.name,
+                    Some(path),
+                    format!("{path} {why}; it is left out"),
+                );
+                continue;
+            }
             match &s.kind {
                 Kind::Missing => {
                     warn(
@@ -426,7 +476,31 @@ pub fn compute_with<'a>(
                     );
                     continue;
                 }
-                Kind::Dir { .. } | Kind::Other => {
+                Kind::Dir { .. } => {
+                    warn(
+                        &mut warnings,
+                        &set.name,
+                        Some(path),
+                        format!(
+                            "{path} is a directory on {}; overlay carries files and symlinks, never a directory named by a RECORD row or glob; it is left out",
+                            src.host
+                        ),
+                    );
+                    continue;
+                }
+                Kind::ThroughSymlink { link } => {
+                    warn(
+                        &mut warnings,
+                        &set.name,
+                        Some(path),
+                        format!(
+                            "{path}: its parent {link} is a symlink on {}; overlay never reads through one; it is left out",
+                            src.host
+                        ),
+                    );
+                    continue;
+                }
+                Kind::Other => {
                     warn(
                         &mut warnings,
                         &set.name,
@@ -438,8 +512,27 @@ pub fn compute_with<'a>(
                     );
                     continue;
                 }
-                _ => {}
+                Kind::File { .. } | Kind::Symlink { .. } => {}
             }
+            // setuid, setgid and sticky bits never travel.
+            let masked;
+            let skind = match &s.kind {
+                Kind::File {
+                    size,
+                    mode,
+                    blake3,
+                    stamp,
+                } if mode & !MODE_MASK != 0 => {
+                    masked = Kind::File {
+                        size: *size,
+                        mode: mode & MODE_MASK,
+                        blake3: blake3.clone(),
+                        stamp: *stamp,
+                    };
+                    &masked
+                }
+                k => k,
+            };
             if let Some(first) = claimed.get(path) {
                 warn(
                     &mut warnings,
@@ -458,15 +551,37 @@ pub fn compute_with<'a>(
                 .get(path)
                 .map(|e| &e.kind)
                 .filter(|k| k.exists());
+            let refused = match t {
+                Some(Kind::Dir { .. }) => Some(format!(
+                    "{path} is a directory on {}; overlay never replaces a directory; it is left out",
+                    dst.host
+                )),
+                Some(Kind::ThroughSymlink { link }) => Some(format!(
+                    "{path}: its parent {link} is a symlink on {}; overlay never writes through one; it is left out",
+                    dst.host
+                )),
+                Some(Kind::Other) => Some(format!(
+                    "{path} on {} is not a regular file or symlink; it is left out",
+                    dst.host
+                )),
+                _ => None,
+            };
+            if let Some(message) = refused {
+                warn(&mut warnings, &set.name, Some(path), message);
+                continue;
+            }
             let action = match t {
                 None => Action::Add,
-                Some(t) if s.kind.same_as(t) => {
+                Some(t) if skind.same_as(t) => {
                     plan.unchanged += 1;
-                    plan.unchanged_bytes += s.kind.size();
+                    plan.unchanged_bytes += skind.size();
                     continue;
                 }
                 Some(_) => Action::Replace,
             };
+            if !std::ptr::eq(skind, &s.kind) {
+                special.push(path);
+            }
             if sm.dist_paths.binary_search(&path).is_ok() {
                 let foreign = foreign_owners(path);
                 if !foreign.is_empty() && t.is_some() {
@@ -482,7 +597,20 @@ pub fn compute_with<'a>(
                     );
                 }
             }
-            record(&mut plan, path, action, s.kind.size(), Some(&s.kind), t);
+            record(&mut plan, path, action, skind.size(), Some(skind), t);
+        }
+        if !special.is_empty() {
+            warnings.push(Warning {
+                set: Some(set.name.clone()),
+                path: (special.len() == 1).then(|| special[0].to_string()),
+                message: format!(
+                    "setuid, setgid or sticky bits of {} file{} on {} are dropped (overlay carries modes up to 0o777): {}",
+                    special.len(),
+                    if special.len() == 1 { "" } else { "s" },
+                    src.host,
+                    some_of(&special)
+                ),
+            });
         }
 
         for path in sorted_difference(&dm.paths, &sm.paths) {
@@ -496,6 +624,29 @@ pub fn compute_with<'a>(
             };
             if all_source.contains(path) {
                 continue; // another set carries this path from the source
+            }
+            let refused = match t {
+                _ if left_out(&dst.scan.site_packages, path).is_some() => Some(format!(
+                    "{path} {}; it is kept",
+                    left_out(&dst.scan.site_packages, path).unwrap_or_default()
+                )),
+                Kind::Dir { .. } => Some(format!(
+                    "{path} is a directory on {}; a RECORD row never deletes a directory (it goes when the deletes leave it empty); it is kept",
+                    dst.host
+                )),
+                Kind::ThroughSymlink { link } => Some(format!(
+                    "{path}: its parent {link} is a symlink on {}; overlay never deletes through one; it is kept",
+                    dst.host
+                )),
+                Kind::File { .. } | Kind::Symlink { .. } => None,
+                _ => Some(format!(
+                    "{path} on {} is not a regular file or symlink; it is kept",
+                    dst.host
+                )),
+            };
+            if let Some(message) = refused {
+                warn(&mut warnings, &set.name, Some(path), message);
+                continue;
             }
             let foreign = foreign_owners(path);
             if !foreign.is_empty() {

@@ -477,7 +477,8 @@ mod tests {
                     if let Some(Kind::File { mode, .. }) = &c.source {
                         prop_assert!(*mode <= 0o777);
                     }
-                    prop_assert!(!matches!(c.target, Some(Kind::Dir { .. })));
+                    let dir_target = matches!(c.target, Some(Kind::Dir { .. }));
+                    prop_assert!(!dir_target, "a directory target accepted");
                 }
             }
         }
