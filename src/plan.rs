@@ -452,14 +452,14 @@ pub fn compute_with<'a>(
             let Some(s) = src.entries.get(path) else {
                 continue;
             };
-            if let Some(why) =
-                left_out(&src.scan.site_packages, path).or(left_out(&dst.scan.site_packages, path))
+            if state_path(&src.scan.site_packages, path)
+                || state_path(&dst.scan.site_packages, path)
             {
                 warn(
                     &mut warnings,
                     &set.name,
                     Some(path),
-                    format!("{path} {why}; it is left out"),
+                    format!("{path} points into overlay's state folder; it is left out"),
                 );
                 continue;
             }
@@ -513,6 +513,17 @@ pub fn compute_with<'a>(
                     continue;
                 }
                 Kind::File { .. } | Kind::Symlink { .. } => {}
+            }
+            if let Some(why) =
+                left_out(&src.scan.site_packages, path).or(left_out(&dst.scan.site_packages, path))
+            {
+                warn(
+                    &mut warnings,
+                    &set.name,
+                    Some(path),
+                    format!("{path} {why}; it is left out"),
+                );
+                continue;
             }
             // setuid, setgid and sticky bits never travel.
             let masked;
@@ -626,9 +637,8 @@ pub fn compute_with<'a>(
                 continue; // another set carries this path from the source
             }
             let refused = match t {
-                _ if left_out(&dst.scan.site_packages, path).is_some() => Some(format!(
-                    "{path} {}; it is kept",
-                    left_out(&dst.scan.site_packages, path).unwrap_or_default()
+                _ if state_path(&dst.scan.site_packages, path) => Some(format!(
+                    "{path} points into overlay's state folder; it is kept"
                 )),
                 Kind::Dir { .. } => Some(format!(
                     "{path} is a directory on {}; a RECORD row never deletes a directory (it goes when the deletes leave it empty); it is kept",
@@ -638,7 +648,8 @@ pub fn compute_with<'a>(
                     "{path}: its parent {link} is a symlink on {}; overlay never deletes through one; it is kept",
                     dst.host
                 )),
-                Kind::File { .. } | Kind::Symlink { .. } => None,
+                Kind::File { .. } | Kind::Symlink { .. } => left_out(&dst.scan.site_packages, path)
+                    .map(|why| format!("{path} {why}; it is kept")),
                 _ => Some(format!(
                     "{path} on {} is not a regular file or symlink; it is kept",
                     dst.host
