@@ -1041,6 +1041,64 @@ mod tests {
     }
 
     #[test]
+    fn stat_never_goes_through_a_symlinked_parent() {
+        let t = tempfile::tempdir().unwrap();
+        let venv = t.path().join("v");
+        let site = venv.join(SITE);
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(site.join("pkg/sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(venv.join("pyvenv.cfg"), "version = 3.11.2\n").unwrap();
+        std::fs::write(outside.join("secret"), "s").unwrap();
+        std::fs::write(site.join("pkg/a.py"), "a").unwrap();
+        std::fs::write(site.join("pkg/sub/b.py"), "bb").unwrap();
+        std::os::unix::fs::symlink(&outside, site.join("evil_data")).unwrap();
+        std::os::unix::fs::symlink(&outside, site.join("pkg/sub/deep")).unwrap();
+        let paths: Vec<String> = [
+            "evil_data",
+            "evil_data/secret",
+            "pkg/a.py",
+            "pkg/a.py/x",
+            "pkg/gone/x",
+            "pkg/sub/b.py",
+            "pkg/sub/deep/secret",
+            "pkg/sub/deep/secret/more",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let entries = stat(
+            venv.to_str().unwrap(),
+            &paths,
+            HashMode::All,
+            None,
+            false,
+            &Counters::default(),
+        )
+        .unwrap();
+        let kinds: Vec<&Kind> = entries.iter().map(|e| &e.kind).collect();
+        assert!(matches!(kinds[0], Kind::Symlink { target } if target == outside.to_str().unwrap()));
+        assert_eq!(
+            kinds[1],
+            &Kind::ThroughSymlink {
+                link: "evil_data".into()
+            }
+        );
+        assert!(matches!(kinds[2], Kind::File { size: 1, blake3: Some(_), .. }));
+        assert_eq!(kinds[3], &Kind::Missing);
+        assert_eq!(kinds[4], &Kind::Missing);
+        assert!(matches!(kinds[5], Kind::File { size: 2, .. }));
+        for k in &kinds[6..] {
+            assert_eq!(
+                *k,
+                &Kind::ThroughSymlink {
+                    link: "pkg/sub/deep".into()
+                }
+            );
+        }
+    }
+
+    #[test]
     fn glob_bases() {
         assert_eq!(
             glob_base("sglang/srt/speculative/ddtree_*.py"),

@@ -1178,6 +1178,128 @@ mod tests {
     }
 
     #[test]
+    fn state_folder_paths_directories_and_symlinked_parents_are_left_out() {
+        let fake = "../../../.overlay/generations/20000101T000000Z-0000/journal";
+        let s = scan(
+            vec![dist(
+                "x",
+                "2",
+                &[fake, "x/a.py", "srcdir", "evil/secret", "evil", "x//b.py"],
+            )],
+            vec![],
+        );
+        let d = scan(
+            vec![
+                dist(
+                    "x",
+                    "1",
+                    &["../../../.overlay/mine", "shared/", "tdata/y", "x/a.py"],
+                ),
+                dist("other", "1", &["shared/other_module.py"]),
+            ],
+            vec![],
+        );
+        let se = entries(&[
+            (fake, file("j", 1)),
+            ("x/a.py", file("a", 1)),
+            ("srcdir", Kind::Dir { mode: 0o755 }),
+            (
+                "evil/secret",
+                Kind::ThroughSymlink {
+                    link: "evil".into(),
+                },
+            ),
+            (
+                "evil",
+                Kind::Symlink {
+                    target: "/etc".into(),
+                },
+            ),
+            ("x//b.py", file("b", 1)),
+        ]);
+        let de = entries(&[
+            ("../../../.overlay/mine", file("m", 1)),
+            ("shared/", Kind::Dir { mode: 0o755 }),
+            (
+                "tdata/y",
+                Kind::ThroughSymlink {
+                    link: "tdata".into(),
+                },
+            ),
+            ("x/a.py", Kind::Dir { mode: 0o755 }),
+        ]);
+        let (plans, warnings) = run(&[set("x", &["x"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert_eq!(actions(&plans[0]), vec![("evil".into(), Action::Add)]);
+        let said = |path: &str, part: &str| {
+            assert!(
+                warnings
+                    .iter()
+                    .any(|w| w.path.as_deref() == Some(path) && w.message.contains(part)),
+                "{path}: {part}: {warnings:#?}"
+            )
+        };
+        said(fake, "points into overlay's state folder; it is left out");
+        said(
+            "../../../.overlay/mine",
+            "points into overlay's state folder; it is kept",
+        );
+        said("srcdir", "is a directory on src");
+        said("shared/", "never deletes a directory");
+        said("x/a.py", "never replaces a directory");
+        said(
+            "evil/secret",
+            "evil/secret: its parent evil is a symlink on src; overlay never reads through one",
+        );
+        said("tdata/y", "its parent tdata is a symlink on dst");
+        said("x//b.py", "not spelled as a plain path");
+    }
+
+    #[test]
+    fn setuid_setgid_and_sticky_bits_are_dropped_with_one_warning() {
+        let paths: Vec<String> = (0..7).map(|i| format!("x/f{i}")).collect();
+        let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let s = scan(vec![dist("x", "1", &refs)], vec![]);
+        let d = scan(vec![], vec![]);
+        let special = |m: u32| Kind::File {
+            size: 1,
+            mode: m,
+            blake3: Some("h".into()),
+            stamp: None,
+        };
+        let list: Vec<(&str, Kind)> = refs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (*p, special(if i == 0 { 0o755 } else { 0o4755 | i as u32 * 0o1000 % 0o10000 })))
+            .collect();
+        let se = entries(&list);
+        let mut de = entries(&[]);
+        // Unchanged once the bits are dropped: not carried, not warned about.
+        de.insert(
+            "x/f6".into(),
+            Entry {
+                path: "x/f6".into(),
+                kind: special(0o755),
+                pyc: vec![],
+            },
+        );
+        let (plans, warnings) = run(&[set("x", &["x"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert_eq!(plans[0].changes.len(), 6);
+        assert_eq!(plans[0].unchanged, 1);
+        for c in &plans[0].changes {
+            let Some(Kind::File { mode, .. }) = &c.source else {
+                panic!("{c:?}")
+            };
+            assert_eq!(*mode, 0o755, "{}", c.path);
+        }
+        assert_eq!(warnings.len(), 1, "{warnings:#?}");
+        let m = &warnings[0].message;
+        assert!(
+            m.contains("of 5 files on src") && m.contains("x/f1, x/f2") && !m.contains("x/f0"),
+            "{m}"
+        );
+    }
+
+    #[test]
     fn versions_show_the_true_build() {
         let mut a = dist("torch", "2.11.0", &["t.py"]);
         a.build = Some("2.11.0+cu130".into());
