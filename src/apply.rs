@@ -41,9 +41,9 @@ use crate::error::{Result, io_cause};
 use crate::inventory::{
     Blocked, ContentHasher, Counters, Venv, Walker, content_hex, rewrite_shebang, stamp_of,
 };
-use rustix::fs::FileType;
 use crate::journal::{Generation, free_bytes};
 use crate::plan::Action;
+use rustix::fs::FileType;
 
 /// Bytes of the tar stream per block; each block is packed on its own.
 pub const BLOCK: usize = 1 << 20;
@@ -587,15 +587,12 @@ fn read_files(
             Blocked::Missing => changed(),
             Blocked::Error(m) => err!("Failed to read {}: {m}", abs.display()),
         };
-        let meta = walker
-            .lstat(&rel)
-            .map_err(blocked)?
-            .ok_or_else(changed)?;
+        let meta = walker.lstat(&rel).map_err(blocked)?.ok_or_else(changed)?;
         let is_file = FileType::from_raw_mode(meta.st_mode) == FileType::RegularFile;
         let mut h = tar::Header::new_gnu();
         h.set_uid(meta.st_uid as u64);
         h.set_gid(meta.st_gid as u64);
-        h.set_mtime((meta.st_mtime as i64).max(0) as u64);
+        h.set_mtime(meta.st_mtime.max(0) as u64);
         let name = f.index.to_string();
         match &f.kind {
             Kind::Symlink { target } => {
@@ -624,53 +621,51 @@ fn read_files(
                 h.set_size(*size);
                 let file = walker.open(&rel).map_err(blocked)?;
                 let len = meta.st_size as u64;
-                let digest =
-                    if rel.starts_with("bin/") && len < (1 << 20) && shebang.is_some() {
-                        let mut content = Vec::new();
-                        (&file).read_to_end(&mut content).map_err(|e| {
-                            err!("Failed to read {}: {}", abs.display(), io_cause(&e))
-                        })?;
-                        let content = shebang
-                            .and_then(|rw| rewrite_shebang(&content, rw))
-                            .unwrap_or(content);
-                        if content.len() as u64 != *size {
-                            return Err(changed());
-                        }
-                        tar.append_data(&mut h, &name, &content[..])
-                            .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
-                        content_hex(ContentHasher::new().update(&content))
-                    } else {
-                        if len != *size {
-                            return Err(changed());
-                        }
-                        // Read straight into the stream's block and hash it
-                        // there: no copy through tar's 8 KiB buffer.
-                        let failed = |e: std::io::Error| {
-                            err!("Failed to stream {}: {}", abs.display(), io_cause(&e))
-                        };
-                        h.set_path(&name).map_err(failed)?;
-                        h.set_cksum();
-                        let cutter = tar.get_mut();
-                        cutter.write_all(h.as_bytes()).map_err(failed)?;
-                        let mut hasher = ContentHasher::new();
-                        let mut left = *size;
-                        while left > 0 {
-                            let n = cutter.read_from(&file, &mut hasher).map_err(failed)?;
-                            if n == 0 || n as u64 > left {
-                                // Shorter or longer than the plan said.
-                                return Err(changed());
-                            }
-                            left -= n as u64;
-                        }
-                        let pad = (512 - (*size % 512) as usize) % 512;
-                        cutter.write_all(&[0u8; 512][..pad]).map_err(failed)?;
-                        content_hex(&hasher)
+                let digest = if rel.starts_with("bin/") && len < (1 << 20) && shebang.is_some() {
+                    let mut content = Vec::new();
+                    (&file)
+                        .read_to_end(&mut content)
+                        .map_err(|e| err!("Failed to read {}: {}", abs.display(), io_cause(&e)))?;
+                    let content = shebang
+                        .and_then(|rw| rewrite_shebang(&content, rw))
+                        .unwrap_or(content);
+                    if content.len() as u64 != *size {
+                        return Err(changed());
+                    }
+                    tar.append_data(&mut h, &name, &content[..])
+                        .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
+                    content_hex(ContentHasher::new().update(&content))
+                } else {
+                    if len != *size {
+                        return Err(changed());
+                    }
+                    // Read straight into the stream's block and hash it
+                    // there: no copy through tar's 8 KiB buffer.
+                    let failed = |e: std::io::Error| {
+                        err!("Failed to stream {}: {}", abs.display(), io_cause(&e))
                     };
+                    h.set_path(&name).map_err(failed)?;
+                    h.set_cksum();
+                    let cutter = tar.get_mut();
+                    cutter.write_all(h.as_bytes()).map_err(failed)?;
+                    let mut hasher = ContentHasher::new();
+                    let mut left = *size;
+                    while left > 0 {
+                        let n = cutter.read_from(&file, &mut hasher).map_err(failed)?;
+                        if n == 0 || n as u64 > left {
+                            // Shorter or longer than the plan said.
+                            return Err(changed());
+                        }
+                        left -= n as u64;
+                    }
+                    let pad = (512 - (*size % 512) as usize) % 512;
+                    cutter.write_all(&[0u8; 512][..pad]).map_err(failed)?;
+                    content_hex(&hasher)
+                };
                 match blake3 {
                     Some(want) if *want != digest => return Err(changed()),
                     // Read while something wrote to it: the stamp moved.
-                    None if rustix::fs::fstat(&file).map(|m| stamp_of(&m)).ok() != *stamp =>
-                    {
+                    None if rustix::fs::fstat(&file).map(|m| stamp_of(&m)).ok() != *stamp => {
                         return Err(changed());
                     }
                     _ => {}

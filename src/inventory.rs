@@ -559,10 +559,12 @@ pub fn stamp_of(st: &rustix::fs::Stat) -> FileStamp {
     FileStamp {
         dev: st.st_dev,
         ino: st.st_ino,
-        mtime_ns: (st.st_mtime as i64)
+        mtime_ns: st
+            .st_mtime
             .saturating_mul(1_000_000_000)
             .saturating_add(st.st_mtime_nsec as i64),
-        ctime_ns: (st.st_ctime as i64)
+        ctime_ns: st
+            .st_ctime
             .saturating_mul(1_000_000_000)
             .saturating_add(st.st_ctime_nsec as i64),
     }
@@ -622,16 +624,22 @@ impl<'a> Walker<'a> {
     /// opened without following any symlink.
     pub fn dir(&mut self, dir: &str) -> std::result::Result<BorrowedFd<'_>, Blocked> {
         if let Some((b, why)) = &self.blocked
-            && dir.strip_prefix(b.as_str()).is_some_and(|r| r.is_empty() || r.starts_with('/'))
+            && dir
+                .strip_prefix(b.as_str())
+                .is_some_and(|r| r.is_empty() || r.starts_with('/'))
         {
             return Err(why.clone());
         }
         self.blocked = None;
         let mut keep = 0;
-        let mut parts = if dir.is_empty() { None } else { Some(dir.split('/')) }
-            .into_iter()
-            .flatten()
-            .peekable();
+        let mut parts = if dir.is_empty() {
+            None
+        } else {
+            Some(dir.split('/'))
+        }
+        .into_iter()
+        .flatten()
+        .peekable();
         while let Some(c) = parts.peek() {
             match self.stack.get(keep) {
                 Some((name, _)) if name == c => {
@@ -860,9 +868,9 @@ pub fn stat(
                     "" => "__pycache__".to_string(),
                     d => format!("{d}/__pycache__"),
                 };
-                if !pyc_dirs.contains_key(&dir) {
-                    let names = w.list(&dir);
-                    pyc_dirs.insert(dir, names);
+                if let std::collections::hash_map::Entry::Vacant(v) = pyc_dirs.entry(dir) {
+                    let names = w.list(v.key());
+                    v.insert(names);
                 }
             }
         }
@@ -908,9 +916,8 @@ pub fn stat(
                                     (size, Some(h))
                                 }
                                 None => {
-                                    let failed = |m: String| {
-                                        err!("Failed to read {}: {m}", abs.display())
-                                    };
+                                    let failed =
+                                        |m: String| err!("Failed to read {}: {m}", abs.display());
                                     let f = w.open(&rel).map_err(|b| match b {
                                         Blocked::Error(m) => failed(m),
                                         _ => failed("it changed while it was read".into()),
@@ -1077,14 +1084,23 @@ mod tests {
         )
         .unwrap();
         let kinds: Vec<&Kind> = entries.iter().map(|e| &e.kind).collect();
-        assert!(matches!(kinds[0], Kind::Symlink { target } if target == outside.to_str().unwrap()));
+        assert!(
+            matches!(kinds[0], Kind::Symlink { target } if target == outside.to_str().unwrap())
+        );
         assert_eq!(
             kinds[1],
             &Kind::ThroughSymlink {
                 link: "evil_data".into()
             }
         );
-        assert!(matches!(kinds[2], Kind::File { size: 1, blake3: Some(_), .. }));
+        assert!(matches!(
+            kinds[2],
+            Kind::File {
+                size: 1,
+                blake3: Some(_),
+                ..
+            }
+        ));
         assert_eq!(kinds[3], &Kind::Missing);
         assert_eq!(kinds[4], &Kind::Missing);
         assert!(matches!(kinds[5], Kind::File { size: 2, .. }));

@@ -1269,7 +1269,16 @@ mod tests {
         let list: Vec<(&str, Kind)> = refs
             .iter()
             .enumerate()
-            .map(|(i, p)| (*p, special(if i == 0 { 0o755 } else { 0o4755 | i as u32 * 0o1000 % 0o10000 })))
+            .map(|(i, p)| {
+                (
+                    *p,
+                    special(if i == 0 {
+                        0o755
+                    } else {
+                        0o4755 | (i as u32 * 0o1000 % 0o10000)
+                    }),
+                )
+            })
             .collect();
         let se = entries(&list);
         let mut de = entries(&[]);

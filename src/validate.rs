@@ -26,7 +26,8 @@ use crate::journal::{PrepareRequest, STATE_DIR};
 use crate::plan::Action;
 
 /// The hint of every refusal.
-pub const HINT: &str = "the plan is damaged or was made by a hostile source; run `overlay plan` again";
+pub const HINT: &str =
+    "the plan is damaged or was made by a hostile source; run `overlay plan` again";
 
 /// The permission bits a plan may carry: setuid, setgid and sticky never travel.
 pub const MODE_MASK: u32 = 0o777;
@@ -46,10 +47,7 @@ pub fn state_path(site_rel: &str, path: &str) -> bool {
 /// How the venv-relative `rel` is spelled relative to site-packages, the
 /// way RECORD spells it: `torch/x.py`, or `../../../bin/torchrun`.
 pub fn site_spelling(site_rel: &str, rel: &str) -> String {
-    if let Some(rest) = rel
-        .strip_prefix(site_rel)
-        .and_then(|r| r.strip_prefix('/'))
-    {
+    if let Some(rest) = rel.strip_prefix(site_rel).and_then(|r| r.strip_prefix('/')) {
         return rest.to_string();
     }
     let depth = site_rel.split('/').count();
@@ -260,7 +258,12 @@ mod tests {
                     Some(link()),
                 ),
                 change("torch/old.py", Action::Delete, None, Some(file(0o4755))),
-                change("../../../bin/torchrun", Action::Add, Some(file(0o755)), None),
+                change(
+                    "../../../bin/torchrun",
+                    Action::Add,
+                    Some(file(0o755)),
+                    None,
+                ),
                 change("torch", Action::Delete, None, Some(link())),
                 bc,
             ]),
@@ -283,7 +286,10 @@ mod tests {
             "a\0b",
         ] {
             let m = refused(vec![change(p, Action::Add, Some(file(0o644)), None)]);
-            assert!(m.contains("not a plain path") && m.contains("/v"), "{p:?}: {m}");
+            assert!(
+                m.contains("not a plain path") && m.contains("/v"),
+                "{p:?}: {m}"
+            );
         }
         for p in [
             "../../../.overlay/generations/20000101T000000Z-0000/journal",
@@ -366,7 +372,12 @@ mod tests {
 
     #[test]
     fn spelling_round_trips() {
-        for rel in ["bin/x", "lib/python3.11/site-packages/a/b", "share/x", "lib/y"] {
+        for rel in [
+            "bin/x",
+            "lib/python3.11/site-packages/a/b",
+            "share/x",
+            "lib/y",
+        ] {
             let p = site_spelling(SITE, rel);
             assert_eq!(canonical(SITE, &p).as_deref(), Some(rel), "{p}");
         }
@@ -397,10 +408,14 @@ mod tests {
     }
 
     fn path() -> impl Strategy<Value = String> {
-        (prop::bool::weighted(0.1), prop::collection::vec(component(), 1..8)).prop_map(|(abs, parts)| {
-            let p = parts.join("/");
-            if abs { format!("/{p}") } else { p }
-        })
+        (
+            prop::bool::weighted(0.1),
+            prop::collection::vec(component(), 1..8),
+        )
+            .prop_map(|(abs, parts)| {
+                let p = parts.join("/");
+                if abs { format!("/{p}") } else { p }
+            })
     }
 
     fn kind() -> impl Strategy<Value = Option<Kind>> {

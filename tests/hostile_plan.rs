@@ -109,10 +109,16 @@ fn record_rows_into_overlays_state_are_left_out_on_both_sides() {
     for (p, _, _) in changes(&plan) {
         assert!(!p.contains(".overlay"), "{p} is planned");
     }
-    assert_warned(&plan, &[&row, "points into overlay's state folder", "left out"]);
     assert_warned(
         &plan,
-        &["../../../.overlay/mine", "points into overlay's state folder"],
+        &[&row, "points into overlay's state folder", "left out"],
+    );
+    assert_warned(
+        &plan,
+        &[
+            "../../../.overlay/mine",
+            "points into overlay's state folder",
+        ],
     );
     apply(&tb);
     assert!(!tb.host_venv_dir(1).join(fake).exists());
@@ -166,11 +172,7 @@ fn setuid_setgid_and_sticky_bits_never_travel() {
     let tb = Testbed::local(2);
     tb.write_manifest(TORCH);
     let rel = "minitorch/_new_in_211.py";
-    fs::set_permissions(
-        site(&tb, 0).join(rel),
-        fs::Permissions::from_mode(0o6755),
-    )
-    .unwrap();
+    fs::set_permissions(site(&tb, 0).join(rel), fs::Permissions::from_mode(0o6755)).unwrap();
     let plan = tb.plan_json();
     let (_, action, c) = changes(&saved_plan(&tb))
         .into_iter()
@@ -239,9 +241,13 @@ fn nothing_is_read_written_or_deleted_through_a_symlinked_parent() {
 fn a_damaged_or_hostile_plan_is_refused_by_the_target_before_anything_is_written() {
     let tb = Testbed::local(2);
     tb.write_manifest(TORCH);
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     let saved = tb.manifest_path().with_file_name(".overlay/plan.json");
-    let good: serde_json::Value = serde_json::from_str(&fs::read_to_string(&saved).unwrap()).unwrap();
+    let good: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&saved).unwrap()).unwrap();
     let before = snapshot(tb.host_venv_dir(1));
     let gens = tb.host_venv_dir(1).join(".overlay/generations");
     let count = || fs::read_dir(&gens).map_or(0, |d| d.count());
@@ -267,8 +273,10 @@ fn a_damaged_or_hostile_plan_is_refused_by_the_target_before_anything_is_written
             "a directory deleted",
             "minitorch",
             Box::new(|c| {
-                c.push(serde_json::json!({"path": "minitorch", "action": "delete", "size": 0,
-                    "target": {"kind": "dir", "mode": 0o755}}))
+                c.push(
+                    serde_json::json!({"path": "minitorch", "action": "delete", "size": 0,
+                    "target": {"kind": "dir", "mode": 0o755}}),
+                )
             }),
         ),
         (
@@ -324,6 +332,10 @@ fn a_damaged_or_hostile_plan_is_refused_by_the_target_before_anything_is_written
         );
         assert_same(&before, &snapshot(tb.host_venv_dir(1)), what);
         assert_eq!(count(), gens_before, "{what}: a generation was opened");
-        assert!(!tb.host_venv_dir(1).join(".overlay/generations/20000101T000000Z-0000").exists());
+        assert!(
+            !tb.host_venv_dir(1)
+                .join(".overlay/generations/20000101T000000Z-0000")
+                .exists()
+        );
     }
 }
