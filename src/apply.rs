@@ -38,9 +38,12 @@ use crate::agent::protocol::{
 };
 use crate::err;
 use crate::error::{Result, io_cause};
-use crate::inventory::{ContentHasher, Counters, Venv, content_hex, rewrite_shebang};
+use crate::inventory::{
+    Blocked, ContentHasher, Counters, Venv, Walker, content_hex, rewrite_shebang, stamp_of,
+};
 use crate::journal::{Generation, free_bytes};
 use crate::plan::Action;
+use rustix::fs::FileType;
 
 /// Bytes of the tar stream per block; each block is packed on its own.
 pub const BLOCK: usize = 1 << 20;
@@ -544,7 +547,9 @@ pub type DirectResult = (
 /// What `send` returns.
 pub type SendResult = (u64, u64, Vec<(usize, String)>, Vec<(i32, f64)>);
 
-/// Read, check and hash the files into the tar stream.
+/// Read, check and hash the files into the tar stream. Every file is
+/// reached from the venv root's fd without following a symlink in its
+/// parent chain ([`Walker`]), so nothing outside the venv is ever read.
 fn read_files(
     venv: &Venv,
     files: &[SendFile],
@@ -555,6 +560,14 @@ fn read_files(
     let mut hashes = Vec::with_capacity(files.len());
     let mut tar = tar::Builder::new(cutter);
     let mut raw = 0u64;
+    let root = crate::beneath::Beneath::open(&venv.root).map_err(|e| {
+        err!(
+            "venv {} cannot be opened: {}",
+            venv.root.display(),
+            io_cause(&e)
+        )
+    })?;
+    let mut walker = Walker::new(std::os::fd::AsFd::as_fd(&root));
     for f in files {
         let (abs, rel) = venv.resolve(&f.path)?;
         let changed = || {
@@ -564,16 +577,27 @@ fn read_files(
                 abs.display()
             )
         };
-        let meta = fs::symlink_metadata(&abs).map_err(|_| changed())?;
+        let blocked = |b: Blocked| match b {
+            Blocked::Link(link) => err!(
+                hint = "the source changed since the plan; run `overlay plan` again",
+                "Source file {}: its parent {} is a symlink; overlay never reads through one; nothing was applied",
+                abs.display(),
+                venv.root.join(link).display()
+            ),
+            Blocked::Missing => changed(),
+            Blocked::Error(m) => err!("Failed to read {}: {m}", abs.display()),
+        };
+        let meta = walker.lstat(&rel).map_err(blocked)?.ok_or_else(changed)?;
+        let is_file = FileType::from_raw_mode(meta.st_mode) == FileType::RegularFile;
         let mut h = tar::Header::new_gnu();
-        h.set_uid(std::os::unix::fs::MetadataExt::uid(&meta) as u64);
-        h.set_gid(std::os::unix::fs::MetadataExt::gid(&meta) as u64);
-        h.set_mtime(std::os::unix::fs::MetadataExt::mtime(&meta).max(0) as u64);
+        h.set_uid(meta.st_uid as u64);
+        h.set_gid(meta.st_gid as u64);
+        h.set_mtime(meta.st_mtime.max(0) as u64);
         let name = f.index.to_string();
         match &f.kind {
             Kind::Symlink { target } => {
-                let now = fs::read_link(&abs).map_err(|_| changed())?;
-                if now.to_string_lossy() != *target {
+                let now = walker.read_link(&rel).map_err(|_| changed())?;
+                if now != *target {
                     return Err(changed());
                 }
                 h.set_entry_type(tar::EntryType::Symlink);
@@ -589,62 +613,59 @@ fn read_files(
                 stamp,
             } => {
                 // Unhashed in the plan: the stamp must be as the plan saw it.
-                if !meta.is_file() || (blake3.is_none() && *stamp != Some(FileStamp::of(&meta))) {
+                if !is_file || (blake3.is_none() && *stamp != Some(stamp_of(&meta))) {
                     return Err(changed());
                 }
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_mode(*mode);
                 h.set_size(*size);
-                let file = File::open(&abs)
-                    .map_err(|e| err!("Failed to read {}: {}", abs.display(), io_cause(&e)))?;
-                let digest =
-                    if rel.starts_with("bin/") && meta.len() < (1 << 20) && shebang.is_some() {
-                        let mut content = Vec::new();
-                        { file }.read_to_end(&mut content).map_err(|e| {
-                            err!("Failed to read {}: {}", abs.display(), io_cause(&e))
-                        })?;
-                        let content = shebang
-                            .and_then(|rw| rewrite_shebang(&content, rw))
-                            .unwrap_or(content);
-                        if content.len() as u64 != *size {
-                            return Err(changed());
-                        }
-                        tar.append_data(&mut h, &name, &content[..])
-                            .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
-                        content_hex(ContentHasher::new().update(&content))
-                    } else {
-                        if meta.len() != *size {
-                            return Err(changed());
-                        }
-                        // Read straight into the stream's block and hash it
-                        // there: no copy through tar's 8 KiB buffer.
-                        let failed = |e: std::io::Error| {
-                            err!("Failed to stream {}: {}", abs.display(), io_cause(&e))
-                        };
-                        h.set_path(&name).map_err(failed)?;
-                        h.set_cksum();
-                        let cutter = tar.get_mut();
-                        cutter.write_all(h.as_bytes()).map_err(failed)?;
-                        let mut hasher = ContentHasher::new();
-                        let mut left = *size;
-                        while left > 0 {
-                            let n = cutter.read_from(&file, &mut hasher).map_err(failed)?;
-                            if n == 0 || n as u64 > left {
-                                // Shorter or longer than the plan said.
-                                return Err(changed());
-                            }
-                            left -= n as u64;
-                        }
-                        let pad = (512 - (*size % 512) as usize) % 512;
-                        cutter.write_all(&[0u8; 512][..pad]).map_err(failed)?;
-                        content_hex(&hasher)
+                let file = walker.open(&rel).map_err(blocked)?;
+                let len = meta.st_size as u64;
+                let digest = if rel.starts_with("bin/") && len < (1 << 20) && shebang.is_some() {
+                    let mut content = Vec::new();
+                    (&file)
+                        .read_to_end(&mut content)
+                        .map_err(|e| err!("Failed to read {}: {}", abs.display(), io_cause(&e)))?;
+                    let content = shebang
+                        .and_then(|rw| rewrite_shebang(&content, rw))
+                        .unwrap_or(content);
+                    if content.len() as u64 != *size {
+                        return Err(changed());
+                    }
+                    tar.append_data(&mut h, &name, &content[..])
+                        .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
+                    content_hex(ContentHasher::new().update(&content))
+                } else {
+                    if len != *size {
+                        return Err(changed());
+                    }
+                    // Read straight into the stream's block and hash it
+                    // there: no copy through tar's 8 KiB buffer.
+                    let failed = |e: std::io::Error| {
+                        err!("Failed to stream {}: {}", abs.display(), io_cause(&e))
                     };
+                    h.set_path(&name).map_err(failed)?;
+                    h.set_cksum();
+                    let cutter = tar.get_mut();
+                    cutter.write_all(h.as_bytes()).map_err(failed)?;
+                    let mut hasher = ContentHasher::new();
+                    let mut left = *size;
+                    while left > 0 {
+                        let n = cutter.read_from(&file, &mut hasher).map_err(failed)?;
+                        if n == 0 || n as u64 > left {
+                            // Shorter or longer than the plan said.
+                            return Err(changed());
+                        }
+                        left -= n as u64;
+                    }
+                    let pad = (512 - (*size % 512) as usize) % 512;
+                    cutter.write_all(&[0u8; 512][..pad]).map_err(failed)?;
+                    content_hex(&hasher)
+                };
                 match blake3 {
                     Some(want) if *want != digest => return Err(changed()),
                     // Read while something wrote to it: the stamp moved.
-                    None if fs::symlink_metadata(&abs).map(|m| FileStamp::of(&m)).ok()
-                        != *stamp =>
-                    {
+                    None if rustix::fs::fstat(&file).map(|m| stamp_of(&m)).ok() != *stamp => {
                         return Err(changed());
                     }
                     _ => {}

@@ -9,11 +9,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
 
 use crate::agent::protocol::{
     Dist, Entry, Facts, FileStamp, HashMode, Kind, ScanReport, ShebangRewrite,
@@ -493,20 +495,28 @@ pub fn hash_file(
     shebang: Option<&ShebangRewrite>,
     counters: &Counters,
 ) -> std::io::Result<(u64, String)> {
+    hash_open(std::fs::File::open(path)?, shebang, counters)
+}
+
+/// [`hash_file`] of a file already open (opened beneath the venv by a [`Walker`]).
+pub fn hash_open(
+    f: std::fs::File,
+    shebang: Option<&ShebangRewrite>,
+    counters: &Counters,
+) -> std::io::Result<(u64, String)> {
     thread_local! {
         // One read buffer per worker thread, not one allocation per file.
         static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 1 << 20]);
     }
-    BUF.with(|buf| hash_file_with(path, shebang, counters, &mut buf.borrow_mut()))
+    BUF.with(|buf| hash_file_with(f, shebang, counters, &mut buf.borrow_mut()))
 }
 
 fn hash_file_with(
-    path: &Path,
+    mut f: std::fs::File,
     shebang: Option<&ShebangRewrite>,
     counters: &Counters,
     buf: &mut [u8],
 ) -> std::io::Result<(u64, String)> {
-    let mut f = std::fs::File::open(path)?;
     let mut hasher = ContentHasher::new();
     let mut size = 0u64;
     let mut first = true;
@@ -544,11 +554,207 @@ pub fn hex(bytes: &[u8]) -> String {
         })
 }
 
+/// A file's stamp from an `lstat`/`fstat` (the same numbers as [`FileStamp::of`]).
+pub fn stamp_of(st: &rustix::fs::Stat) -> FileStamp {
+    FileStamp {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        mtime_ns: st
+            .st_mtime
+            .saturating_mul(1_000_000_000)
+            .saturating_add(st.st_mtime_nsec as i64),
+        ctime_ns: st
+            .st_ctime
+            .saturating_mul(1_000_000_000)
+            .saturating_add(st.st_ctime_nsec as i64),
+    }
+}
+
+/// Why a path's parent directories could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Blocked {
+    /// A parent is absent, or is a file: the path does not exist.
+    Missing,
+    /// A parent is a symlink (its path relative to the venv root): overlay
+    /// never goes through one.
+    Link(String),
+    /// Anything else (permission denied...), as a message naming the directory.
+    Error(String),
+}
+
+/// Parent directories of venv paths, opened one component at a time from
+/// the venv root's fd with `openat(O_PATH | O_DIRECTORY | O_NOFOLLOW)`, so
+/// a symlink anywhere in a path's parent chain is seen, never followed. The
+/// chain stays open for the next path: paths arrive sorted, a directory's
+/// subtree is contiguous in sorted order, so each directory is opened about
+/// once per worker and every file costs one `statat` from its parent's fd
+/// (cheaper than an `lstat` of the whole path, which walks every component).
+pub struct Walker<'a> {
+    root: BorrowedFd<'a>,
+    /// The open chain below the root: each component's name and fd.
+    stack: Vec<(String, OwnedFd)>,
+    /// The last chain that could not be opened (venv-relative) and why.
+    blocked: Option<(String, Blocked)>,
+}
+
+const WALK_FLAGS: OFlags = OFlags::PATH
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// Split a venv-relative path into its parent directory (`""`: the root) and name.
+fn split_rel(rel: &str) -> (&str, &str) {
+    match rel.rfind('/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => ("", rel),
+    }
+}
+
+impl<'a> Walker<'a> {
+    /// A walker from `root`, the venv root's fd.
+    pub fn new(root: BorrowedFd<'a>) -> Walker<'a> {
+        Walker {
+            root,
+            stack: Vec::new(),
+            blocked: None,
+        }
+    }
+
+    /// The directory `dir` (venv-relative, normalized; `""` is the root),
+    /// opened without following any symlink.
+    pub fn dir(&mut self, dir: &str) -> std::result::Result<BorrowedFd<'_>, Blocked> {
+        if let Some((b, why)) = &self.blocked
+            && dir
+                .strip_prefix(b.as_str())
+                .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+        {
+            return Err(why.clone());
+        }
+        self.blocked = None;
+        let mut keep = 0;
+        let mut parts = if dir.is_empty() {
+            None
+        } else {
+            Some(dir.split('/'))
+        }
+        .into_iter()
+        .flatten()
+        .peekable();
+        while let Some(c) = parts.peek() {
+            match self.stack.get(keep) {
+                Some((name, _)) if name == c => {
+                    keep += 1;
+                    parts.next();
+                }
+                _ => break,
+            }
+        }
+        self.stack.truncate(keep);
+        for c in parts {
+            let base = self.stack.last().map_or(self.root, |(_, fd)| fd.as_fd());
+            match rustix::fs::openat(base, c, WALK_FLAGS, Mode::empty()) {
+                Ok(fd) => self.stack.push((c.to_string(), fd)),
+                Err(e) => {
+                    let mut prefix: String = self
+                        .stack
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join("/");
+                    if !prefix.is_empty() {
+                        prefix.push('/');
+                    }
+                    prefix.push_str(c);
+                    let why = match e {
+                        Errno::NOENT => Blocked::Missing,
+                        Errno::LOOP | Errno::NOTDIR => {
+                            match rustix::fs::statat(base, c, AtFlags::SYMLINK_NOFOLLOW) {
+                                Ok(st) if FileType::from_raw_mode(st.st_mode).is_symlink() => {
+                                    Blocked::Link(prefix.clone())
+                                }
+                                _ => Blocked::Missing,
+                            }
+                        }
+                        e => Blocked::Error(format!("{prefix}: {}", io_cause(&e.into()))),
+                    };
+                    self.blocked = Some((prefix, why.clone()));
+                    return Err(why);
+                }
+            }
+        }
+        Ok(self.stack.last().map_or(self.root, |(_, fd)| fd.as_fd()))
+    }
+
+    /// `lstat` of the venv-relative `rel`; `Ok(None)` if it is absent.
+    pub fn lstat(&mut self, rel: &str) -> std::result::Result<Option<rustix::fs::Stat>, Blocked> {
+        let (dir, name) = split_rel(rel);
+        let fd = match self.dir(dir) {
+            Ok(fd) => fd,
+            Err(Blocked::Missing) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::NOENT | Errno::NOTDIR) => Ok(None),
+            Err(e) => Err(Blocked::Error(format!("{rel}: {}", io_cause(&e.into())))),
+        }
+    }
+
+    /// The target of the symlink `rel`.
+    pub fn read_link(&mut self, rel: &str) -> std::result::Result<String, Blocked> {
+        let (dir, name) = split_rel(rel);
+        let fd = self.dir(dir)?;
+        rustix::fs::readlinkat(fd, name, Vec::new())
+            .map(|t| t.to_string_lossy().into_owned())
+            .map_err(|e| Blocked::Error(format!("{rel}: {}", io_cause(&e.into()))))
+    }
+
+    /// Open the regular file `rel` for reading (a symlink at its end is refused).
+    pub fn open(&mut self, rel: &str) -> std::result::Result<std::fs::File, Blocked> {
+        let (dir, name) = split_rel(rel);
+        let fd = self.dir(dir)?;
+        rustix::fs::openat(
+            fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
+            Mode::empty(),
+        )
+        .map(std::fs::File::from)
+        .map_err(|e| Blocked::Error(format!("{rel}: {}", io_cause(&e.into()))))
+    }
+
+    /// The names in the directory `rel`; empty if it is absent or not a
+    /// plain directory.
+    fn list(&mut self, rel: &str) -> Vec<String> {
+        let (dir, name) = split_rel(rel);
+        let Ok(fd) = self.dir(dir) else {
+            return Vec::new();
+        };
+        let Ok(d) = rustix::fs::openat(
+            fd,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return Vec::new();
+        };
+        let Ok(mut entries) = rustix::fs::Dir::read_from(&d) else {
+            return Vec::new();
+        };
+        entries
+            .by_ref()
+            .flatten()
+            .map(|e| String::from_utf8_lossy(e.file_name().to_bytes()).into_owned())
+            .filter(|n| n != "." && n != "..")
+            .collect()
+    }
+}
+
 /// What one `lstat` said, kept small: a stat request names every file of
 /// a torch stack (35,000), and the first pass holds them all at once.
 enum Probe {
     Missing,
-    Symlink,
+    Symlink(String),
     Dir {
         mode: u32,
     },
@@ -558,30 +764,45 @@ enum Probe {
         stamp: FileStamp,
     },
     Other,
+    /// Behind a symlinked parent (venv-relative).
+    Through(String),
 }
 
 impl Probe {
-    /// `lstat` `abs`; `Err` carries the message for anything but absence.
-    fn of(abs: &Path) -> std::result::Result<Probe, String> {
-        match std::fs::symlink_metadata(abs) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Probe::Missing),
-            Err(e) if e.raw_os_error() == Some(20) => Ok(Probe::Missing), // ENOTDIR: a parent is a file
-            Err(e) => Err(format!("{}: {}", abs.display(), io_cause(&e))),
-            Ok(m) if m.file_type().is_symlink() => Ok(Probe::Symlink),
-            Ok(m) if m.is_dir() => Ok(Probe::Dir {
-                mode: m.permissions().mode() & 0o7777,
-            }),
-            Ok(m) if m.is_file() => Ok(Probe::File {
-                size: m.len(),
-                mode: m.permissions().mode() & 0o7777,
-                stamp: FileStamp::of(&m),
-            }),
-            Ok(_) => Ok(Probe::Other),
-        }
+    /// `lstat` the venv-relative `rel` from `w`'s open parents; `Err`
+    /// carries the message for anything but absence.
+    fn at(w: &mut Walker<'_>, rel: &str) -> std::result::Result<Probe, String> {
+        let st = match w.lstat(rel) {
+            Ok(Some(st)) => st,
+            Ok(None) => return Ok(Probe::Missing),
+            Err(Blocked::Missing) => return Ok(Probe::Missing),
+            Err(Blocked::Link(l)) => return Ok(Probe::Through(l)),
+            Err(Blocked::Error(m)) => return Err(m),
+        };
+        let mode = st.st_mode & 0o7777;
+        Ok(match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => match w.read_link(rel) {
+                Ok(t) => Probe::Symlink(t),
+                Err(Blocked::Error(m)) => return Err(m),
+                Err(_) => Probe::Missing,
+            },
+            FileType::Directory => Probe::Dir { mode },
+            FileType::RegularFile => Probe::File {
+                size: st.st_size as u64,
+                mode,
+                stamp: stamp_of(&st),
+            },
+            _ => Probe::Other,
+        })
     }
 }
 
 /// Stat (and optionally hash) paths relative to site-packages.
+///
+/// Every path is reached from the venv root's fd without following a
+/// symlink in its parent chain ([`Walker`]): a path behind a symlinked
+/// directory is reported as [`Kind::ThroughSymlink`], never read through.
+/// A symlink at the path itself is reported as the symlink it is.
 pub fn stat(
     venv_root: &str,
     paths: &[String],
@@ -591,10 +812,18 @@ pub fn stat(
     counters: &Counters,
 ) -> Result<Vec<Entry>> {
     let venv = Venv::open(venv_root)?;
+    let root = crate::beneath::Beneath::open(&venv.root).map_err(|e| {
+        err!(
+            "venv {} cannot be opened: {}",
+            venv.root.display(),
+            io_cause(&e)
+        )
+    })?;
+    let root_fd = root.as_fd();
     // First pass: lstat everything, so progress knows the totals; the hash
-    // cache loads meanwhile. Per path: its absolute path, whether it is a
-    // `bin/` script, and the lstat.
-    type Probed = (PathBuf, bool, std::result::Result<Probe, String>);
+    // cache loads meanwhile. Per path: its absolute path (the hash cache's
+    // key, messages), its path relative to the venv root, and the lstat.
+    type Probed = (PathBuf, String, std::result::Result<Probe, String>);
     let (cache, probed) = std::thread::scope(|s| {
         let cache = s.spawn(|| match hash {
             HashMode::None => crate::hashcache::HashCache::disabled(),
@@ -602,11 +831,14 @@ pub fn stat(
         });
         let probed: Result<Vec<Probed>> = paths
             .par_iter()
-            .map(|p| {
-                let (abs, rel) = venv.resolve(p)?;
-                let probe = Probe::of(&abs);
-                Ok((abs, rel.starts_with("bin/"), probe))
-            })
+            .map_init(
+                || Walker::new(root_fd),
+                |w, p| {
+                    let (abs, rel) = venv.resolve(p)?;
+                    let probe = Probe::at(w, &rel);
+                    Ok((abs, rel, probe))
+                },
+            )
             .collect();
         let cache = cache.join().expect("the cache loader panicked");
         probed.map(|p| (cache, p))
@@ -626,23 +858,20 @@ pub fn stat(
         Ordering::Relaxed,
     );
 
-    // Bytecode listing, one readdir per __pycache__ directory.
-    let mut pyc_dirs: HashMap<PathBuf, Vec<String>> = HashMap::new();
+    // Bytecode listing, one readdir per __pycache__ directory (venv-relative).
+    let mut pyc_dirs: HashMap<String, Vec<String>> = HashMap::new();
     if pycache {
-        for (p, (abs, _, _)) in paths.iter().zip(&probed) {
-            if p.ends_with(".py")
-                && let Some(parent) = abs.parent()
-            {
-                let dir = parent.join("__pycache__");
-                pyc_dirs.entry(dir.clone()).or_insert_with(|| {
-                    std::fs::read_dir(&dir)
-                        .map(|rd| {
-                            rd.flatten()
-                                .map(|e| e.file_name().to_string_lossy().into_owned())
-                                .collect()
-                        })
-                        .unwrap_or_default()
-                });
+        let mut w = Walker::new(root_fd);
+        for (p, (_, rel, _)) in paths.iter().zip(&probed) {
+            if p.ends_with(".py") {
+                let dir = match split_rel(rel).0 {
+                    "" => "__pycache__".to_string(),
+                    d => format!("{d}/__pycache__"),
+                };
+                if let std::collections::hash_map::Entry::Vacant(v) = pyc_dirs.entry(dir) {
+                    let names = w.list(v.key());
+                    v.insert(names);
+                }
             }
         }
     }
@@ -650,93 +879,104 @@ pub fn stat(
     let entries: Vec<Result<Entry>> = paths
         .par_iter()
         .zip(probed.into_par_iter())
-        .map(|(p, (abs, in_bin, probe))| {
-            let kind = match probe.map_err(|e| err!("{e}"))? {
-                Probe::Missing => Kind::Missing,
-                Probe::Symlink => Kind::Symlink {
-                    target: std::fs::read_link(&abs)
-                        .map_err(|e| err!("{}: {}", abs.display(), io_cause(&e)))?
-                        .to_string_lossy()
-                        .into_owned(),
-                },
-                Probe::Dir { mode } => Kind::Dir { mode },
-                Probe::Other => Kind::Other,
-                Probe::File { size, mode, stamp } => {
-                    let rw = if in_bin { shebang } else { None };
-                    // A rewritten script's hash is never cached.
-                    let cached = || {
-                        if rw.is_none() {
-                            cache.get_at(&abs, size, &stamp)
+        .map_init(
+            || Walker::new(root_fd),
+            |w, (p, (abs, rel, probe))| {
+                let kind = match probe.map_err(|e| err!("{}/{e}", venv.root.display()))? {
+                    Probe::Missing => Kind::Missing,
+                    Probe::Symlink(target) => Kind::Symlink { target },
+                    Probe::Through(link) => Kind::ThroughSymlink {
+                        link: crate::validate::site_spelling(&venv.site_rel, &link),
+                    },
+                    Probe::Dir { mode } => Kind::Dir { mode },
+                    Probe::Other => Kind::Other,
+                    Probe::File { size, mode, stamp } => {
+                        let rw = if rel.starts_with("bin/") {
+                            shebang
                         } else {
                             None
-                        }
-                    };
-                    // A script whose shebang is rewritten is always hashed,
-                    // even when only cached hashes are asked for: it is small,
-                    // and that spares a second round trip.
-                    let read = hash == HashMode::All
-                        || (hash == HashMode::Cached && rw.is_some() && size < (1 << 20));
-                    let (size_now, blake3) = if read {
-                        match cached() {
-                            Some(h) => {
-                                counters.bytes.fetch_add(size, Ordering::Relaxed);
-                                (size, Some(h))
+                        };
+                        // A rewritten script's hash is never cached.
+                        let cached = || {
+                            if rw.is_none() {
+                                cache.get_at(&abs, size, &stamp)
+                            } else {
+                                None
                             }
-                            None => {
-                                let (read_size, h) =
-                                    hash_file(&abs, rw, counters).map_err(|e| {
-                                        err!("Failed to read {}: {}", abs.display(), io_cause(&e))
-                                    })?;
-                                if rw.is_none() && read_size == size {
-                                    cache.put_at(&abs, size, &stamp, &h);
+                        };
+                        // A script whose shebang is rewritten is always hashed,
+                        // even when only cached hashes are asked for: it is small,
+                        // and that spares a second round trip.
+                        let read = hash == HashMode::All
+                            || (hash == HashMode::Cached && rw.is_some() && size < (1 << 20));
+                        let (size_now, blake3) = if read {
+                            match cached() {
+                                Some(h) => {
+                                    counters.bytes.fetch_add(size, Ordering::Relaxed);
+                                    (size, Some(h))
                                 }
-                                (read_size, Some(h))
+                                None => {
+                                    let failed =
+                                        |m: String| err!("Failed to read {}: {m}", abs.display());
+                                    let f = w.open(&rel).map_err(|b| match b {
+                                        Blocked::Error(m) => failed(m),
+                                        _ => failed("it changed while it was read".into()),
+                                    })?;
+                                    let (read_size, h) = hash_open(f, rw, counters)
+                                        .map_err(|e| failed(io_cause(&e)))?;
+                                    if rw.is_none() && read_size == size {
+                                        cache.put_at(&abs, size, &stamp, &h);
+                                    }
+                                    (read_size, Some(h))
+                                }
+                            }
+                        } else if hash == HashMode::Cached {
+                            (size, cached())
+                        } else {
+                            (size, None)
+                        };
+                        Kind::File {
+                            size: size_now,
+                            mode,
+                            blake3,
+                            stamp: Some(stamp),
+                        }
+                    }
+                };
+                counters.files.fetch_add(1, Ordering::Relaxed);
+                let mut pyc = Vec::new();
+                if let (true, Some(stem)) = (
+                    p.ends_with(".py"),
+                    p.rsplit('/').next().and_then(|f| f.strip_suffix(".py")),
+                ) {
+                    let dir_rel = match p.rsplit_once('/') {
+                        Some((d, _)) => format!("{d}/__pycache__"),
+                        None => "__pycache__".to_string(),
+                    };
+                    let key = match split_rel(&rel).0 {
+                        "" => "__pycache__".to_string(),
+                        d => format!("{d}/__pycache__"),
+                    };
+                    if let Some(names) = pyc_dirs.get(&key) {
+                        let want = format!("{stem}.");
+                        for n in names {
+                            if n.starts_with(&want)
+                                && n.ends_with(".pyc")
+                                && n[want.len()..].find('.').is_some()
+                            {
+                                pyc.push(format!("{dir_rel}/{n}"));
                             }
                         }
-                    } else if hash == HashMode::Cached {
-                        (size, cached())
-                    } else {
-                        (size, None)
-                    };
-                    Kind::File {
-                        size: size_now,
-                        mode,
-                        blake3,
-                        stamp: Some(stamp),
+                        pyc.sort();
                     }
                 }
-            };
-            counters.files.fetch_add(1, Ordering::Relaxed);
-            let mut pyc = Vec::new();
-            if let (true, Some(stem)) = (
-                p.ends_with(".py"),
-                p.rsplit('/').next().and_then(|f| f.strip_suffix(".py")),
-            ) {
-                let dir_rel = match p.rsplit_once('/') {
-                    Some((d, _)) => format!("{d}/__pycache__"),
-                    None => "__pycache__".to_string(),
-                };
-                if let Some(parent) = abs.parent()
-                    && let Some(names) = pyc_dirs.get(&parent.join("__pycache__"))
-                {
-                    let want = format!("{stem}.");
-                    for n in names {
-                        if n.starts_with(&want)
-                            && n.ends_with(".pyc")
-                            && n[want.len()..].find('.').is_some()
-                        {
-                            pyc.push(format!("{dir_rel}/{n}"));
-                        }
-                    }
-                    pyc.sort();
-                }
-            }
-            Ok(Entry {
-                path: p.clone(),
-                kind,
-                pyc,
-            })
-        })
+                Ok(Entry {
+                    path: p.clone(),
+                    kind,
+                    pyc,
+                })
+            },
+        )
         .collect();
     cache.save();
     entries.into_iter().collect()
@@ -805,6 +1045,73 @@ mod tests {
         );
         assert!(rewrite_shebang(b"#!/usr/bin/python3\n", &rw).is_none());
         assert!(rewrite_shebang(b"#!/a/venv2/bin/python3\n", &rw).is_none());
+    }
+
+    #[test]
+    fn stat_never_goes_through_a_symlinked_parent() {
+        let t = tempfile::tempdir().unwrap();
+        let venv = t.path().join("v");
+        let site = venv.join(SITE);
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(site.join("pkg/sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(venv.join("pyvenv.cfg"), "version = 3.11.2\n").unwrap();
+        std::fs::write(outside.join("secret"), "s").unwrap();
+        std::fs::write(site.join("pkg/a.py"), "a").unwrap();
+        std::fs::write(site.join("pkg/sub/b.py"), "bb").unwrap();
+        std::os::unix::fs::symlink(&outside, site.join("evil_data")).unwrap();
+        std::os::unix::fs::symlink(&outside, site.join("pkg/sub/deep")).unwrap();
+        let paths: Vec<String> = [
+            "evil_data",
+            "evil_data/secret",
+            "pkg/a.py",
+            "pkg/a.py/x",
+            "pkg/gone/x",
+            "pkg/sub/b.py",
+            "pkg/sub/deep/secret",
+            "pkg/sub/deep/secret/more",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let entries = stat(
+            venv.to_str().unwrap(),
+            &paths,
+            HashMode::All,
+            None,
+            false,
+            &Counters::default(),
+        )
+        .unwrap();
+        let kinds: Vec<&Kind> = entries.iter().map(|e| &e.kind).collect();
+        assert!(
+            matches!(kinds[0], Kind::Symlink { target } if target == outside.to_str().unwrap())
+        );
+        assert_eq!(
+            kinds[1],
+            &Kind::ThroughSymlink {
+                link: "evil_data".into()
+            }
+        );
+        assert!(matches!(
+            kinds[2],
+            Kind::File {
+                size: 1,
+                blake3: Some(_),
+                ..
+            }
+        ));
+        assert_eq!(kinds[3], &Kind::Missing);
+        assert_eq!(kinds[4], &Kind::Missing);
+        assert!(matches!(kinds[5], Kind::File { size: 2, .. }));
+        for k in &kinds[6..] {
+            assert_eq!(
+                *k,
+                &Kind::ThroughSymlink {
+                    link: "pkg/sub/deep".into()
+                }
+            );
+        }
     }
 
     #[test]

@@ -15,4 +15,5 @@ pub mod plan;
 pub mod preflight;
 pub mod report;
 pub mod transport;
+pub mod validate;
 pub mod verify;

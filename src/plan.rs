@@ -7,6 +7,14 @@
 //! unless a target distribution outside the set owns it (then it is kept and
 //! a warning names the owner). `__pycache__` is never part of a set; the
 //! bytecode of every `.py` file that changes is deleted with it.
+//!
+//! Only files and symlinks are carried. Left out, each with a warning
+//! (docs/plan.md, "What is left out"): paths into overlay's state folder
+//! `.overlay/`, paths not spelled plainly, directories named by a RECORD row
+//! (on either side: a directory goes only when the deletes leave it empty),
+//! paths behind a symlinked parent directory, devices and fifos. Modes are
+//! carried without setuid, setgid and sticky bits. The target's agent checks
+//! the result again (`validate::check_prepare`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -16,6 +24,7 @@ use crate::agent::protocol::{Dist, Entry, Kind, ScanReport};
 use crate::err;
 use crate::error::Result;
 use crate::manifest::{Set, matches_any};
+use crate::validate::{MODE_MASK, canonical, state_path};
 
 /// Version of the saved plan format.
 pub const PLAN_FORMAT: u32 = 2;
@@ -284,6 +293,34 @@ pub fn needs_hash<'a>(
     })
 }
 
+/// Why the site-relative `path` is never carried, if it is not: it points
+/// into overlay's state folder, or it is not spelled the one plain way
+/// (`validate::canonical`), which the target would refuse.
+fn left_out(site_rel: &str, path: &str) -> Option<&'static str> {
+    if state_path(site_rel, path) {
+        Some("points into overlay's state folder")
+    } else if crate::beneath::normalize(path).is_none() && canonical(site_rel, path).is_none() {
+        Some("is not spelled as a plain path (empty, `.` or needless `..` parts)")
+    } else {
+        None
+    }
+}
+
+/// The names of `paths` for a message: all of them when few, else the first few and a count.
+fn some_of(paths: &[&str]) -> String {
+    const SHOWN: usize = 5;
+    let mut s = paths
+        .iter()
+        .take(SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if paths.len() > SHOWN {
+        s.push_str(&format!(" and {} more", paths.len() - SHOWN));
+    }
+    s
+}
+
 /// Decide the plan. `sets` are the manifest's sets to carry out, in order.
 pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<(Vec<SetPlan>, Vec<Warning>)> {
     compute_with(
@@ -377,6 +414,8 @@ pub fn compute_with<'a>(
             stale_bytecode: Vec::new(),
         };
         let mut stale = BTreeSet::new();
+        // Files whose setuid, setgid or sticky bits are dropped.
+        let mut special: Vec<&str> = Vec::new();
         // The target's distributions in this set, matched once (not per path).
         let in_set: BTreeSet<&str> = dm.dists.iter().map(|d| d.normalized.as_str()).collect();
         // Target distributions outside this set that own `path`, as "name version".
@@ -413,6 +452,17 @@ pub fn compute_with<'a>(
             let Some(s) = src.entries.get(path) else {
                 continue;
             };
+            if state_path(&src.scan.site_packages, path)
+                || state_path(&dst.scan.site_packages, path)
+            {
+                warn(
+                    &mut warnings,
+                    &set.name,
+                    Some(path),
+                    format!("{path} points into overlay's state folder; it is left out"),
+                );
+                continue;
+            }
             match &s.kind {
                 Kind::Missing => {
                     warn(
@@ -426,7 +476,31 @@ pub fn compute_with<'a>(
                     );
                     continue;
                 }
-                Kind::Dir { .. } | Kind::Other => {
+                Kind::Dir { .. } => {
+                    warn(
+                        &mut warnings,
+                        &set.name,
+                        Some(path),
+                        format!(
+                            "{path} is a directory on {}; overlay carries files and symlinks, never a directory named by a RECORD row or glob; it is left out",
+                            src.host
+                        ),
+                    );
+                    continue;
+                }
+                Kind::ThroughSymlink { link } => {
+                    warn(
+                        &mut warnings,
+                        &set.name,
+                        Some(path),
+                        format!(
+                            "{path}: its parent {link} is a symlink on {}; overlay never reads through one; it is left out",
+                            src.host
+                        ),
+                    );
+                    continue;
+                }
+                Kind::Other => {
                     warn(
                         &mut warnings,
                         &set.name,
@@ -438,8 +512,38 @@ pub fn compute_with<'a>(
                     );
                     continue;
                 }
-                _ => {}
+                Kind::File { .. } | Kind::Symlink { .. } => {}
             }
+            if let Some(why) =
+                left_out(&src.scan.site_packages, path).or(left_out(&dst.scan.site_packages, path))
+            {
+                warn(
+                    &mut warnings,
+                    &set.name,
+                    Some(path),
+                    format!("{path} {why}; it is left out"),
+                );
+                continue;
+            }
+            // setuid, setgid and sticky bits never travel.
+            let masked;
+            let skind = match &s.kind {
+                Kind::File {
+                    size,
+                    mode,
+                    blake3,
+                    stamp,
+                } if mode & !MODE_MASK != 0 => {
+                    masked = Kind::File {
+                        size: *size,
+                        mode: mode & MODE_MASK,
+                        blake3: blake3.clone(),
+                        stamp: *stamp,
+                    };
+                    &masked
+                }
+                k => k,
+            };
             if let Some(first) = claimed.get(path) {
                 warn(
                     &mut warnings,
@@ -458,15 +562,37 @@ pub fn compute_with<'a>(
                 .get(path)
                 .map(|e| &e.kind)
                 .filter(|k| k.exists());
+            let refused = match t {
+                Some(Kind::Dir { .. }) => Some(format!(
+                    "{path} is a directory on {}; overlay never replaces a directory; it is left out",
+                    dst.host
+                )),
+                Some(Kind::ThroughSymlink { link }) => Some(format!(
+                    "{path}: its parent {link} is a symlink on {}; overlay never writes through one; it is left out",
+                    dst.host
+                )),
+                Some(Kind::Other) => Some(format!(
+                    "{path} on {} is not a regular file or symlink; it is left out",
+                    dst.host
+                )),
+                _ => None,
+            };
+            if let Some(message) = refused {
+                warn(&mut warnings, &set.name, Some(path), message);
+                continue;
+            }
             let action = match t {
                 None => Action::Add,
-                Some(t) if s.kind.same_as(t) => {
+                Some(t) if skind.same_as(t) => {
                     plan.unchanged += 1;
-                    plan.unchanged_bytes += s.kind.size();
+                    plan.unchanged_bytes += skind.size();
                     continue;
                 }
                 Some(_) => Action::Replace,
             };
+            if !std::ptr::eq(skind, &s.kind) {
+                special.push(path);
+            }
             if sm.dist_paths.binary_search(&path).is_ok() {
                 let foreign = foreign_owners(path);
                 if !foreign.is_empty() && t.is_some() {
@@ -482,7 +608,20 @@ pub fn compute_with<'a>(
                     );
                 }
             }
-            record(&mut plan, path, action, s.kind.size(), Some(&s.kind), t);
+            record(&mut plan, path, action, skind.size(), Some(skind), t);
+        }
+        if !special.is_empty() {
+            warnings.push(Warning {
+                set: Some(set.name.clone()),
+                path: (special.len() == 1).then(|| special[0].to_string()),
+                message: format!(
+                    "setuid, setgid or sticky bits of {} file{} on {} are dropped (overlay carries modes up to 0o777): {}",
+                    special.len(),
+                    if special.len() == 1 { "" } else { "s" },
+                    src.host,
+                    some_of(&special)
+                ),
+            });
         }
 
         for path in sorted_difference(&dm.paths, &sm.paths) {
@@ -496,6 +635,29 @@ pub fn compute_with<'a>(
             };
             if all_source.contains(path) {
                 continue; // another set carries this path from the source
+            }
+            let refused = match t {
+                _ if state_path(&dst.scan.site_packages, path) => Some(format!(
+                    "{path} points into overlay's state folder; it is kept"
+                )),
+                Kind::Dir { .. } => Some(format!(
+                    "{path} is a directory on {}; a RECORD row never deletes a directory (it goes when the deletes leave it empty); it is kept",
+                    dst.host
+                )),
+                Kind::ThroughSymlink { link } => Some(format!(
+                    "{path}: its parent {link} is a symlink on {}; overlay never deletes through one; it is kept",
+                    dst.host
+                )),
+                Kind::File { .. } | Kind::Symlink { .. } => left_out(&dst.scan.site_packages, path)
+                    .map(|why| format!("{path} {why}; it is kept")),
+                _ => Some(format!(
+                    "{path} on {} is not a regular file or symlink; it is kept",
+                    dst.host
+                )),
+            };
+            if let Some(message) = refused {
+                warn(&mut warnings, &set.name, Some(path), message);
+                continue;
             }
             let foreign = foreign_owners(path);
             if !foreign.is_empty() {
@@ -1013,6 +1175,137 @@ mod tests {
         let (plans, warnings) = run(&[set("x", &["x"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
         assert_eq!(actions(&plans[0]), vec![("x/a.py".into(), Action::Add)]);
         assert!(warnings[0].message.contains("missing there"));
+    }
+
+    #[test]
+    fn state_folder_paths_directories_and_symlinked_parents_are_left_out() {
+        let fake = "../../../.overlay/generations/20000101T000000Z-0000/journal";
+        let s = scan(
+            vec![dist(
+                "x",
+                "2",
+                &[fake, "x/a.py", "srcdir", "evil/secret", "evil", "x//b.py"],
+            )],
+            vec![],
+        );
+        let d = scan(
+            vec![
+                dist(
+                    "x",
+                    "1",
+                    &["../../../.overlay/mine", "shared/", "tdata/y", "x/a.py"],
+                ),
+                dist("other", "1", &["shared/other_module.py"]),
+            ],
+            vec![],
+        );
+        let se = entries(&[
+            (fake, file("j", 1)),
+            ("x/a.py", file("a", 1)),
+            ("srcdir", Kind::Dir { mode: 0o755 }),
+            (
+                "evil/secret",
+                Kind::ThroughSymlink {
+                    link: "evil".into(),
+                },
+            ),
+            (
+                "evil",
+                Kind::Symlink {
+                    target: "/etc".into(),
+                },
+            ),
+            ("x//b.py", file("b", 1)),
+        ]);
+        let de = entries(&[
+            ("../../../.overlay/mine", file("m", 1)),
+            ("shared/", Kind::Dir { mode: 0o755 }),
+            (
+                "tdata/y",
+                Kind::ThroughSymlink {
+                    link: "tdata".into(),
+                },
+            ),
+            ("x/a.py", Kind::Dir { mode: 0o755 }),
+        ]);
+        let (plans, warnings) = run(&[set("x", &["x"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert_eq!(actions(&plans[0]), vec![("evil".into(), Action::Add)]);
+        let said = |path: &str, part: &str| {
+            assert!(
+                warnings
+                    .iter()
+                    .any(|w| w.path.as_deref() == Some(path) && w.message.contains(part)),
+                "{path}: {part}: {warnings:#?}"
+            )
+        };
+        said(fake, "points into overlay's state folder; it is left out");
+        said(
+            "../../../.overlay/mine",
+            "points into overlay's state folder; it is kept",
+        );
+        said("srcdir", "is a directory on src");
+        said("shared/", "never deletes a directory");
+        said("x/a.py", "never replaces a directory");
+        said(
+            "evil/secret",
+            "evil/secret: its parent evil is a symlink on src; overlay never reads through one",
+        );
+        said("tdata/y", "its parent tdata is a symlink on dst");
+        said("x//b.py", "not spelled as a plain path");
+    }
+
+    #[test]
+    fn setuid_setgid_and_sticky_bits_are_dropped_with_one_warning() {
+        let paths: Vec<String> = (0..7).map(|i| format!("x/f{i}")).collect();
+        let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let s = scan(vec![dist("x", "1", &refs)], vec![]);
+        let d = scan(vec![], vec![]);
+        let special = |m: u32| Kind::File {
+            size: 1,
+            mode: m,
+            blake3: Some("h".into()),
+            stamp: None,
+        };
+        let list: Vec<(&str, Kind)> = refs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                (
+                    *p,
+                    special(if i == 0 {
+                        0o755
+                    } else {
+                        0o4755 | (i as u32 * 0o1000 % 0o10000)
+                    }),
+                )
+            })
+            .collect();
+        let se = entries(&list);
+        let mut de = entries(&[]);
+        // Unchanged once the bits are dropped: not carried, not warned about.
+        de.insert(
+            "x/f6".into(),
+            Entry {
+                path: "x/f6".into(),
+                kind: special(0o755),
+                pyc: vec![],
+            },
+        );
+        let (plans, warnings) = run(&[set("x", &["x"], &[])], (&s, &se), (&d, &de), &[]).unwrap();
+        assert_eq!(plans[0].changes.len(), 6);
+        assert_eq!(plans[0].unchanged, 1);
+        for c in &plans[0].changes {
+            let Some(Kind::File { mode, .. }) = &c.source else {
+                panic!("{c:?}")
+            };
+            assert_eq!(*mode, 0o755, "{}", c.path);
+        }
+        assert_eq!(warnings.len(), 1, "{warnings:#?}");
+        let m = &warnings[0].message;
+        assert!(
+            m.contains("of 5 files on src") && m.contains("x/f1, x/f2") && !m.contains("x/f0"),
+            "{m}"
+        );
     }
 
     #[test]

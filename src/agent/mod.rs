@@ -290,6 +290,9 @@ impl Session {
                 }
             }
             Request::Prepare(req) => {
+                // The plan is checked before anything is recovered, locked or written.
+                let venv = inventory::Venv::open(&req.venv)?;
+                crate::validate::check_prepare(&req, &venv.site_rel)?;
                 let state = self.state(&req.venv)?;
                 let recovered = state.recover(req.resume, &counters)?.map(|(_, msg)| msg);
                 let g = with_progress(output, &counters, || state.prepare(&req, &counters))??;

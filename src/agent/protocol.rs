@@ -15,7 +15,7 @@ use crate::err;
 use crate::error::{Error, Result};
 
 /// Bumped whenever a frame changes shape.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Largest frame accepted (a listing of a very large venv fits easily).
 const MAX_FRAME: usize = (1 << 30) - 1;
@@ -476,6 +476,12 @@ pub enum Kind {
     },
     /// A device, socket or fifo: never touched.
     Other,
+    /// Reachable only through a symlinked parent directory, `link`
+    /// (relative to site-packages, as RECORD spells it): never read, written
+    /// or deleted through it.
+    ThroughSymlink {
+        link: String,
+    },
 }
 
 /// The flat shape `Kind` is read through. serde reads an internally tagged
@@ -490,6 +496,7 @@ struct KindRepr {
     blake3: Option<String>,
     stamp: Option<FileStamp>,
     target: Option<String>,
+    link: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -500,6 +507,7 @@ enum KindTag {
     Symlink,
     Dir,
     Other,
+    ThroughSymlink,
 }
 
 impl TryFrom<KindRepr> for Kind {
@@ -521,6 +529,9 @@ impl TryFrom<KindRepr> for Kind {
             KindTag::Dir => Kind::Dir {
                 mode: r.mode.ok_or_else(|| need("dir"))?,
             },
+            KindTag::ThroughSymlink => Kind::ThroughSymlink {
+                link: r.link.ok_or_else(|| need("through_symlink"))?,
+            },
         })
     }
 }
@@ -533,7 +544,8 @@ impl TryFrom<KindRepr> for Kind {
 /// against 250 for the tagged object with its path.
 ///
 /// `[tag, size, mode, hash, stamp, link, pyc]`: tag 0 missing, 1 file,
-/// 2 symlink (target in `link`), 3 directory (`mode`), 4 other.
+/// 2 symlink (target in `link`), 3 directory (`mode`), 4 other, 5 behind a
+/// symlinked parent (that parent in `link`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatEntry(
     u8,
@@ -565,6 +577,7 @@ impl StatEntry {
             Kind::Symlink { target } => StatEntry(2, 0, 0, None, None, Some(target), pyc),
             Kind::Dir { mode } => StatEntry(3, 0, mode, None, None, None, pyc),
             Kind::Other => StatEntry(4, 0, 0, None, None, None, pyc),
+            Kind::ThroughSymlink { link } => StatEntry(5, 0, 0, None, None, Some(link), pyc),
         }
     }
 
@@ -587,6 +600,7 @@ impl StatEntry {
             2 => Kind::Symlink { target: link? },
             3 => Kind::Dir { mode },
             4 => Kind::Other,
+            5 => Kind::ThroughSymlink { link: link? },
             _ => return None,
         };
         Some(Entry { path, kind, pyc })
@@ -767,6 +781,9 @@ mod tests {
             },
             Kind::Dir { mode: 0o755 },
             Kind::Other,
+            Kind::ThroughSymlink {
+                link: "evil_data".into(),
+            },
         ];
         for kind in kinds {
             let e = Entry {
