@@ -24,9 +24,9 @@
 //! the target writes each to `staging/<index>`: a name in the stream never
 //! chooses where a file lands.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicI32};
@@ -576,10 +576,12 @@ fn read_files(
                 if now.to_string_lossy() != *target {
                     return Err(changed());
                 }
+                // The target travels as the entry's data (as long as the
+                // plan says), never in a GNU long-link record.
                 h.set_entry_type(tar::EntryType::Symlink);
-                h.set_size(0);
+                h.set_size(target.len() as u64);
                 h.set_mode(0o777);
-                tar.append_link(&mut h, &name, target)
+                tar.append_data(&mut h, &name, target.as_bytes())
                     .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
             }
             Kind::File {
@@ -819,7 +821,7 @@ struct Finish {
     digest: String,
     mode: u32,
     /// Owner to set (when running as root).
-    owner: Option<(Option<u32>, Option<u32>)>,
+    owner: Option<(u32, u32)>,
 }
 
 /// The writer thread: write each chunk, finish each file (owner, mode,
@@ -845,9 +847,11 @@ fn write_staged(
         if let Some(fin) = job.last.take() {
             let out = &job.file;
             if let Some((uid, gid)) = fin.owner {
-                let _ = std::os::unix::fs::fchown(&**out, uid, gid);
+                let _ = std::os::unix::fs::fchown(&**out, Some(uid), Some(gid));
             }
-            out.set_permissions(fs::Permissions::from_mode(fin.mode))
+            // Never a setuid, setgid or sticky bit, whatever the plan says
+            // (after the chown, which would clear them anyway).
+            out.set_permissions(fs::Permissions::from_mode(fin.mode & 0o777))
                 .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
             let stamp = out
                 .metadata()
@@ -927,36 +931,172 @@ fn set_direct(file: &File, on: bool) -> bool {
     fcntl_setfl(file, flags).is_ok()
 }
 
+/// One entry of the stream, as its 512-byte header declares it. The stream
+/// is overlay's own: a ustar/GNU header per file, named by change index,
+/// and nothing else — no long names, no PAX records, no links, devices or
+/// directories. Anything else is refused from the header alone, before a
+/// byte of what follows it is read.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct EntryHead {
+    pub index: usize,
+    /// A symlink (its target follows as the entry's data), or a regular file.
+    pub symlink: bool,
+    pub size: u64,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// The size of a tar header and the unit entries are padded to.
+const TAR_BLOCK: usize = 512;
+
+/// Read the header in `block`: `Ok(None)` for the zero block that ends the
+/// stream.
+pub(crate) fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
+    if block.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    let bad = |what: String| {
+        err!(
+            hint = "the stream did not come from a compatible overlay source; nothing was switched, run `overlay apply` again",
+            "Refused an entry of the stream: {what}"
+        )
+    };
+    let h = tar::Header::from_byte_slice(block);
+    // The checksum: the sum of the header's bytes, its own field as spaces.
+    let sum: u32 = block
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| if (148..156).contains(&i) { 32 } else { b as u32 })
+        .sum();
+    if h.cksum().ok() != Some(sum) {
+        return Err(bad("its header's checksum is wrong".into()));
+    }
+    let symlink = match h.entry_type() {
+        tar::EntryType::Regular => false,
+        tar::EntryType::Symlink => true,
+        other => {
+            return Err(bad(format!(
+                "type {:?} ({other:?}) is not a regular file or a symlink",
+                other.as_byte() as char
+            )));
+        }
+    };
+    let name = &h.as_old().name;
+    let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+    let index = std::str::from_utf8(name)
+        .ok()
+        .filter(|n| !n.is_empty() && n.len() <= 12 && n.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|n| n.parse::<usize>().ok())
+        .ok_or_else(|| {
+            bad(format!(
+                "its name {:?} is not a change index",
+                String::from_utf8_lossy(name)
+            ))
+        })?;
+    // The link name is unused: a symlink's target comes as its data.
+    if h.as_old().linkname[0] != 0 {
+        return Err(bad(format!("entry {index} has a link name")));
+    }
+    let size = h
+        .entry_size()
+        .map_err(|_| bad(format!("entry {index} has no readable size")))?;
+    let id = |v: std::io::Result<u64>| v.ok().and_then(|v| u32::try_from(v).ok()).filter(|&v| v != u32::MAX);
+    Ok(Some(EntryHead {
+        index,
+        symlink,
+        size,
+        uid: id(h.uid()),
+        gid: id(h.gid()),
+    }))
+}
+
+/// Who a staged file will belong to, when the agent runs as root: the
+/// owner of the file it replaces, or of the directory it lands in (the
+/// nearest that exists), looked up without following a symlink anywhere.
+struct Owners {
+    root: Option<crate::beneath::Beneath>,
+    site_rel: String,
+}
+
+impl Owners {
+    fn new(host_dir: &Path) -> Owners {
+        let site_rel = Venv::open(&host_dir.to_string_lossy())
+            .map(|v| v.site_rel)
+            .unwrap_or_default();
+        Owners {
+            root: crate::beneath::Beneath::open(host_dir).ok(),
+            site_rel,
+        }
+    }
+
+    /// The owner for the file at `path` (relative to site-packages).
+    fn of(&self, path: &str) -> Option<(u32, u32)> {
+        let root = self.root.as_ref()?;
+        let mut rel = if self.site_rel.is_empty() {
+            path.to_string()
+        } else {
+            format!("{}/{path}", self.site_rel)
+        };
+        loop {
+            if let Ok(Some(st)) = root.lstat(&rel) {
+                return Some((st.st_uid, st.st_gid));
+            }
+            if rel.is_empty() {
+                return None;
+            }
+            rel.truncate(rel.rfind('/').unwrap_or(0));
+        }
+    }
+}
+
+/// Read exactly `buf.len()` bytes of the stream.
+fn read_exact_stream(input: &mut ChannelReader, buf: &mut [u8], what: &str) -> Result<()> {
+    input.read_exact(buf).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            err!(
+                hint = "run `overlay apply` again; if it repeats, check the source host and the network",
+                "The stream ended in the middle of {what}"
+            )
+        } else {
+            err!("Failed to read the stream: {e}")
+        }
+    })
+}
+
 fn unpack_into(
     g: &Generation,
     host_dir: &Path,
-    input: ChannelReader,
+    mut input: ChannelReader,
     counters: &Counters,
     direct: bool,
     jobs: mpsc::SyncSender<WriteJob>,
     free: mpsc::Receiver<AlignedBuf>,
 ) -> Result<(u64, u64)> {
-    let staging = g.dir.join("staging");
+    let staging_path = g.dir.join("staging");
+    // Every staged file is made relative to this fd, with O_EXCL|O_NOFOLLOW:
+    // whatever appears in staging meanwhile, a write never leaves it.
+    let staging = crate::beneath::Beneath::open(&staging_path)
+        .map_err(|e| stage_error(&staging_path, e, host_dir, g))?;
     let stopped = || err!("the staging writer stopped");
     let next_buf = || free.recv().map_err(|_| stopped());
     let mut buf = next_buf()?;
     let is_root = rustix::process::geteuid().is_root();
-    let mut archive = tar::Archive::new(input);
+    let owners = (is_root && !g.meta.same_owner).then(|| Owners::new(host_dir));
     let mut seen = vec![false; g.meta.changes.len()];
     let (mut files, mut bytes) = (0u64, 0u64);
-    let entries = archive
-        .entries()
-        .map_err(|e| err!("Failed to read the stream: {e}"))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| err!("Failed to read the stream: {e}"))?;
-        let name = entry
-            .path()
-            .map_err(|e| err!("bad entry in the stream: {e}"))?
-            .to_string_lossy()
-            .into_owned();
-        let i: usize = name
-            .parse()
-            .map_err(|_| err!("unexpected entry {name:?} in the stream"))?;
+    let mut block = [0u8; TAR_BLOCK];
+    loop {
+        // A stream that stops at an entry's boundary ends like one with
+        // the end-of-archive block; what is missing is named below.
+        match input.read(&mut block[..1]) {
+            Ok(0) => break,
+            Ok(_) => read_exact_stream(&mut input, &mut block[1..], "a header")?,
+            Err(e) => return Err(err!("Failed to read the stream: {e}")),
+        }
+        let Some(head) = parse_head(&block)? else {
+            break;
+        };
+        let i = head.index;
         let c = g
             .meta
             .changes
@@ -966,52 +1106,71 @@ fn unpack_into(
         if std::mem::replace(&mut seen[i], true) {
             return Err(err!("entry {i} appears twice in the stream"));
         }
-        let dest = staging.join(i.to_string());
-        let header = entry.header().clone();
-        let owner = is_root.then(|| {
-            (
-                header.uid().ok().map(|u| u as u32),
-                header.gid().ok().map(|u| u as u32),
-            )
-        });
-        match (&c.source, header.entry_type()) {
-            (Some(Kind::Symlink { target }), tar::EntryType::Symlink) => {
-                let link = entry
-                    .link_name()
-                    .ok()
-                    .flatten()
-                    .map(|l| l.to_string_lossy().into_owned());
-                if link.as_deref() != Some(target.as_str()) {
+        let name = i.to_string();
+        let dest = || staging_path.join(&name);
+        let owner = match &owners {
+            _ if !is_root => None,
+            Some(o) => o.of(&c.path),
+            None => head.uid.zip(head.gid),
+        };
+        // The header's size is the plan's, or nothing of the entry is read.
+        let want = match &c.source {
+            Some(Kind::Symlink { target }) if head.symlink => target.len() as u64,
+            Some(Kind::File { size, .. }) if !head.symlink => *size,
+            expected => {
+                return Err(err!(
+                    "{} arrived as a {}, the plan expects {expected:?}",
+                    c.path,
+                    if head.symlink { "symlink" } else { "regular file" }
+                ));
+            }
+        };
+        if head.size != want {
+            return Err(err!(
+                hint = "the source sent something other than the plan; nothing was switched, run `overlay plan` and `overlay apply` again",
+                "{} arrived declaring {} bytes, the plan says {want}; refused before writing",
+                c.path,
+                head.size
+            ));
+        }
+        let pad = (TAR_BLOCK - (want % TAR_BLOCK as u64) as usize) % TAR_BLOCK;
+        match &c.source {
+            Some(Kind::Symlink { target }) => {
+                let mut link = vec![0u8; target.len()];
+                read_exact_stream(&mut input, &mut link, &c.path)?;
+                if link != target.as_bytes() {
                     return Err(err!(
-                        "{} arrived with link target {link:?}, the plan says {target:?}",
-                        c.path
+                        "{} arrived with link target {:?}, the plan says {target:?}",
+                        c.path,
+                        String::from_utf8_lossy(&link)
                     ));
                 }
-                std::os::unix::fs::symlink(target, &dest)
-                    .map_err(|e| stage_error(&dest, e, host_dir, g))?;
+                staging
+                    .symlink(target, &name)
+                    .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
                 if let Some((uid, gid)) = owner {
-                    let _ = std::os::unix::fs::lchown(&dest, uid, gid);
+                    let _ = rustix::fs::chownat(
+                        &staging,
+                        name.as_str(),
+                        Some(rustix::fs::Uid::from_raw(uid)),
+                        Some(rustix::fs::Gid::from_raw(gid)),
+                        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                    );
                 }
             }
-            (
-                Some(Kind::File {
-                    size, mode, blake3, ..
-                }),
-                tar::EntryType::Regular,
-            ) => {
-                let out = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&dest)
-                    .map_err(|e| stage_error(&dest, e, host_dir, g))?;
+            Some(Kind::File {
+                size, mode, blake3, ..
+            }) => {
+                let out = staging
+                    .create_new(&name, 0o600)
+                    .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
                 if direct && *size >= DIRECT_MIN {
                     set_direct(&out, true);
                 }
                 let out = Arc::new(out);
                 let mut hasher = ContentHasher::new();
-                let (mut n_total, mut fill) = (0u64, 0usize);
-                loop {
+                let (mut left, mut fill) = (*size, 0usize);
+                while left > 0 {
                     if fill == WRITE_CHUNK {
                         let full = std::mem::replace(&mut buf, next_buf()?);
                         let job = WriteJob {
@@ -1024,25 +1183,31 @@ fn unpack_into(
                         jobs.send(job).map_err(|_| stopped())?;
                         fill = 0;
                     }
-                    let space = &mut buf.get()[fill..];
-                    let n = entry
+                    let room = (WRITE_CHUNK - fill).min(usize::try_from(left).unwrap_or(usize::MAX));
+                    let space = &mut buf.get()[fill..fill + room];
+                    let n = input
                         .read(space)
                         .map_err(|e| err!("Failed to read the stream: {e}"))?;
                     if n == 0 {
-                        break;
+                        return Err(err!(
+                            hint = "run `overlay apply` again; if it repeats, check the source host and the network",
+                            "The stream ended in the middle of {} ({} of {size} bytes)",
+                            c.path,
+                            size - left
+                        ));
                     }
                     hasher.update(&space[..n]);
                     fill += n;
-                    n_total += n as u64;
+                    left -= n as u64;
                     counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 let digest = content_hex(&hasher);
-                if n_total != *size || blake3.as_ref().is_some_and(|want| *want != digest) {
+                if blake3.as_ref().is_some_and(|want| *want != digest) {
                     return Err(err!(
                         hint = "run `overlay apply` again; if it repeats, check the source file and the network",
-                        "{} arrived damaged (blake3 {digest}, {n_total} bytes; the plan says {} bytes)",
+                        "{} arrived damaged (blake3 {digest}, {size} bytes; the plan says {})",
                         c.path,
-                        size
+                        blake3.as_deref().unwrap_or_default()
                     ));
                 }
                 let job = WriteJob {
@@ -1059,13 +1224,10 @@ fn unpack_into(
                 jobs.send(job).map_err(|_| stopped())?;
                 bytes += size;
             }
-            (expected, got) => {
-                return Err(err!(
-                    "{} arrived as {got:?}, the plan expects {expected:?}",
-                    c.path
-                ));
-            }
+            _ => unreachable!("checked against the header above"),
         }
+        let mut skip = [0u8; TAR_BLOCK];
+        read_exact_stream(&mut input, &mut skip[..pad], &c.path)?;
         files += 1;
         counters.files.fetch_add(1, Ordering::Relaxed);
     }
@@ -1161,6 +1323,7 @@ mod tests {
             ],
             backup: false,
             resume: false,
+            same_owner: false,
         };
         let g = state.prepare(&req, &counters).unwrap();
         let mut tar = tar::Builder::new(Vec::new());
@@ -1172,8 +1335,8 @@ mod tests {
         }
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Symlink);
-        h.set_size(0);
-        tar.append_link(&mut h, "2", "big.so").unwrap();
+        h.set_size(6);
+        tar.append_data(&mut h, "2", &b"big.so"[..]).unwrap();
         let stream = tar.into_inner().unwrap();
         // Blocks of odd sizes, as frames would cut it.
         let (tx, rx) = mpsc::sync_channel(stream.len() / 100_000 + 2);

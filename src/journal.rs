@@ -56,6 +56,10 @@ pub struct PrepareRequest {
     pub backup: bool,
     /// An unfinished generation is resumed rather than rolled back.
     pub resume: bool,
+    /// As root: staged files keep the source's uid/gid (`apply
+    /// --same-owner`) instead of taking the owner of what they replace.
+    #[serde(default)]
+    pub same_owner: bool,
 }
 
 /// What `overlay history` shows for a generation.
@@ -131,6 +135,9 @@ pub struct Meta {
     pub target: String,
     pub plan_created: u64,
     pub backup: bool,
+    /// See [`PrepareRequest::same_owner`].
+    #[serde(default)]
+    pub same_owner: bool,
     /// The content hash of every digest in this generation. Generations
     /// from before BLAKE3 have none recorded and used sha256.
     #[serde(default = "sha256_name")]
@@ -430,8 +437,22 @@ impl State {
             target: req.target.clone(),
             plan_created: req.plan_created,
             backup: req.backup,
+            same_owner: req.same_owner,
             digest: DIGEST.into(),
-            changes: req.changes.clone(),
+            // No setuid, setgid or sticky bit comes in, whatever the plan
+            // says: the stage writes modes masked to 0o777, and the check
+            // after the switch compares with these.
+            changes: req
+                .changes
+                .iter()
+                .cloned()
+                .map(|mut c| {
+                    if let Some(Kind::File { mode, .. }) = &mut c.source {
+                        *mode &= 0o777;
+                    }
+                    c
+                })
+                .collect(),
         };
         write_synced(
             &dir.join("before.json"),

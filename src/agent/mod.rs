@@ -449,11 +449,17 @@ struct StreamIn {
     aborted: bool,
 }
 
+/// Decoded blocks queued for the unpacker. A data frame is at most
+/// [`protocol::MAX_DATA`] bytes and decodes to at most one block
+/// ([`apply::BLOCK`]), so the queue holds at most this many MiB (plus the
+/// frame being read and the block being unpacked), whatever the sender does.
+const DECODED_BLOCKS: usize = 8;
+
 /// Read data frames until `EndData` (or `Abort`), decoding them on this
 /// thread while another unpacks them into `g`'s staging folder.
 fn stream_in(input: &mut dyn Read, g: &Generation, host_dir: &std::path::Path) -> StreamIn {
     let counters = Counters::default();
-    let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(32);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(DECODED_BLOCKS);
     let mut unz = match zstd::bulk::Decompressor::new() {
         Ok(z) => z,
         Err(e) => {

@@ -1,7 +1,16 @@
-//! The controller–agent protocol: versioned, length-prefixed JSON frames on
-//! the agent's stdin/stdout.
+//! The controller–agent protocol: versioned, length-prefixed frames on the
+//! agent's stdin/stdout.
 //!
-//! Each frame is a little-endian `u32` byte length followed by one JSON value.
+//! Each frame is a little-endian `u32` byte length followed by one
+//! MessagePack value (JSON up to protocol 5), or, with the length's high bit
+//! ([`DATA_BIT`]) set, by raw bytes of a data stream.
+//!
+//! Intake is bounded before a byte of a frame's body is read: a data frame
+//! holds a tag byte and at most one block of the stream ([`MAX_DATA`]), a
+//! message at most [`Message::MAX`] bytes (a request to an agent less than
+//! an answer to the controller), and a message's body is read as it
+//! arrives, never into capacity the length field merely claims. A peer that
+//! claims more is refused with an error that names the frame's size.
 //! The controller speaks first with [`Request::Hello`]; the agent answers with
 //! its own protocol number, and either side refuses a mismatch. Requests are
 //! answered in order; long requests send [`Response::Progress`] frames before
@@ -14,11 +23,30 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::err;
 use crate::error::{Error, Result};
 
-/// Bumped whenever a frame changes shape.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// Bumped whenever a frame changes shape. 7: a symlink's tar entry carries
+/// its target as data (no GNU long-link records); `same_owner` in `Prepare`.
+pub const PROTOCOL_VERSION: u32 = 7;
 
-/// Largest frame accepted (a listing of a very large venv fits easily).
-const MAX_FRAME: usize = (1 << 30) - 1;
+/// Largest data frame: the packing tag and one block of the tar stream
+/// (a zstd block is sent only when smaller than the block it packs).
+pub const MAX_DATA: usize = 1 + crate::apply::BLOCK;
+
+/// A message type and the largest frame of it accepted.
+pub trait Message: DeserializeOwned {
+    const MAX: usize;
+}
+
+/// Requests, which agents read: a `Prepare` of 100,000 changes is about
+/// 35 MB of MessagePack, so 256 MiB leaves room for a very large venv and
+/// still bounds what a hostile sender can make an agent hold.
+impl Message for Request {
+    const MAX: usize = 256 << 20;
+}
+
+/// Answers, which the controller reads (a listing of a very large venv fits).
+impl Message for Response {
+    const MAX: usize = (1 << 30) - 1;
+}
 
 /// How the source packs the stream's blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -293,7 +321,7 @@ pub enum Frame<T> {
 }
 
 /// The high bit of a frame's length marks raw data.
-const DATA_BIT: u32 = 1 << 31;
+pub const DATA_BIT: u32 = 1 << 31;
 
 /// Write raw stream bytes as one data frame (not flushed).
 pub fn write_data(w: &mut dyn Write, bytes: &[u8]) -> std::io::Result<()> {
@@ -308,7 +336,7 @@ pub fn write_data_parts(w: &mut dyn Write, head: &[u8], body: &[u8]) -> std::io:
 }
 
 /// Read a message or a data frame. `Ok(None)` at a clean end of stream.
-pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
+pub fn read_any<T: Message>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(()) => {}
@@ -317,15 +345,19 @@ pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>
     }
     let raw = u32::from_le_bytes(len);
     let len = (raw & !DATA_BIT) as usize;
-    if len > MAX_FRAME {
+    let data = raw & DATA_BIT != 0;
+    let max = if data { MAX_DATA } else { T::MAX };
+    if len > max {
         return Err(err!(
-            hint = "the other side is not a compatible overlay agent",
-            "frame of {len} bytes is too large"
+            hint = "the other side is not a compatible overlay agent (or is hostile); nothing more was read from it",
+            "{} frame of {len} bytes is larger than the {max} bytes allowed",
+            if data { "data" } else { "message" }
         ));
     }
     // Read into fresh capacity: a data frame is up to 1 MiB, and zeroing it
-    // first would cost as much as a copy.
-    let mut body = Vec::with_capacity(len);
+    // first would cost as much as a copy. A message grows as its bytes
+    // arrive: its length alone reserves no more than a data frame's.
+    let mut body = Vec::with_capacity(len.min(MAX_DATA));
     match r.take(len as u64).read_to_end(&mut body) {
         Ok(n) if n == len => {}
         Ok(n) => {
@@ -335,7 +367,7 @@ pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>
         }
         Err(e) => return Err(err!("connection closed in the middle of a frame: {e}")),
     }
-    if raw & DATA_BIT != 0 {
+    if data {
         return Ok(Some(Frame::Data(body)));
     }
     rmp_serde::from_slice(&body)
@@ -723,7 +755,7 @@ pub fn write_frame<T: Serialize>(w: &mut dyn Write, value: &T) -> std::io::Resul
 }
 
 /// Read one message frame. `Ok(None)` at a clean end of stream.
-pub fn read_frame<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<T>> {
+pub fn read_frame<T: Message>(r: &mut dyn Read) -> Result<Option<T>> {
     match read_any(r)? {
         None => Ok(None),
         Some(Frame::Msg(m)) => Ok(Some(m)),
