@@ -344,7 +344,12 @@ pub fn unpack_block(
         Some(&TAG_ZSTD) => z
             .decompress(&frame[1..], BLOCK)
             .map(|v| (v, 0))
-            .map_err(|e| err!("a block of the stream does not decompress: {e}")),
+            .map_err(|e| {
+                err!(
+                    hint = "the source is not a compatible overlay agent (or is hostile); nothing was switched",
+                    "a block of the stream does not decompress to at most {BLOCK} bytes: {e}"
+                )
+            }),
         _ => Err(err!("a block of the stream has an unknown packing")),
     }
 }
@@ -966,7 +971,13 @@ pub(crate) fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
     let sum: u32 = block
         .iter()
         .enumerate()
-        .map(|(i, &b)| if (148..156).contains(&i) { 32 } else { b as u32 })
+        .map(|(i, &b)| {
+            if (148..156).contains(&i) {
+                32
+            } else {
+                b as u32
+            }
+        })
         .sum();
     if h.cksum().ok() != Some(sum) {
         return Err(bad("its header's checksum is wrong".into()));
@@ -1000,7 +1011,11 @@ pub(crate) fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
     let size = h
         .entry_size()
         .map_err(|_| bad(format!("entry {index} has no readable size")))?;
-    let id = |v: std::io::Result<u64>| v.ok().and_then(|v| u32::try_from(v).ok()).filter(|&v| v != u32::MAX);
+    let id = |v: std::io::Result<u64>| {
+        v.ok()
+            .and_then(|v| u32::try_from(v).ok())
+            .filter(|&v| v != u32::MAX)
+    };
     Ok(Some(EntryHead {
         index,
         symlink,
@@ -1121,7 +1136,11 @@ fn unpack_into(
                 return Err(err!(
                     "{} arrived as a {}, the plan expects {expected:?}",
                     c.path,
-                    if head.symlink { "symlink" } else { "regular file" }
+                    if head.symlink {
+                        "symlink"
+                    } else {
+                        "regular file"
+                    }
                 ));
             }
         };
@@ -1183,7 +1202,8 @@ fn unpack_into(
                         jobs.send(job).map_err(|_| stopped())?;
                         fill = 0;
                     }
-                    let room = (WRITE_CHUNK - fill).min(usize::try_from(left).unwrap_or(usize::MAX));
+                    let room =
+                        (WRITE_CHUNK - fill).min(usize::try_from(left).unwrap_or(usize::MAX));
                     let space = &mut buf.get()[fill..fill + room];
                     let n = input
                         .read(space)
@@ -1394,17 +1414,23 @@ pub mod testing {
             let mut h = tar::Header::new_gnu();
             h.set_size(10);
             h.set_mode(0o4755);
-            tar.append_data(&mut h, "0", &b"0123456789"[..]).expect("tar");
-            for (name, target) in [("1", "a.py".to_string()), ("2", "x".repeat(LONG_TARGET_LEN))] {
+            tar.append_data(&mut h, "0", &b"0123456789"[..])
+                .expect("tar");
+            for (name, target) in [
+                ("1", "a.py".to_string()),
+                ("2", "x".repeat(LONG_TARGET_LEN)),
+            ] {
                 let mut h = tar::Header::new_gnu();
                 h.set_entry_type(tar::EntryType::Symlink);
                 h.set_size(target.len() as u64);
-                tar.append_data(&mut h, name, target.as_bytes()).expect("tar");
+                tar.append_data(&mut h, name, target.as_bytes())
+                    .expect("tar");
             }
             let mut h = tar::Header::new_gnu();
             h.set_size(7);
             h.set_mode(0o644);
-            tar.append_data(&mut h, "3", &b"a = 2\n\n"[..]).expect("tar");
+            tar.append_data(&mut h, "3", &b"a = 2\n\n"[..])
+                .expect("tar");
             tar.into_inner().expect("tar")
         }
 
@@ -1428,7 +1454,12 @@ pub mod testing {
                 tx.send((p.to_vec(), 0)).expect("queue");
             }
             drop(tx);
-            let r = unpack(&self.g, self.dir.path(), ChannelReader::new(rx), &Counters::default());
+            let r = unpack(
+                &self.g,
+                self.dir.path(),
+                ChannelReader::new(rx),
+                &Counters::default(),
+            );
             let staging = self.g.dir.join("staging");
             inspect(&staging);
             assert_eq!(
@@ -1439,9 +1470,17 @@ pub mod testing {
             for e in fs::read_dir(&staging).expect("staging") {
                 let e = e.expect("staging");
                 let name = e.file_name().to_string_lossy().into_owned();
-                assert!(["0", "1", "2", "3"].contains(&name.as_str()), "staged {name:?}");
+                assert!(
+                    ["0", "1", "2", "3"].contains(&name.as_str()),
+                    "staged {name:?}"
+                );
                 let m = e.path().symlink_metadata().expect("staged");
-                assert_eq!(m.permissions().mode() & 0o7000, 0, "{name} has {:o}", m.permissions().mode());
+                assert_eq!(
+                    m.permissions().mode() & 0o7000,
+                    0,
+                    "{name} has {:o}",
+                    m.permissions().mode()
+                );
                 fs::remove_file(e.path()).expect("clear staging");
             }
             r.map(|(files, bytes, _)| (files, bytes))
@@ -1497,7 +1536,10 @@ mod tests {
                 assert_eq!(long.as_os_str().len(), LONG_TARGET_LEN);
                 assert_eq!(fs::read(staging.join("0")).unwrap(), b"0123456789");
                 // The plan's 4755 arrives as 755.
-                let mode = fs::metadata(staging.join("0")).unwrap().permissions().mode();
+                let mode = fs::metadata(staging.join("0"))
+                    .unwrap()
+                    .permissions()
+                    .mode();
                 assert_eq!(mode & 0o7777, 0o755);
             });
             assert_eq!(r.unwrap(), (4, 17), "in pieces of {piece}");
@@ -1520,8 +1562,17 @@ mod tests {
                 assert!(staged_names(staging).is_empty(), "nothing was written");
             })
             .unwrap_err();
-        assert!(e.message.contains("declaring 67108864 bytes, the plan says 10"), "{}", e.message);
-        assert!(e.message.contains("refused before writing"), "{}", e.message);
+        assert!(
+            e.message
+                .contains("declaring 67108864 bytes, the plan says 10"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("refused before writing"),
+            "{}",
+            e.message
+        );
         assert!(e.hint.is_some());
         // A symlink whose target would be longer than the plan's.
         let stream = raw_header("1", b'2', 1 << 30);
@@ -1535,7 +1586,9 @@ mod tests {
         // GNU long name/link, PAX, hard link, char/block device, directory,
         // FIFO, contiguous, sparse, volume label: each claims 512 MiB, none
         // has a body.
-        for kind in [b'L', b'K', b'x', b'g', b'1', b'3', b'4', b'5', b'6', b'7', b'S', b'V'] {
+        for kind in [
+            b'L', b'K', b'x', b'g', b'1', b'3', b'4', b'5', b'6', b'7', b'S', b'V',
+        ] {
             let stream = raw_header("0", kind, 512 << 20);
             let e = intake
                 .run_with(&stream, 512, |staging| {
@@ -1561,7 +1614,13 @@ mod tests {
         let sum: u32 = link_name
             .iter()
             .enumerate()
-            .map(|(i, &b)| if (148..156).contains(&i) { 32 } else { b as u32 })
+            .map(|(i, &b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    b as u32
+                }
+            })
             .sum();
         link_name[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
         for (stream, says) in [
@@ -1636,8 +1695,13 @@ mod tests {
         let (tx, rx) = mpsc::sync_channel(1);
         tx.send((intake.valid_stream(), 0)).unwrap();
         drop(tx);
-        let e = unpack(&intake.g, intake.dir.path(), ChannelReader::new(rx), &Counters::default())
-            .unwrap_err();
+        let e = unpack(
+            &intake.g,
+            intake.dir.path(),
+            ChannelReader::new(rx),
+            &Counters::default(),
+        )
+        .unwrap_err();
         assert!(e.message.contains("staging/0"), "{}", e.message);
         assert!(!outside.exists());
         for e in fs::read_dir(&staging).unwrap() {

@@ -782,7 +782,10 @@ mod tests {
         // A data frame claiming 512 MiB, a request claiming 300 MiB.
         for (raw, what) in [
             ((512u32 << 20) | DATA_BIT, "data frame of 536870912 bytes"),
-            ((MAX_DATA as u32 + 1) | DATA_BIT, "data frame of 1048578 bytes"),
+            (
+                (MAX_DATA as u32 + 1) | DATA_BIT,
+                "data frame of 1048578 bytes",
+            ),
             (300 << 20, "message frame of 314572800 bytes"),
         ] {
             let mut bytes = raw.to_le_bytes().to_vec();
@@ -798,7 +801,11 @@ mod tests {
         let mut bytes = (300u32 << 20).to_le_bytes().to_vec();
         bytes.extend([0u8; 16]);
         let e = read_any::<Response>(&mut bytes.as_slice()).unwrap_err();
-        assert!(e.message.contains("in the middle of a frame"), "{}", e.message);
+        assert!(
+            e.message.contains("in the middle of a frame"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
@@ -899,7 +906,10 @@ mod tests {
             staged: None,
         };
         let one = rmp_serde::to_vec_named(&change).unwrap().len();
-        assert!(one * 100_000 < <Request as Message>::MAX / 4, "{one} bytes a change");
+        assert!(
+            one * 100_000 < <Request as Message>::MAX / 4,
+            "{one} bytes a change"
+        );
     }
 
     #[test]
