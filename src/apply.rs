@@ -23,6 +23,19 @@
 //! Tar entries are named by their index in the generation's change list, and
 //! the target writes each to `staging/<index>`: a name in the stream never
 //! chooses where a file lands.
+//!
+//! The target trusts nothing in the stream. It reads the 512-byte headers
+//! itself ([`parse_head`]): checksum, name (a change index), type and
+//! size. Only regular files and symlinks are accepted — no GNU long-name or
+//! PAX records, hard links, devices, FIFOs or directories, each refused
+//! from its header before a byte after it is read — and an entry's size
+//! must be the plan's before anything is created; reading stops at it. A
+//! symlink's target is its entry's data (protocol 7: no long-link record is
+//! ever needed), as long as the plan's target and equal to it. Every staged
+//! file is created through a [`Beneath`](crate::beneath::Beneath) of the
+//! staging directory (`O_CREAT|O_EXCL|O_NOFOLLOW`), its mode masked to
+//! `0o777`; as root its owner is that of the file it replaces or the
+//! directory it lands in, or with `apply --same-owner` the source's.
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
