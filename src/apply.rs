@@ -23,10 +23,23 @@
 //! Tar entries are named by their index in the generation's change list, and
 //! the target writes each to `staging/<index>`: a name in the stream never
 //! chooses where a file lands.
+//!
+//! The target trusts nothing in the stream. It reads the 512-byte headers
+//! itself ([`parse_head`]): checksum, name (a change index), type and
+//! size. Only regular files and symlinks are accepted — no GNU long-name or
+//! PAX records, hard links, devices, FIFOs or directories, each refused
+//! from its header before a byte after it is read — and an entry's size
+//! must be the plan's before anything is created; reading stops at it. A
+//! symlink's target is its entry's data (protocol 7: no long-link record is
+//! ever needed), as long as the plan's target and equal to it. Every staged
+//! file is created through a [`Beneath`](crate::beneath::Beneath) of the
+//! staging directory (`O_CREAT|O_EXCL|O_NOFOLLOW`), its mode masked to
+//! `0o777`; as root its owner is that of the file it replaces or the
+//! directory it lands in, or with `apply --same-owner` the source's.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicI32};
@@ -347,7 +360,12 @@ pub fn unpack_block(
         Some(&TAG_ZSTD) => z
             .decompress(&frame[1..], BLOCK)
             .map(|v| (v, 0))
-            .map_err(|e| err!("a block of the stream does not decompress: {e}")),
+            .map_err(|e| {
+                err!(
+                    hint = "the source is not a compatible overlay agent (or is hostile); nothing was switched",
+                    "a block of the stream does not decompress to at most {BLOCK} bytes: {e}"
+                )
+            }),
         _ => Err(err!("a block of the stream has an unknown packing")),
     }
 }
@@ -600,10 +618,12 @@ fn read_files(
                 if now != *target {
                     return Err(changed());
                 }
+                // The target travels as the entry's data (as long as the
+                // plan says), never in a GNU long-link record.
                 h.set_entry_type(tar::EntryType::Symlink);
-                h.set_size(0);
+                h.set_size(target.len() as u64);
                 h.set_mode(0o777);
-                tar.append_link(&mut h, &name, target)
+                tar.append_data(&mut h, &name, target.as_bytes())
                     .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
             }
             Kind::File {
@@ -840,7 +860,7 @@ struct Finish {
     digest: String,
     mode: u32,
     /// Owner to set (when running as root).
-    owner: Option<(Option<u32>, Option<u32>)>,
+    owner: Option<(u32, u32)>,
 }
 
 /// The writer thread: write each chunk, finish each file (owner, mode,
@@ -866,9 +886,11 @@ fn write_staged(
         if let Some(fin) = job.last.take() {
             let out = &job.file;
             if let Some((uid, gid)) = fin.owner {
-                let _ = std::os::unix::fs::fchown(&**out, uid, gid);
+                let _ = std::os::unix::fs::fchown(&**out, Some(uid), Some(gid));
             }
-            out.set_permissions(fs::Permissions::from_mode(fin.mode))
+            // Never a setuid, setgid or sticky bit, whatever the plan says
+            // (after the chown, which would clear them anyway).
+            out.set_permissions(fs::Permissions::from_mode(fin.mode & 0o777))
                 .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
             let stamp = out
                 .metadata()
@@ -948,36 +970,182 @@ fn set_direct(file: &File, on: bool) -> bool {
     fcntl_setfl(file, flags).is_ok()
 }
 
+/// One entry of the stream, as its 512-byte header declares it. The stream
+/// is overlay's own: a ustar/GNU header per file, named by change index,
+/// and nothing else — no long names, no PAX records, no links, devices or
+/// directories. Anything else is refused from the header alone, before a
+/// byte of what follows it is read.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct EntryHead {
+    pub index: usize,
+    /// A symlink (its target follows as the entry's data), or a regular file.
+    pub symlink: bool,
+    pub size: u64,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// The size of a tar header and the unit entries are padded to.
+const TAR_BLOCK: usize = 512;
+
+/// Read the header in `block`: `Ok(None)` for the zero block that ends the
+/// stream.
+pub(crate) fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
+    if block.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    let bad = |what: String| {
+        err!(
+            hint = "the stream did not come from a compatible overlay source; nothing was switched, run `overlay apply` again",
+            "Refused an entry of the stream: {what}"
+        )
+    };
+    let h = tar::Header::from_byte_slice(block);
+    // The checksum: the sum of the header's bytes, its own field as spaces.
+    let sum: u32 = block
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            if (148..156).contains(&i) {
+                32
+            } else {
+                b as u32
+            }
+        })
+        .sum();
+    if h.cksum().ok() != Some(sum) {
+        return Err(bad("its header's checksum is wrong".into()));
+    }
+    let symlink = match h.entry_type() {
+        tar::EntryType::Regular => false,
+        tar::EntryType::Symlink => true,
+        other => {
+            return Err(bad(format!(
+                "type {:?} ({other:?}) is not a regular file or a symlink",
+                other.as_byte() as char
+            )));
+        }
+    };
+    let name = &h.as_old().name;
+    let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+    let index = std::str::from_utf8(name)
+        .ok()
+        .filter(|n| !n.is_empty() && n.len() <= 12 && n.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|n| n.parse::<usize>().ok())
+        .ok_or_else(|| {
+            bad(format!(
+                "its name {:?} is not a change index",
+                String::from_utf8_lossy(name)
+            ))
+        })?;
+    // The link name is unused: a symlink's target comes as its data.
+    if h.as_old().linkname[0] != 0 {
+        return Err(bad(format!("entry {index} has a link name")));
+    }
+    let size = h
+        .entry_size()
+        .map_err(|_| bad(format!("entry {index} has no readable size")))?;
+    let id = |v: std::io::Result<u64>| {
+        v.ok()
+            .and_then(|v| u32::try_from(v).ok())
+            .filter(|&v| v != u32::MAX)
+    };
+    Ok(Some(EntryHead {
+        index,
+        symlink,
+        size,
+        uid: id(h.uid()),
+        gid: id(h.gid()),
+    }))
+}
+
+/// Who a staged file will belong to, when the agent runs as root: the
+/// owner of the file it replaces, or of the directory it lands in (the
+/// nearest that exists), looked up without following a symlink anywhere.
+struct Owners {
+    root: Option<crate::beneath::Beneath>,
+    site_rel: String,
+}
+
+impl Owners {
+    fn new(host_dir: &Path) -> Owners {
+        let site_rel = Venv::open(&host_dir.to_string_lossy())
+            .map(|v| v.site_rel)
+            .unwrap_or_default();
+        Owners {
+            root: crate::beneath::Beneath::open(host_dir).ok(),
+            site_rel,
+        }
+    }
+
+    /// The owner for the file at `path` (relative to site-packages).
+    fn of(&self, path: &str) -> Option<(u32, u32)> {
+        let root = self.root.as_ref()?;
+        let mut rel = if self.site_rel.is_empty() {
+            path.to_string()
+        } else {
+            format!("{}/{path}", self.site_rel)
+        };
+        loop {
+            if let Ok(Some(st)) = root.lstat(&rel) {
+                return Some((st.st_uid, st.st_gid));
+            }
+            if rel.is_empty() {
+                return None;
+            }
+            rel.truncate(rel.rfind('/').unwrap_or(0));
+        }
+    }
+}
+
+/// Read exactly `buf.len()` bytes of the stream.
+fn read_exact_stream(input: &mut ChannelReader, buf: &mut [u8], what: &str) -> Result<()> {
+    input.read_exact(buf).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            err!(
+                hint = "run `overlay apply` again; if it repeats, check the source host and the network",
+                "The stream ended in the middle of {what}"
+            )
+        } else {
+            err!("Failed to read the stream: {e}")
+        }
+    })
+}
+
 fn unpack_into(
     g: &Generation,
     host_dir: &Path,
-    input: ChannelReader,
+    mut input: ChannelReader,
     counters: &Counters,
     direct: bool,
     jobs: mpsc::SyncSender<WriteJob>,
     free: mpsc::Receiver<AlignedBuf>,
 ) -> Result<(u64, u64)> {
-    let staging = g.dir.join("staging");
+    let staging_path = g.dir.join("staging");
+    // Every staged file is made relative to this fd, with O_EXCL|O_NOFOLLOW:
+    // whatever appears in staging meanwhile, a write never leaves it.
+    let staging = crate::beneath::Beneath::open(&staging_path)
+        .map_err(|e| stage_error(&staging_path, e, host_dir, g))?;
     let stopped = || err!("the staging writer stopped");
     let next_buf = || free.recv().map_err(|_| stopped());
     let mut buf = next_buf()?;
     let is_root = rustix::process::geteuid().is_root();
-    let mut archive = tar::Archive::new(input);
+    let owners = (is_root && !g.meta.same_owner).then(|| Owners::new(host_dir));
     let mut seen = vec![false; g.meta.changes.len()];
     let (mut files, mut bytes) = (0u64, 0u64);
-    let entries = archive
-        .entries()
-        .map_err(|e| err!("Failed to read the stream: {e}"))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| err!("Failed to read the stream: {e}"))?;
-        let name = entry
-            .path()
-            .map_err(|e| err!("bad entry in the stream: {e}"))?
-            .to_string_lossy()
-            .into_owned();
-        let i: usize = name
-            .parse()
-            .map_err(|_| err!("unexpected entry {name:?} in the stream"))?;
+    let mut block = [0u8; TAR_BLOCK];
+    loop {
+        // A stream that stops at an entry's boundary ends like one with
+        // the end-of-archive block; what is missing is named below.
+        match input.read(&mut block[..1]) {
+            Ok(0) => break,
+            Ok(_) => read_exact_stream(&mut input, &mut block[1..], "a header")?,
+            Err(e) => return Err(err!("Failed to read the stream: {e}")),
+        }
+        let Some(head) = parse_head(&block)? else {
+            break;
+        };
+        let i = head.index;
         let c = g
             .meta
             .changes
@@ -987,52 +1155,75 @@ fn unpack_into(
         if std::mem::replace(&mut seen[i], true) {
             return Err(err!("entry {i} appears twice in the stream"));
         }
-        let dest = staging.join(i.to_string());
-        let header = entry.header().clone();
-        let owner = is_root.then(|| {
-            (
-                header.uid().ok().map(|u| u as u32),
-                header.gid().ok().map(|u| u as u32),
-            )
-        });
-        match (&c.source, header.entry_type()) {
-            (Some(Kind::Symlink { target }), tar::EntryType::Symlink) => {
-                let link = entry
-                    .link_name()
-                    .ok()
-                    .flatten()
-                    .map(|l| l.to_string_lossy().into_owned());
-                if link.as_deref() != Some(target.as_str()) {
+        let name = i.to_string();
+        let dest = || staging_path.join(&name);
+        let owner = match &owners {
+            _ if !is_root => None,
+            Some(o) => o.of(&c.path),
+            None => head.uid.zip(head.gid),
+        };
+        // The header's size is the plan's, or nothing of the entry is read.
+        let want = match &c.source {
+            Some(Kind::Symlink { target }) if head.symlink => target.len() as u64,
+            Some(Kind::File { size, .. }) if !head.symlink => *size,
+            expected => {
+                return Err(err!(
+                    "{} arrived as a {}, the plan expects {expected:?}",
+                    c.path,
+                    if head.symlink {
+                        "symlink"
+                    } else {
+                        "regular file"
+                    }
+                ));
+            }
+        };
+        if head.size != want {
+            return Err(err!(
+                hint = "the source sent something other than the plan; nothing was switched, run `overlay plan` and `overlay apply` again",
+                "{} arrived declaring {} bytes, the plan says {want}; refused before writing",
+                c.path,
+                head.size
+            ));
+        }
+        let pad = (TAR_BLOCK - (want % TAR_BLOCK as u64) as usize) % TAR_BLOCK;
+        match &c.source {
+            Some(Kind::Symlink { target }) => {
+                let mut link = vec![0u8; target.len()];
+                read_exact_stream(&mut input, &mut link, &c.path)?;
+                if link != target.as_bytes() {
                     return Err(err!(
-                        "{} arrived with link target {link:?}, the plan says {target:?}",
-                        c.path
+                        "{} arrived with link target {:?}, the plan says {target:?}",
+                        c.path,
+                        String::from_utf8_lossy(&link)
                     ));
                 }
-                std::os::unix::fs::symlink(target, &dest)
-                    .map_err(|e| stage_error(&dest, e, host_dir, g))?;
+                staging
+                    .symlink(target, &name)
+                    .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
                 if let Some((uid, gid)) = owner {
-                    let _ = std::os::unix::fs::lchown(&dest, uid, gid);
+                    let _ = rustix::fs::chownat(
+                        &staging,
+                        name.as_str(),
+                        Some(rustix::fs::Uid::from_raw(uid)),
+                        Some(rustix::fs::Gid::from_raw(gid)),
+                        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                    );
                 }
             }
-            (
-                Some(Kind::File {
-                    size, mode, blake3, ..
-                }),
-                tar::EntryType::Regular,
-            ) => {
-                let out = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&dest)
-                    .map_err(|e| stage_error(&dest, e, host_dir, g))?;
+            Some(Kind::File {
+                size, mode, blake3, ..
+            }) => {
+                let out = staging
+                    .create_new(&name, 0o600)
+                    .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
                 if direct && *size >= DIRECT_MIN {
                     set_direct(&out, true);
                 }
                 let out = Arc::new(out);
                 let mut hasher = ContentHasher::new();
-                let (mut n_total, mut fill) = (0u64, 0usize);
-                loop {
+                let (mut left, mut fill) = (*size, 0usize);
+                while left > 0 {
                     if fill == WRITE_CHUNK {
                         let full = std::mem::replace(&mut buf, next_buf()?);
                         let job = WriteJob {
@@ -1045,25 +1236,32 @@ fn unpack_into(
                         jobs.send(job).map_err(|_| stopped())?;
                         fill = 0;
                     }
-                    let space = &mut buf.get()[fill..];
-                    let n = entry
+                    let room =
+                        (WRITE_CHUNK - fill).min(usize::try_from(left).unwrap_or(usize::MAX));
+                    let space = &mut buf.get()[fill..fill + room];
+                    let n = input
                         .read(space)
                         .map_err(|e| err!("Failed to read the stream: {e}"))?;
                     if n == 0 {
-                        break;
+                        return Err(err!(
+                            hint = "run `overlay apply` again; if it repeats, check the source host and the network",
+                            "The stream ended in the middle of {} ({} of {size} bytes)",
+                            c.path,
+                            size - left
+                        ));
                     }
                     hasher.update(&space[..n]);
                     fill += n;
-                    n_total += n as u64;
+                    left -= n as u64;
                     counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 let digest = content_hex(&hasher);
-                if n_total != *size || blake3.as_ref().is_some_and(|want| *want != digest) {
+                if blake3.as_ref().is_some_and(|want| *want != digest) {
                     return Err(err!(
                         hint = "run `overlay apply` again; if it repeats, check the source file and the network",
-                        "{} arrived damaged (blake3 {digest}, {n_total} bytes; the plan says {} bytes)",
+                        "{} arrived damaged (blake3 {digest}, {size} bytes; the plan says {})",
                         c.path,
-                        size
+                        blake3.as_deref().unwrap_or_default()
                     ));
                 }
                 let job = WriteJob {
@@ -1080,13 +1278,10 @@ fn unpack_into(
                 jobs.send(job).map_err(|_| stopped())?;
                 bytes += size;
             }
-            (expected, got) => {
-                return Err(err!(
-                    "{} arrived as {got:?}, the plan expects {expected:?}",
-                    c.path
-                ));
-            }
+            _ => unreachable!("checked against the header above"),
         }
+        let mut skip = [0u8; TAR_BLOCK];
+        read_exact_stream(&mut input, &mut skip[..pad], &c.path)?;
         files += 1;
         counters.files.fetch_add(1, Ordering::Relaxed);
     }
@@ -1128,9 +1323,473 @@ fn stage_error(dest: &Path, e: std::io::Error, dir: &Path, g: &Generation) -> cr
     err!("Failed to write {}: {}", dest.display(), io_cause(&e))
 }
 
+/// A small prepared generation to throw crafted streams at: shared by the
+/// property tests and the fuzz target (`fuzz/`). Not part of the API.
+#[doc(hidden)]
+pub mod testing {
+    use super::*;
+    use crate::journal::{GenChange, PrepareRequest, State};
+
+    /// A venv with a generation of three adds — a 10-byte file (mode 4755
+    /// in the plan), a symlink, and a symlink with a 300-byte target — and
+    /// the replacement of `a.py` (7 bytes).
+    pub struct Intake {
+        pub dir: tempfile::TempDir,
+        _state: State,
+        pub g: Generation,
+        before: Vec<(String, u32, u64)>,
+    }
+
+    /// Every path below `root`, its mode and size, without following
+    /// symlinks; staged entries are left out.
+    fn tree(root: &Path, staging: &Path) -> Vec<(String, u32, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let mut out = Vec::new();
+        for e in walkdir::WalkDir::new(root).sort_by_file_name() {
+            let Ok(e) = e else { continue };
+            if e.path().parent() == Some(staging) {
+                continue;
+            }
+            if let Ok(m) = e.path().symlink_metadata() {
+                let size = if m.is_dir() { 0 } else { m.len() };
+                out.push((e.path().display().to_string(), m.mode(), size));
+            }
+        }
+        out
+    }
+
+    pub const LONG_TARGET_LEN: usize = 300;
+
+    impl Intake {
+        pub fn new(base: &Path, same_owner: bool) -> Intake {
+            let dir = tempfile::tempdir_in(base).expect("tempdir");
+            let site = dir.path().join("lib/python3.11/site-packages");
+            fs::create_dir_all(site.join("pkg")).expect("venv");
+            fs::write(dir.path().join("pyvenv.cfg"), "version = 3.11.2\n").expect("venv");
+            fs::write(site.join("a.py"), "a = 1\n").expect("venv");
+            let v = dir.path().to_str().expect("utf-8").to_string();
+            let change = |path: &str, source| GenChange {
+                path: path.into(),
+                action: Action::Add,
+                source: Some(source),
+                target: None,
+                bytecode: false,
+                staged: None,
+            };
+            let state = State::open(&v).expect("state");
+            let now = crate::inventory::stat(
+                &v,
+                &["a.py".to_string()],
+                crate::agent::protocol::HashMode::All,
+                None,
+                false,
+                &Counters::default(),
+            )
+            .expect("stat")
+            .remove(0);
+            let req = PrepareRequest {
+                venv: v,
+                source: "s".into(),
+                target: "t".into(),
+                plan_created: 0,
+                changes: vec![
+                    change(
+                        "new.py",
+                        Kind::File {
+                            size: 10,
+                            mode: 0o4755,
+                            blake3: None,
+                            stamp: None,
+                        },
+                    ),
+                    change(
+                        "link",
+                        Kind::Symlink {
+                            target: "a.py".into(),
+                        },
+                    ),
+                    change(
+                        "pkg/long",
+                        Kind::Symlink {
+                            target: "x".repeat(LONG_TARGET_LEN),
+                        },
+                    ),
+                    GenChange {
+                        action: Action::Replace,
+                        target: Some(now.kind),
+                        ..change(
+                            "a.py",
+                            Kind::File {
+                                size: 7,
+                                mode: 0o644,
+                                blake3: None,
+                                stamp: None,
+                            },
+                        )
+                    },
+                ],
+                backup: false,
+                resume: false,
+                same_owner,
+            };
+            let g = state.prepare(&req, &Counters::default()).expect("prepare");
+            let before = tree(dir.path(), &g.dir.join("staging"));
+            Intake {
+                dir,
+                _state: state,
+                g,
+                before,
+            }
+        }
+
+        /// A well-formed stream for this generation, as the source writes it.
+        pub fn valid_stream(&self) -> Vec<u8> {
+            let mut tar = tar::Builder::new(Vec::new());
+            let mut h = tar::Header::new_gnu();
+            h.set_size(10);
+            h.set_mode(0o4755);
+            tar.append_data(&mut h, "0", &b"0123456789"[..])
+                .expect("tar");
+            for (name, target) in [
+                ("1", "a.py".to_string()),
+                ("2", "x".repeat(LONG_TARGET_LEN)),
+            ] {
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(target.len() as u64);
+                tar.append_data(&mut h, name, target.as_bytes())
+                    .expect("tar");
+            }
+            let mut h = tar::Header::new_gnu();
+            h.set_size(7);
+            h.set_mode(0o644);
+            tar.append_data(&mut h, "3", &b"a = 2\n\n"[..])
+                .expect("tar");
+            tar.into_inner().expect("tar")
+        }
+
+        /// Unpack `data` (in pieces of `piece` bytes) into staging, then
+        /// check that nothing outside staging changed, and that staging
+        /// holds only entries named by the generation's indexes, none with
+        /// a setuid, setgid or sticky bit. Staging is emptied after.
+        pub fn run_in_pieces(&self, data: &[u8], piece: usize) -> Result<(u64, u64)> {
+            self.run_with(data, piece, |_| {})
+        }
+
+        /// [`Intake::run_in_pieces`], with a look at staging before it is emptied.
+        pub fn run_with(
+            &self,
+            data: &[u8],
+            piece: usize,
+            inspect: impl FnOnce(&Path),
+        ) -> Result<(u64, u64)> {
+            let (tx, rx) = mpsc::sync_channel(data.len() / piece.max(1) + 2);
+            for p in data.chunks(piece.max(1)) {
+                tx.send((p.to_vec(), 0)).expect("queue");
+            }
+            drop(tx);
+            let r = unpack(
+                &self.g,
+                self.dir.path(),
+                ChannelReader::new(rx),
+                &Counters::default(),
+            );
+            let staging = self.g.dir.join("staging");
+            inspect(&staging);
+            assert_eq!(
+                tree(self.dir.path(), &staging),
+                self.before,
+                "something outside staging changed"
+            );
+            for e in fs::read_dir(&staging).expect("staging") {
+                let e = e.expect("staging");
+                let name = e.file_name().to_string_lossy().into_owned();
+                assert!(
+                    ["0", "1", "2", "3"].contains(&name.as_str()),
+                    "staged {name:?}"
+                );
+                let m = e.path().symlink_metadata().expect("staged");
+                assert_eq!(
+                    m.permissions().mode() & 0o7000,
+                    0,
+                    "{name} has {:o}",
+                    m.permissions().mode()
+                );
+                fs::remove_file(e.path()).expect("clear staging");
+            }
+            r.map(|(files, bytes, _)| (files, bytes))
+        }
+
+        pub fn run(&self, data: &[u8]) -> Result<(u64, u64)> {
+            self.run_in_pieces(data, data.len().max(1))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use super::testing::{Intake, LONG_TARGET_LEN};
+
+    /// A 512-byte header for entry `name` of type `kind` declaring `size`
+    /// bytes (the checksum set), as a hostile sender would craft it.
+    fn raw_header(name: &str, kind: u8, size: u64) -> Vec<u8> {
+        let mut h = tar::Header::new_gnu();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        h.set_entry_type(tar::EntryType::new(kind));
+        h.set_size(size);
+        h.set_mode(0o644);
+        h.set_cksum();
+        h.as_bytes().to_vec()
+    }
+
+    fn staged_names(staging: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(staging)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_valid_stream_stages_everything_and_a_long_symlink_target_needs_no_extension() {
+        let intake = Intake::new(&std::env::temp_dir(), false);
+        let stream = intake.valid_stream();
+        // No GNU long-link ('K') or PAX record: every header is a file or a symlink.
+        let mut at = 0;
+        while let Some(h) = parse_head(stream[at..at + 512].try_into().unwrap()).unwrap() {
+            at += 512 + (h.size as usize).div_ceil(512) * 512;
+        }
+        assert_eq!(stream.len() - at, 1024, "four entries, then the end");
+        for piece in [1, 511, 512, 4096, stream.len()] {
+            let r = intake.run_with(&stream, piece, |staging| {
+                assert_eq!(staged_names(staging), ["0", "1", "2", "3"]);
+                let long = fs::read_link(staging.join("2")).unwrap();
+                assert_eq!(long.as_os_str().len(), LONG_TARGET_LEN);
+                assert_eq!(fs::read(staging.join("0")).unwrap(), b"0123456789");
+                // The plan's 4755 arrives as 755.
+                let mode = fs::metadata(staging.join("0"))
+                    .unwrap()
+                    .permissions()
+                    .mode();
+                assert_eq!(mode & 0o7777, 0o755);
+            });
+            assert_eq!(r.unwrap(), (4, 17), "in pieces of {piece}");
+        }
+        let Some(Kind::File { mode, .. }) = &intake.g.meta.changes[0].source else {
+            panic!()
+        };
+        assert_eq!(*mode, 0o755, "the generation keeps the masked mode");
+    }
+
+    #[test]
+    fn a_header_declaring_more_than_the_plan_is_refused_before_writing() {
+        let intake = Intake::new(&std::env::temp_dir(), false);
+        // Entry 0 is 10 bytes in the plan; the header claims 64 MiB and
+        // 64 KiB follow.
+        let mut stream = raw_header("0", b'0', 64 << 20);
+        stream.extend(vec![7u8; 64 << 10]);
+        let e = intake
+            .run_with(&stream, 4096, |staging| {
+                assert!(staged_names(staging).is_empty(), "nothing was written");
+            })
+            .unwrap_err();
+        assert!(
+            e.message
+                .contains("declaring 67108864 bytes, the plan says 10"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("refused before writing"),
+            "{}",
+            e.message
+        );
+        assert!(e.hint.is_some());
+        // A symlink whose target would be longer than the plan's.
+        let stream = raw_header("1", b'2', 1 << 30);
+        let e = intake.run(&stream).unwrap_err();
+        assert!(e.message.contains("the plan says 4"), "{}", e.message);
+    }
+
+    #[test]
+    fn extensions_links_and_special_files_are_refused_from_the_header_alone() {
+        let intake = Intake::new(&std::env::temp_dir(), false);
+        // GNU long name/link, PAX, hard link, char/block device, directory,
+        // FIFO, contiguous, sparse, volume label: each claims 512 MiB, none
+        // has a body.
+        for kind in [
+            b'L', b'K', b'x', b'g', b'1', b'3', b'4', b'5', b'6', b'7', b'S', b'V',
+        ] {
+            let stream = raw_header("0", kind, 512 << 20);
+            let e = intake
+                .run_with(&stream, 512, |staging| {
+                    assert!(staged_names(staging).is_empty());
+                })
+                .unwrap_err();
+            assert!(
+                e.message.contains("is not a regular file or a symlink"),
+                "{}: {}",
+                kind as char,
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_headers_are_refused() {
+        let intake = Intake::new(&std::env::temp_dir(), false);
+        let mut bad_sum = raw_header("0", b'0', 10);
+        bad_sum[0] = b'1';
+        let mut link_name = raw_header("1", b'2', 4);
+        link_name[157] = b'a';
+        let sum: u32 = link_name
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    b as u32
+                }
+            })
+            .sum();
+        link_name[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        for (stream, says) in [
+            (bad_sum, "checksum"),
+            (raw_header("../x", b'0', 10), "not a change index"),
+            (raw_header("1e3", b'0', 10), "not a change index"),
+            (raw_header("99", b'0', 10), "unexpected entry 99"),
+            (raw_header("1", b'0', 4), "arrived as a regular file"),
+            (link_name, "has a link name"),
+        ] {
+            let e = intake.run(&stream).unwrap_err();
+            assert!(e.message.contains(says), "{says}: {}", e.message);
+        }
+    }
+
+    /// As root, a new file takes the owner of the file it replaces, or of
+    /// the directory it lands in; not the uid/gid in the stream, unless
+    /// `--same-owner` asks for them.
+    #[test]
+    fn staged_files_take_the_targets_owners_unless_same_owner() {
+        use std::os::unix::fs::MetadataExt;
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        for same_owner in [false, true] {
+            let intake = Intake::new(&std::env::temp_dir(), same_owner);
+            let site = intake.dir.path().join("lib/python3.11/site-packages");
+            std::os::unix::fs::chown(&site, Some(4242), Some(4243)).unwrap();
+            std::os::unix::fs::lchown(site.join("a.py"), Some(4343), Some(4344)).unwrap();
+            // A stream whose headers say uid/gid 1234/1235.
+            let mut stream = intake.valid_stream();
+            let mut at = 0;
+            while let Some(head) = parse_head(stream[at..at + 512].try_into().unwrap()).unwrap() {
+                let mut h = tar::Header::from_byte_slice(&stream[at..at + 512]).clone();
+                h.set_uid(1234);
+                h.set_gid(1235);
+                h.set_cksum();
+                stream[at..at + 512].copy_from_slice(h.as_bytes());
+                at += 512 + (head.size as usize).div_ceil(512) * 512;
+            }
+            intake
+                .run_with(&stream, 4096, |staging| {
+                    let owner = |n: &str| {
+                        let m = fs::symlink_metadata(staging.join(n)).unwrap();
+                        (m.uid(), m.gid())
+                    };
+                    if same_owner {
+                        for n in ["0", "1", "3"] {
+                            assert_eq!(owner(n), (1234, 1235), "{n}");
+                        }
+                    } else {
+                        assert_eq!(owner("0"), (4242, 4243), "new.py: the directory's");
+                        assert_eq!(owner("1"), (4242, 4243), "link: the directory's");
+                        assert_eq!(owner("3"), (4343, 4344), "a.py: the replaced file's");
+                        // pkg/ is root's.
+                        assert_eq!(owner("2"), (0, 0));
+                    }
+                })
+                .unwrap();
+        }
+    }
+
+    /// A symlink planted in staging (where `staging/0` will be written)
+    /// does not redirect the write.
+    #[test]
+    fn a_symlink_planted_in_staging_is_not_followed() {
+        let intake = Intake::new(&std::env::temp_dir(), false);
+        let outside = intake.dir.path().join("outside");
+        let staging = intake.g.dir.join("staging");
+        std::os::unix::fs::symlink(&outside, staging.join("0")).unwrap();
+        let (tx, rx) = mpsc::sync_channel(1);
+        tx.send((intake.valid_stream(), 0)).unwrap();
+        drop(tx);
+        let e = unpack(
+            &intake.g,
+            intake.dir.path(),
+            ChannelReader::new(rx),
+            &Counters::default(),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("staging/0"), "{}", e.message);
+        assert!(!outside.exists());
+        for e in fs::read_dir(&staging).unwrap() {
+            fs::remove_file(e.unwrap().path()).unwrap();
+        }
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One generation for all cases (the tests take turns with it).
+        fn intake() -> std::sync::MutexGuard<'static, Intake> {
+            static I: std::sync::OnceLock<Mutex<Intake>> = std::sync::OnceLock::new();
+            I.get_or_init(|| Mutex::new(Intake::new(&std::env::temp_dir(), false)))
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+            /// Whatever the bytes: no panic, nothing written outside staging
+            /// (`run` checks the tree), only indexed entries in staging.
+            #[test]
+            fn arbitrary_bytes_never_escape_staging(
+                data in proptest::collection::vec(any::<u8>(), 0..4096),
+                piece in 1usize..1500,
+            ) {
+                let _ = intake().run_in_pieces(&data, piece);
+            }
+
+            /// A valid stream with bytes changed or cut: an error or the
+            /// right files, never anything else.
+            #[test]
+            fn a_damaged_valid_stream_never_escapes_staging(
+                flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+                cut in any::<usize>(),
+                piece in 1usize..3000,
+            ) {
+                let i = intake();
+                let mut s = i.valid_stream();
+                for (at, b) in flips {
+                    let n = s.len();
+                    s[at % n] = b;
+                }
+                let n = s.len();
+                s.truncate(cut % (n + 1));
+                if let Ok((files, bytes)) = i.run_in_pieces(&s, piece) {
+                    prop_assert!(files == 4 && bytes == 17);
+                }
+            }
+        }
+    }
 
     /// The target's side of a stream: a file bigger than two write chunks
     /// (written around the page cache, with an unaligned tail), a small one
@@ -1182,6 +1841,7 @@ mod tests {
             ],
             backup: false,
             resume: false,
+            same_owner: false,
         };
         let g = state.prepare(&req, &counters).unwrap();
         let mut tar = tar::Builder::new(Vec::new());
@@ -1193,8 +1853,8 @@ mod tests {
         }
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Symlink);
-        h.set_size(0);
-        tar.append_link(&mut h, "2", "big.so").unwrap();
+        h.set_size(6);
+        tar.append_data(&mut h, "2", &b"big.so"[..]).unwrap();
         let stream = tar.into_inner().unwrap();
         // Blocks of odd sizes, as frames would cut it.
         let (tx, rx) = mpsc::sync_channel(stream.len() / 100_000 + 2);

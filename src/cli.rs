@@ -129,6 +129,12 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub resume: bool,
 
+    /// As root on the target: give new files the source's uid/gid (as
+    /// `tar --same-owner` and `rsync -a` do). Without it they take the
+    /// owner of the file they replace, or of the directory they land in.
+    #[arg(long)]
+    pub same_owner: bool,
+
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,

@@ -82,6 +82,10 @@ pub struct PrepareRequest {
     pub backup: bool,
     /// An unfinished generation is resumed rather than rolled back.
     pub resume: bool,
+    /// As root: staged files keep the source's uid/gid (`apply
+    /// --same-owner`) instead of taking the owner of what they replace.
+    #[serde(default)]
+    pub same_owner: bool,
 }
 
 /// What `overlay history` shows for a generation.
@@ -162,6 +166,9 @@ pub struct Meta {
     pub target: String,
     pub plan_created: u64,
     pub backup: bool,
+    /// See [`PrepareRequest::same_owner`].
+    #[serde(default)]
+    pub same_owner: bool,
     /// The content hash of every digest in this generation. Generations
     /// from before BLAKE3 have none recorded and used sha256.
     #[serde(default = "sha256_name")]
@@ -649,8 +656,20 @@ impl State {
             target: req.target.clone(),
             plan_created: req.plan_created,
             backup: req.backup,
+            same_owner: req.same_owner,
             digest: DIGEST.into(),
-            changes,
+            // No setuid, setgid or sticky bit comes in, whatever the plan
+            // says: the stage writes modes masked to 0o777, and the check
+            // after the switch compares with these.
+            changes: changes
+                .into_iter()
+                .map(|mut c| {
+                    if let Some(Kind::File { mode, .. }) = &mut c.source {
+                        *mode &= 0o777;
+                    }
+                    c
+                })
+                .collect(),
             asides,
         };
         fs.write_atomic(

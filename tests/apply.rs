@@ -6,6 +6,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::io::Write as _;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -766,4 +767,54 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
         &snapshot(tb.host_venv_dir(1)),
         "after rolling back the direct apply",
     );
+}
+
+/// As root, a new file takes the target's owners (the directory it lands
+/// in, then the file it replaces), never the source's uid/gid, unless
+/// `--same-owner`; a setuid bit on the source never arrives.
+#[test]
+fn owners_come_from_the_target_unless_same_owner_and_no_setuid_arrives() {
+    use std::os::unix::fs::PermissionsExt;
+    if !common::requires_root() {
+        return;
+    }
+    let tb = Testbed::new(2);
+    tb.write_manifest(SETS);
+    let rel = site_rel(&add_big_file(&tb));
+    let src = tb.host_venv_dir(0).join(&rel);
+    let dst = tb.host_venv_dir(1).join(&rel);
+    std::os::unix::fs::chown(&src, Some(4242), Some(4243)).unwrap();
+    fs::set_permissions(&src, fs::Permissions::from_mode(0o4755)).unwrap();
+    plan_and_apply(&tb, &[]);
+    let m = fs::metadata(&dst).unwrap();
+    let parent = fs::metadata(dst.parent().unwrap()).unwrap();
+    assert_eq!((m.uid(), m.gid()), (parent.uid(), parent.gid()));
+    assert_ne!(m.uid(), 4242);
+    assert_eq!(m.mode() & 0o7777, 0o755, "no setuid bit");
+    // The file it replaces decides next time; with --same-owner, the source.
+    std::os::unix::fs::chown(&dst, Some(5151), Some(5152)).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&src)
+        .unwrap()
+        .write_all(b"x")
+        .unwrap();
+    fs::set_permissions(&src, fs::Permissions::from_mode(0o4755)).unwrap();
+    plan_and_apply(&tb, &[]);
+    let m = fs::metadata(&dst).unwrap();
+    assert_eq!(
+        (m.uid(), m.gid()),
+        (5151, 5152),
+        "the replaced file's owner"
+    );
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&src)
+        .unwrap()
+        .write_all(b"y")
+        .unwrap();
+    plan_and_apply(&tb, &["--same-owner"]);
+    let m = fs::metadata(&dst).unwrap();
+    assert_eq!((m.uid(), m.gid()), (4242, 4243), "--same-owner");
+    assert_eq!(m.mode() & 0o7777, 0o755);
 }

@@ -59,6 +59,10 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
                     Ok((host_dir, g)) => {
                         let s = stream_in(input, &g, &host_dir);
                         if s.ended {
+                            // A frame that broke the stream is answered before the agent goes.
+                            if let Some(e) = s.broken {
+                                send(output, &Response::Error(e))?;
+                            }
                             return Ok(());
                         }
                         match s.result {
@@ -80,7 +84,11 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
             Request::Stage => match session.stage(input, output) {
                 Ok(Some(r)) => r,
                 Ok(None) => return Ok(()), // the controller went away mid-stream
-                Err(e) => Response::Error(e),
+                Err(Broken(e)) => {
+                    // The input cannot be read past this frame: answer, and go.
+                    send(output, &Response::Error(e))?;
+                    return Ok(());
+                }
             },
             other => session.handle(other, output)?,
         };
@@ -410,13 +418,18 @@ impl Session {
         }
     }
 
-    /// Receive the data frames of a stage. `Ok(None)`: the input ended.
-    fn stage(&mut self, input: &mut dyn Read, _output: &mut dyn Write) -> Result<Option<Response>> {
+    /// Receive the data frames of a stage. `Ok(None)`: the input ended;
+    /// `Err`: a frame could not be read, and nothing after it can be.
+    fn stage(
+        &mut self,
+        input: &mut dyn Read,
+        _output: &mut dyn Write,
+    ) -> std::result::Result<Option<Response>, Broken> {
         let opened = self.opened();
         let (state, g) = match opened {
             Ok(x) => x,
             Err(e) => {
-                drain(input)?;
+                drain(input).map_err(Broken)?;
                 return Ok(Some(Response::Error(e)));
             }
         };
@@ -426,23 +439,24 @@ impl Session {
             source_hashes,
             ended,
             aborted,
+            broken,
         } = stream_in(input, g, &host_dir);
         if ended || aborted {
             self.discard_open();
+            if let Some(e) = broken {
+                return Err(Broken(e));
+            }
             return Ok(if ended { None } else { Some(Response::Aborted) });
         }
         // Files the plan had not hashed: what the target wrote must be what the source read.
         let result = result.and_then(|(files, bytes, written)| {
             let (_, g) = self.opened()?;
             g.record_hashes(&written, &source_hashes)?;
+            g.append(Record::Staged)?;
             Ok((files, bytes))
         });
         match result {
-            Ok((files, bytes)) => {
-                let (_, g) = self.opened()?;
-                g.append(Record::Staged)?;
-                Ok(Some(Response::Staged { files, bytes }))
-            }
+            Ok((files, bytes)) => Ok(Some(Response::Staged { files, bytes })),
             Err(e) => {
                 self.discard_open();
                 Ok(Some(Response::Error(e)))
@@ -450,6 +464,9 @@ impl Session {
         }
     }
 }
+
+/// A frame of the input that could not be read: the stream cannot go on.
+struct Broken(Error);
 
 /// A stream read into staging.
 struct StreamIn {
@@ -459,13 +476,21 @@ struct StreamIn {
     /// The input ended (the sender went away) before `EndData`.
     ended: bool,
     aborted: bool,
+    /// Why the input ended, when a frame was refused (too large, cut short).
+    broken: Option<Error>,
 }
+
+/// Decoded blocks queued for the unpacker. A data frame is at most
+/// [`protocol::MAX_DATA`] bytes and decodes to at most one block
+/// ([`apply::BLOCK`]), so the queue holds at most this many MiB (plus the
+/// frame being read and the block being unpacked), whatever the sender does.
+const DECODED_BLOCKS: usize = 8;
 
 /// Read data frames until `EndData` (or `Abort`), decoding them on this
 /// thread while another unpacks them into `g`'s staging folder.
 fn stream_in(input: &mut dyn Read, g: &Generation, host_dir: &std::path::Path) -> StreamIn {
     let counters = Counters::default();
-    let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(32);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(DECODED_BLOCKS);
     let mut unz = match zstd::bulk::Decompressor::new() {
         Ok(z) => z,
         Err(e) => {
@@ -475,6 +500,7 @@ fn stream_in(input: &mut dyn Read, g: &Generation, host_dir: &std::path::Path) -
                 source_hashes: Vec::new(),
                 ended: false,
                 aborted: false,
+                broken: None,
             };
         }
     };
@@ -482,6 +508,7 @@ fn stream_in(input: &mut dyn Read, g: &Generation, host_dir: &std::path::Path) -
     let mut aborted = false;
     let mut source_hashes: Vec<(usize, String)> = Vec::new();
     let mut bad_block = None;
+    let mut broken = None;
     let result = std::thread::scope(|scope| {
         let worker = scope.spawn(|| apply::unpack(g, host_dir, ChannelReader::new(rx), &counters));
         let mut tx = Some(tx);
@@ -511,8 +538,13 @@ fn stream_in(input: &mut dyn Read, g: &Generation, host_dir: &std::path::Path) -
                     aborted = true;
                     break;
                 }
-                Ok(Some(Frame::Msg(_))) | Ok(None) | Err(_) => {
+                Ok(Some(Frame::Msg(_))) | Ok(None) => {
                     ended = true;
+                    break;
+                }
+                Err(e) => {
+                    ended = true;
+                    broken = Some(e);
                     break;
                 }
             }
@@ -531,6 +563,7 @@ fn stream_in(input: &mut dyn Read, g: &Generation, host_dir: &std::path::Path) -
         source_hashes,
         ended,
         aborted,
+        broken,
     }
 }
 

@@ -1,7 +1,16 @@
-//! The controller–agent protocol: versioned, length-prefixed JSON frames on
-//! the agent's stdin/stdout.
+//! The controller–agent protocol: versioned, length-prefixed frames on the
+//! agent's stdin/stdout.
 //!
-//! Each frame is a little-endian `u32` byte length followed by one JSON value.
+//! Each frame is a little-endian `u32` byte length followed by one
+//! MessagePack value (JSON up to protocol 5), or, with the length's high bit
+//! ([`DATA_BIT`]) set, by raw bytes of a data stream.
+//!
+//! Intake is bounded before a byte of a frame's body is read: a data frame
+//! holds a tag byte and at most one block of the stream ([`MAX_DATA`]), a
+//! message at most [`Message::MAX`] bytes (a request to an agent less than
+//! an answer to the controller), and a message's body is read as it
+//! arrives, never into capacity the length field merely claims. A peer that
+//! claims more is refused with an error that names the frame's size.
 //! The controller speaks first with [`Request::Hello`]; the agent answers with
 //! its own protocol number, and either side refuses a mismatch. Requests are
 //! answered in order; long requests send [`Response::Progress`] frames before
@@ -14,11 +23,31 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::err;
 use crate::error::{Error, Result};
 
-/// Bumped whenever a frame changes shape.
+/// Bumped whenever a frame changes shape. 7: a symlink's tar entry carries
+/// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
+/// `Kind::ThroughSymlink` in stat answers.
 pub const PROTOCOL_VERSION: u32 = 7;
 
-/// Largest frame accepted (a listing of a very large venv fits easily).
-const MAX_FRAME: usize = (1 << 30) - 1;
+/// Largest data frame: the packing tag and one block of the tar stream
+/// (a zstd block is sent only when smaller than the block it packs).
+pub const MAX_DATA: usize = 1 + crate::apply::BLOCK;
+
+/// A message type and the largest frame of it accepted.
+pub trait Message: DeserializeOwned {
+    const MAX: usize;
+}
+
+/// Requests, which agents read: a `Prepare` of 100,000 changes is about
+/// 35 MB of MessagePack, so 256 MiB leaves room for a very large venv and
+/// still bounds what a hostile sender can make an agent hold.
+impl Message for Request {
+    const MAX: usize = 256 << 20;
+}
+
+/// Answers, which the controller reads (a listing of a very large venv fits).
+impl Message for Response {
+    const MAX: usize = (1 << 30) - 1;
+}
 
 /// How the source packs the stream's blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -293,7 +322,7 @@ pub enum Frame<T> {
 }
 
 /// The high bit of a frame's length marks raw data.
-const DATA_BIT: u32 = 1 << 31;
+pub const DATA_BIT: u32 = 1 << 31;
 
 /// Write raw stream bytes as one data frame (not flushed).
 pub fn write_data(w: &mut dyn Write, bytes: &[u8]) -> std::io::Result<()> {
@@ -308,7 +337,7 @@ pub fn write_data_parts(w: &mut dyn Write, head: &[u8], body: &[u8]) -> std::io:
 }
 
 /// Read a message or a data frame. `Ok(None)` at a clean end of stream.
-pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
+pub fn read_any<T: Message>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(()) => {}
@@ -317,15 +346,19 @@ pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>
     }
     let raw = u32::from_le_bytes(len);
     let len = (raw & !DATA_BIT) as usize;
-    if len > MAX_FRAME {
+    let data = raw & DATA_BIT != 0;
+    let max = if data { MAX_DATA } else { T::MAX };
+    if len > max {
         return Err(err!(
-            hint = "the other side is not a compatible overlay agent",
-            "frame of {len} bytes is too large"
+            hint = "the other side is not a compatible overlay agent (or is hostile); nothing more was read from it",
+            "{} frame of {len} bytes is larger than the {max} bytes allowed",
+            if data { "data" } else { "message" }
         ));
     }
     // Read into fresh capacity: a data frame is up to 1 MiB, and zeroing it
-    // first would cost as much as a copy.
-    let mut body = Vec::with_capacity(len);
+    // first would cost as much as a copy. A message grows as its bytes
+    // arrive: its length alone reserves no more than a data frame's.
+    let mut body = Vec::with_capacity(len.min(MAX_DATA));
     match r.take(len as u64).read_to_end(&mut body) {
         Ok(n) if n == len => {}
         Ok(n) => {
@@ -335,7 +368,7 @@ pub fn read_any<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<Frame<T>
         }
         Err(e) => return Err(err!("connection closed in the middle of a frame: {e}")),
     }
-    if raw & DATA_BIT != 0 {
+    if data {
         return Ok(Some(Frame::Data(body)));
     }
     rmp_serde::from_slice(&body)
@@ -737,7 +770,7 @@ pub fn write_frame<T: Serialize>(w: &mut dyn Write, value: &T) -> std::io::Resul
 }
 
 /// Read one message frame. `Ok(None)` at a clean end of stream.
-pub fn read_frame<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<T>> {
+pub fn read_frame<T: Message>(r: &mut dyn Read) -> Result<Option<T>> {
     match read_any(r)? {
         None => Ok(None),
         Some(Frame::Msg(m)) => Ok(Some(m)),
@@ -748,6 +781,151 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut dyn Read) -> Result<Option<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader that counts what was taken from it.
+    struct Counting<'a>(&'a [u8], usize);
+    impl Read for Counting<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.0.read(buf)?;
+            self.1 += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn oversize_frames_are_refused_before_their_body_is_read() {
+        // A data frame claiming 512 MiB, a request claiming 300 MiB.
+        for (raw, what) in [
+            ((512u32 << 20) | DATA_BIT, "data frame of 536870912 bytes"),
+            (
+                (MAX_DATA as u32 + 1) | DATA_BIT,
+                "data frame of 1048578 bytes",
+            ),
+            (300 << 20, "message frame of 314572800 bytes"),
+        ] {
+            let mut bytes = raw.to_le_bytes().to_vec();
+            bytes.extend([0u8; 4096]);
+            let mut r = Counting(&bytes, 0);
+            let e = read_any::<Request>(&mut r).unwrap_err();
+            assert!(e.message.contains(what), "{}", e.message);
+            assert!(e.message.contains("larger than"), "{}", e.message);
+            assert_eq!(r.1, 4, "only the length was read");
+        }
+        // An answer may be bigger than a request (a listing of a big venv):
+        // 300 MiB is not refused for its size, only for being cut short.
+        let mut bytes = (300u32 << 20).to_le_bytes().to_vec();
+        bytes.extend([0u8; 16]);
+        let e = read_any::<Response>(&mut bytes.as_slice()).unwrap_err();
+        assert!(
+            e.message.contains("in the middle of a frame"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_full_data_frame_is_accepted() {
+        let mut buf = Vec::new();
+        write_data(&mut buf, &vec![1u8; MAX_DATA]).unwrap();
+        let Some(Frame::Data(d)) = read_any::<Request>(&mut buf.as_slice()).unwrap() else {
+            panic!()
+        };
+        assert_eq!(d.len(), MAX_DATA);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+            /// Whatever the bytes: no panic, and no frame holds more than
+            /// its cap (nor the capacity for more).
+            #[test]
+            fn the_frame_reader_is_bounded_on_any_input(
+                data in proptest::collection::vec(any::<u8>(), 0..2048),
+            ) {
+                let mut r = data.as_slice();
+                while let Ok(Some(f)) = read_any::<Request>(&mut r) {
+                    if let Frame::Data(d) = f {
+                        prop_assert!(d.capacity() <= MAX_DATA);
+                    }
+                }
+            }
+
+            /// A frame's length field alone: over the cap is refused after
+            /// reading 4 bytes; under it, the capacity reserved is no more
+            /// than the bytes that actually arrived or a data frame's cap.
+            #[test]
+            fn a_claimed_length_reserves_nothing_beyond_the_cap(
+                len in any::<u32>(),
+                body in proptest::collection::vec(any::<u8>(), 0..512),
+            ) {
+                let mut bytes = len.to_le_bytes().to_vec();
+                bytes.extend(&body);
+                let mut r = Counting(&bytes, 0);
+                let claimed = (len & !DATA_BIT) as usize;
+                let cap = if len & DATA_BIT != 0 { MAX_DATA } else { <Request as Message>::MAX };
+                match read_any::<Request>(&mut r) {
+                    Ok(Some(Frame::Data(d))) => prop_assert!(d.len() == claimed && d.capacity() <= MAX_DATA),
+                    _ if claimed > cap => prop_assert_eq!(r.1, 4),
+                    _ => prop_assert!(r.1 <= 4 + claimed),
+                }
+            }
+
+            /// The MessagePack request decoder on arbitrary bytes, and on a
+            /// real `Prepare` with bytes changed: no panic.
+            #[test]
+            fn the_request_decoder_never_panics(
+                data in proptest::collection::vec(any::<u8>(), 0..1024),
+                flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..6),
+            ) {
+                let _ = rmp_serde::from_slice::<Request>(&data);
+                let req = Request::Prepare(Box::new(crate::journal::PrepareRequest {
+                    venv: "/v".into(),
+                    source: "s".into(),
+                    target: "t".into(),
+                    plan_created: 1,
+                    changes: vec![crate::journal::GenChange {
+                        path: "a/b.py".into(),
+                        action: crate::plan::Action::Replace,
+                        source: Some(Kind::File { size: 5, mode: 0o644, blake3: Some("ab".into()), stamp: None }),
+                        target: Some(Kind::Symlink { target: "x".into() }),
+                        bytecode: false,
+                        staged: None,
+                    }],
+                    backup: false,
+                    resume: false,
+                    same_owner: false,
+                }));
+                let mut m = rmp_serde::to_vec_named(&req).unwrap();
+                for (at, b) in flips {
+                    let n = m.len();
+                    m[at % n] = b;
+                }
+                let _ = rmp_serde::from_slice::<Request>(&m);
+            }
+        }
+    }
+
+    /// One change of a `Prepare` as MessagePack: what bounds a request.
+    #[test]
+    fn a_prepare_of_100k_changes_fits_a_request_frame() {
+        let change = crate::journal::GenChange {
+            path: "nvidia/cublas/lib/python3.11/site-packages/some/long/module_name.cpython-311-x86_64-linux-gnu.so".into(),
+            action: crate::plan::Action::Replace,
+            source: Some(Kind::File { size: 123_456_789, mode: 0o755, blake3: Some("a".repeat(64)), stamp: Some(FileStamp { dev: 2049, ino: 1 << 40, mtime_ns: 1 << 60, ctime_ns: 1 << 60 }) }),
+            target: Some(Kind::File { size: 123_456_789, mode: 0o755, blake3: Some("b".repeat(64)), stamp: Some(FileStamp { dev: 2049, ino: 1 << 40, mtime_ns: 1 << 60, ctime_ns: 1 << 60 }) }),
+            bytecode: false,
+            staged: None,
+        };
+        let one = rmp_serde::to_vec_named(&change).unwrap().len();
+        assert!(
+            one * 100_000 < <Request as Message>::MAX / 4,
+            "{one} bytes a change"
+        );
+    }
 
     #[test]
     fn a_json_frame_from_an_older_agent_is_named_as_such() {

@@ -201,6 +201,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         changes: changes.clone(),
         backup: args.backup,
         resume: false,
+        same_owner: args.same_owner,
     };
     let (generation, recovered) = match dst.call(&Request::Prepare(Box::new(req)), &mut |_| {})? {
         Response::Prepared {
