@@ -51,6 +51,45 @@ impl VerifyReport {
     }
 }
 
+/// Create `dir` (and missing parents) with mode 0700; an existing `dir`
+/// with a wider mode is narrowed to 0700.
+pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(std::io::Error::other("not a directory"));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// Write `text` to `path` as a 0600 file, never through a symlink: a new
+/// file when `new` (an existing one is an error), else one that replaces
+/// the file there (its mode set to 0600 too).
+fn write_private(path: &std::path::Path, text: &str, new: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    if new {
+        opts.create_new(true);
+    } else {
+        opts.create(true).truncate(true);
+    }
+    let mut f = opts.open(path)?;
+    // An existing file keeps its mode through O_CREAT; the umask never widens 0600.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(text.as_bytes())
+}
+
 /// Expand `{site_packages}` and `{venv}` in a manifest value.
 pub fn expand(value: &str, venv: &Venv) -> String {
     value
@@ -140,19 +179,20 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
         if timed_out { " (timed out)" } else { "" },
         req.python,
     );
+    // The log holds the manifest's env values: the state directory's
+    // folders are 0700 and its files 0600, whatever the umask.
     let dir = venv.root.join(STATE_DIR).join("verify");
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| err!("Failed to create {}: {}", dir.display(), io_cause(&e)))?;
+    private_dir(&dir).map_err(|e| err!("Failed to create {}: {}", dir.display(), io_cause(&e)))?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let log = dir.join(format!("{}-{:09}.log", format_time(now), nanos));
-    std::fs::write(&log, &text)
+    write_private(&log, &text, true)
         .map_err(|e| err!("Failed to write {}: {}", log.display(), io_cause(&e)))?;
     if let Some(g) = &req.generation {
         let gdir = venv.root.join(STATE_DIR).join("generations").join(g);
         if gdir.is_dir() {
-            let _ = std::fs::write(gdir.join("verify.log"), &text);
+            let _ = write_private(&gdir.join("verify.log"), &text, false);
         }
     }
     Ok(VerifyReport {

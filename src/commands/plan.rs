@@ -564,7 +564,10 @@ pub fn save_plan(plan: &Plan, out: &Path) -> Result<()> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(fail)?;
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(dir)
+        .map_err(fail)?;
+    // Created 0600 (NamedTempFile's mode), whatever the umask.
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
     // One buffered write: a plan of 35,000 paths is ~10 MB of JSON.
     let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut tmp);
