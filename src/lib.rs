@@ -13,5 +13,6 @@ pub mod manifest;
 pub mod plan;
 pub mod preflight;
 pub mod report;
+pub mod text;
 pub mod transport;
 pub mod verify;
