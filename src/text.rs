@@ -84,7 +84,13 @@ mod tests {
 
     #[test]
     fn plain_text_is_borrowed() {
-        for s in ["", "torch/lib/libc10.so", "a b,c'$`", "naïve/日本.py", "x\u{fffd}y"] {
+        for s in [
+            "",
+            "torch/lib/libc10.so",
+            "a b,c'$`",
+            "naïve/日本.py",
+            "x\u{fffd}y",
+        ] {
             assert!(matches!(escape(s), Cow::Borrowed(_)), "{s}");
             assert!(matches!(quote(s), Cow::Borrowed(_)), "{s}");
         }
@@ -93,7 +99,10 @@ mod tests {
     #[test]
     fn escapes_controls_as_git_does() {
         assert_eq!(escape("a\x1b[31mb"), "a\\033[31mb");
-        assert_eq!(escape("l1\nl2\r\tx\x07\x08\x0b\x0c"), "l1\\nl2\\r\\tx\\a\\b\\v\\f");
+        assert_eq!(
+            escape("l1\nl2\r\tx\x07\x08\x0b\x0c"),
+            "l1\\nl2\\r\\tx\\a\\b\\v\\f"
+        );
         assert_eq!(escape("nul\0del\x7f"), "nul\\000del\\177");
         // C1 controls (CSI is U+009B), as their UTF-8 bytes.
         assert_eq!(escape("a\u{9b}31mb"), "a\\302\\23331mb");

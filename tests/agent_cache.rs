@@ -64,7 +64,10 @@ fn an_unsafe_cache_is_replaced_or_refused() {
             && err.contains("/root/.cache/overlay is writable by its group or others (mode 0770)"),
         "{err}"
     );
-    assert!(err.contains("hint: on that host, run `chmod go-w /root/.cache/overlay`"), "{err}");
+    assert!(
+        err.contains("hint: on that host, run `chmod go-w /root/.cache/overlay`"),
+        "{err}"
+    );
     eprintln!("--- refused:\n{err}");
     assert_eq!(ino(), first, "not replaced in an unsafe folder");
     // The same for a folder above it, up to the home directory.

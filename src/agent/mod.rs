@@ -571,7 +571,10 @@ pub fn main() -> Result<()> {
     // Started from ~/.cache/overlay/ (over SSH): refuse to serve when that
     // file or its folders could be replaced by another user.
     if let Err(u) = selfcheck::check() {
-        eprintln!("overlay agent: not serving: {}\nhint: {}", u.message, u.hint);
+        eprintln!(
+            "overlay agent: not serving: {}\nhint: {}",
+            u.message, u.hint
+        );
         std::process::exit(selfcheck::EXIT_UNSAFE);
     }
     let stdin = std::io::stdin();

@@ -83,7 +83,10 @@ pub fn check_file(exe: &Path, started: Option<&Path>, home: &Path, uid: u32) -> 
             Ok(m) if m.file_type().is_symlink() => {
                 return refuse(
                     format!("{} is a symbolic link, not the agent itself", show(p)),
-                    format!("remove it on that host (rm {}); overlay uploads the agent again", show(p)),
+                    format!(
+                        "remove it on that host (rm {}); overlay uploads the agent again",
+                        show(p)
+                    ),
                 );
             }
             Ok(m) if (m.dev(), m.ino()) == (running.dev(), running.ino()) => {}
@@ -102,11 +105,18 @@ pub fn check_file(exe: &Path, started: Option<&Path>, home: &Path, uid: u32) -> 
             format!(
                 "{} {} (mode {:04o}, owner uid {}), so another user may have replaced it",
                 show(&path),
-                if owner_ok(&running) { "is writable by its group or others" } else { "belongs to another user" },
+                if owner_ok(&running) {
+                    "is writable by its group or others"
+                } else {
+                    "belongs to another user"
+                },
                 running.mode() & 0o7777,
                 running.uid()
             ),
-            format!("remove it on that host (rm {}); overlay uploads the agent again", show(&path)),
+            format!(
+                "remove it on that host (rm {}); overlay uploads the agent again",
+                show(&path)
+            ),
         );
     }
     for dir in real.ancestors().skip(1) {
@@ -121,7 +131,11 @@ pub fn check_file(exe: &Path, started: Option<&Path>, home: &Path, uid: u32) -> 
                     m.uid(),
                     show(&cache)
                 ),
-                format!("on that host, give {} to this user (chown) or remove {}", show(dir), show(&cache)),
+                format!(
+                    "on that host, give {} to this user (chown) or remove {}",
+                    show(dir),
+                    show(&cache)
+                ),
             );
         }
         if m.mode() & 0o022 != 0 {
@@ -132,7 +146,10 @@ pub fn check_file(exe: &Path, started: Option<&Path>, home: &Path, uid: u32) -> 
                     m.mode() & 0o7777,
                     show(&cache)
                 ),
-                format!("on that host, run `chmod go-w {}` (as OpenSSH's StrictModes wants for ~/.ssh)", show(dir)),
+                format!(
+                    "on that host, run `chmod go-w {}` (as OpenSSH's StrictModes wants for ~/.ssh)",
+                    show(dir)
+                ),
             );
         }
         if dir == home {
@@ -179,7 +196,8 @@ mod tests {
         let e = check_file(&exe, Some(&started), &home, uid).unwrap_err();
         assert!(e.message.contains("mode 0770"), "{e:?}");
         assert!(
-            e.hint.contains(&format!("chmod go-w {}", home.join(".cache").display())),
+            e.hint
+                .contains(&format!("chmod go-w {}", home.join(".cache").display())),
             "{e:?}"
         );
         // Elsewhere (a local agent, a hand-run build) nothing is checked.

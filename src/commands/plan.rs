@@ -17,6 +17,7 @@ use overlay::plan::Action;
 use overlay::plan::{self, HostInfo, PLAN_FORMAT, Plan, Side};
 use overlay::preflight::{Check, PreflightRequest, Problem, cuda, requirements};
 use overlay::report;
+use overlay::text;
 use overlay::transport::{ConnectOptions, Endpoint};
 
 use crate::cli::{GlobalArgs, PlanArgs};
@@ -196,7 +197,7 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
             .as_deref()
             .map(|s| format!("[{s}] "))
             .unwrap_or_default();
-        eprintln!("warning: {set}{}", w.message);
+        eprintln!("warning: {}", text::escape(&format!("{set}{}", w.message)));
     }
     for p in &plan.problems {
         let level = if plan.strict && !p.preexisting {
@@ -218,7 +219,10 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
             Some(f) if !p.reason.starts_with(f.as_str()) => format!("{f}: "),
             _ => String::new(),
         };
-        eprintln!("{level}: [{check}] {dist}{file}{}", p.reason);
+        eprintln!(
+            "{level}: {}",
+            text::escape(&format!("[{check}] {dist}{file}{}", p.reason))
+        );
     }
     save_plan(&plan, &args.out)?;
     // The agents have answered everything; their goodbyes ran beside the
@@ -236,7 +240,7 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
     if !global.quiet {
         eprintln!(
             "Plan saved to {}; run `overlay apply` to carry it out.",
-            args.out.display()
+            text::escape(&args.out.to_string_lossy())
         );
     }
     Ok(if args.check && plan.has_changes() {

@@ -100,9 +100,16 @@ pub fn run_check(
         eprintln!();
         eprintln!(
             "verify failed on {host}: {}",
-            report.final_line().unwrap_or("(no error output)")
+            overlay::text::escape(report.final_line().unwrap_or("(no error output)"))
         );
-        eprintln!("logs: {host}:{} and {}", report.log, local.display());
+        eprintln!(
+            "{}",
+            overlay::text::escape(&format!(
+                "logs: {host}:{} and {}",
+                report.log,
+                local.display()
+            ))
+        );
     }
     Ok(report)
 }

@@ -1846,7 +1846,9 @@ fn finish(shared: &Shared, who: &str, remote: &str) -> Result<String> {
     }
     if status == crate::agent::selfcheck::EXIT_UNSAFE {
         // The agent refused to run from its folder: its message and hint.
-        let said = detail.strip_prefix("overlay agent: not serving: ").unwrap_or(detail);
+        let said = detail
+            .strip_prefix("overlay agent: not serving: ")
+            .unwrap_or(detail);
         let (message, hint) = said.split_once("\nhint: ").unwrap_or((said, ""));
         return Err(err!(
             hint = if hint.is_empty() {
