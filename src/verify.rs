@@ -1,6 +1,7 @@
 //! `[verify]`: the smoke test run in the target venv, with the manifest's
 //! environment. Output is captured whole (never truncated), stored in a log
-//! on the target (`<venv>/.overlay/verify/<time>.log`, and in the generation's
+//! on the target (`<venv>/.overlay/verify/<time>.log`, mode 0600 in 0700
+//! folders, written beneath the venv root's fd; and in the generation's
 //! folder when run by `apply --verify`), and returned to the controller.
 
 use std::collections::BTreeMap;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Venv;
@@ -69,25 +71,17 @@ pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Write `text` to `path` as a 0600 file, never through a symlink: a new
-/// file when `new` (an existing one is an error), else one that replaces
-/// the file there (its mode set to 0600 too).
-fn write_private(path: &std::path::Path, text: &str, new: bool) -> std::io::Result<()> {
+/// Write `text` to the new file `dir_rel/name` beneath `root` (0600), the
+/// folders on the way created 0700 and `dir_rel` narrowed to 0700.
+fn write_log(root: &std::path::Path, dir_rel: &str, name: &str, text: &str) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
-    if new {
-        opts.create_new(true);
-    } else {
-        opts.create(true).truncate(true);
+    let root = Beneath::open(root)?;
+    root.create_dir_all(dir_rel, 0o700)?;
+    let dir = root.dir(dir_rel)?;
+    if rustix::fs::fstat(&dir)?.st_mode & 0o077 != 0 {
+        rustix::fs::fchmod(&dir, rustix::fs::Mode::from_raw_mode(0o700))?;
     }
-    let mut f = opts.open(path)?;
-    // An existing file keeps its mode through O_CREAT; the umask never widens 0600.
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    f.write_all(text.as_bytes())
+    dir.create_new(name, 0o600)?.write_all(text.as_bytes())
 }
 
 /// Expand `{site_packages}` and `{venv}` in a manifest value.
@@ -180,19 +174,22 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
         req.python,
     );
     // The log holds the manifest's env values: the state directory's
-    // folders are 0700 and its files 0600, whatever the umask.
-    let dir = venv.root.join(STATE_DIR).join("verify");
-    private_dir(&dir).map_err(|e| err!("Failed to create {}: {}", dir.display(), io_cause(&e)))?;
+    // folders are 0700 and its files 0600, whatever the umask. Written
+    // beneath the venv root's fd: a symlink on the way is refused.
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    let log = dir.join(format!("{}-{:09}.log", format_time(now), nanos));
-    write_private(&log, &text, true)
+    let name = format!("{}-{:09}.log", format_time(now), nanos);
+    let vrel = format!("{STATE_DIR}/verify");
+    let log = venv.root.join(&vrel).join(&name);
+    write_log(&venv.root, &vrel, &name, &text)
         .map_err(|e| err!("Failed to write {}: {}", log.display(), io_cause(&e)))?;
     if let Some(g) = &req.generation {
-        let gdir = venv.root.join(STATE_DIR).join("generations").join(g);
-        if gdir.is_dir() {
-            let _ = write_private(&gdir.join("verify.log"), &text, false);
+        let grel = format!("{STATE_DIR}/generations/{g}");
+        if let Ok(root) = Beneath::open(&venv.root)
+            && root.kind(&grel).ok().flatten() == Some(rustix::fs::FileType::Directory)
+        {
+            let _ = root.write_atomic(&format!("{grel}/verify.log"), text.as_bytes(), 0o600);
         }
     }
     Ok(VerifyReport {
