@@ -7,6 +7,11 @@
 //! The only command ever sent to the remote shell is
 //! `'<home>/.cache/overlay/overlay-<hash>' agent`, built from the server's home
 //! directory and a hex digest; no manifest value or file name goes into it.
+//! Before the upload path runs that file it checks over SFTP that no other
+//! user could have replaced it (OpenSSH's `StrictModes` rule for the file
+//! and its folders up to the home directory): an unsafe file is uploaded
+//! again, an unsafe folder refused. On the fast path, which runs it without
+//! SFTP, the agent makes the same check itself ([`crate::agent::selfcheck`]).
 //!
 //! The reader and the writer of the returned [`AgentPipe`] share one libssh2
 //! session. Neither holds the session while it waits for the network, so one
