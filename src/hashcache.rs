@@ -311,7 +311,12 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
         // Forget files that are gone, so the cache does not grow forever.
         let keep = |p: &str| Path::new(p).exists();
         let Some(dir) = file.parent() else { return };
-        if std::fs::create_dir_all(dir).is_err() {
+        // ~/.cache/overlay/... is private to its user: folders 0700, and the
+        // file 0600 (a NamedTempFile is created with that mode).
+        if std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(dir)
+            .is_err()
+        {
             return;
         }
         let bytes = store.encode(keep);

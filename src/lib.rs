@@ -14,6 +14,7 @@ pub mod manifest;
 pub mod plan;
 pub mod preflight;
 pub mod report;
+pub mod text;
 pub mod transport;
 pub mod validate;
 pub mod verify;

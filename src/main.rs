@@ -82,9 +82,11 @@ fn main() -> ExitCode {
             } else {
                 ("", "", "")
             };
-            eprintln!("{red}error{reset}: {}", e.message);
+            // One line each: a file name or a remote message inside them
+            // cannot add lines or move the cursor.
+            eprintln!("{red}error{reset}: {}", overlay::text::escape(&e.message));
             if let Some(h) = &e.hint {
-                eprintln!("{yellow}hint{reset}: {h}");
+                eprintln!("{yellow}hint{reset}: {}", overlay::text::escape(h));
             }
             ExitCode::from(EXIT_ERROR)
         }

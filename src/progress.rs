@@ -44,16 +44,17 @@ impl HashBars {
         let bar = m.add(
             ProgressBar::new(0)
                 .with_style(style)
-                .with_prefix(host.to_string()),
+                .with_prefix(overlay::text::escape(host).into_owned()),
         );
         bar.enable_steady_tick(Duration::from_millis(250));
         bar
     }
 }
 
-/// A status line on stderr, unless `--quiet`.
+/// A status line on stderr, unless `--quiet`; control characters in it
+/// (from a file name, a remote message) are escaped.
 pub fn status(global: &crate::cli::GlobalArgs, line: &str) {
     if !global.quiet {
-        eprintln!("{line}");
+        eprintln!("{}", overlay::text::escape(line));
     }
 }

@@ -5,6 +5,7 @@ use indicatif::HumanBytes;
 use serde::Serialize;
 
 use crate::plan::{Action, Plan, Warning, totals};
+use crate::text::quote;
 
 /// The `--json` document of `overlay plan`.
 #[derive(Serialize)]
@@ -64,7 +65,8 @@ pub fn plan_json(plan: &Plan) -> String {
 }
 
 /// The text form: per set, version transitions, counts and bytes, and with
-/// `verbose` every changed path.
+/// `verbose` every changed path. Names, versions and paths are shown with
+/// [`quote`]: control characters in them are escaped, git style.
 pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
     use std::fmt::Write;
     let paint = |code: &str, s: &str| {
@@ -78,24 +80,28 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
     let _ = writeln!(
         out,
         "{} ({}, Python {}) -> {} ({}, Python {})",
-        plan.source.name,
-        plan.source.venv,
-        plan.source.python,
-        plan.target.name,
-        plan.target.venv,
-        plan.target.python
+        quote(&plan.source.name),
+        quote(&plan.source.venv),
+        quote(&plan.source.python),
+        quote(&plan.target.name),
+        quote(&plan.target.venv),
+        quote(&plan.target.python)
     );
     for set in &plan.sets {
-        let _ = writeln!(out, "\n{}", paint("1", &format!("set {}", set.name)));
+        let _ = writeln!(
+            out,
+            "\n{}",
+            paint("1", &format!("set {}", quote(&set.name)))
+        );
         for v in &set.versions {
-            let from = v.from.as_deref().unwrap_or("(absent)");
-            let to = v.to.as_deref().unwrap_or("(removed)");
+            let from = v.from.as_deref().map_or("(absent)".into(), quote);
+            let to = v.to.as_deref().map_or("(removed)".into(), quote);
             let note = if v.from == v.to {
                 "  (same version)"
             } else {
                 ""
             };
-            let _ = writeln!(out, "  {} {from} -> {to}{note}", v.name);
+            let _ = writeln!(out, "  {} {from} -> {to}{note}", quote(&v.name));
         }
         let t = totals(set);
         for (action, label, code) in [
@@ -139,12 +145,17 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
                     out,
                     "    {} {} ({})",
                     paint(code, mark),
-                    c.path,
+                    quote(&c.path),
                     HumanBytes(c.size)
                 );
             }
             for p in &set.stale_bytecode {
-                let _ = writeln!(out, "    {} {p} (stale bytecode)", paint("31", "-"));
+                let _ = writeln!(
+                    out,
+                    "    {} {} (stale bytecode)",
+                    paint("31", "-"),
+                    quote(p)
+                );
             }
         }
     }

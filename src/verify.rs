@@ -1,6 +1,7 @@
 //! `[verify]`: the smoke test run in the target venv, with the manifest's
 //! environment. Output is captured whole (never truncated), stored in a log
-//! on the target (`<venv>/.overlay/verify/<time>.log`, and in the generation's
+//! on the target (`<venv>/.overlay/verify/<time>.log`, mode 0600 in 0700
+//! folders, written beneath the venv root's fd; and in the generation's
 //! folder when run by `apply --verify`), and returned to the controller.
 
 use std::collections::BTreeMap;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Venv;
@@ -49,6 +51,37 @@ impl VerifyReport {
             .find(|l| !l.trim().is_empty())
             .map(str::trim)
     }
+}
+
+/// Create `dir` (and missing parents) with mode 0700; an existing `dir`
+/// with a wider mode is narrowed to 0700.
+pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(std::io::Error::other("not a directory"));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// Write `text` to the new file `dir_rel/name` beneath `root` (0600), the
+/// folders on the way created 0700 and `dir_rel` narrowed to 0700.
+fn write_log(root: &std::path::Path, dir_rel: &str, name: &str, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let root = Beneath::open(root)?;
+    root.create_dir_all(dir_rel, 0o700)?;
+    let dir = root.dir(dir_rel)?;
+    if rustix::fs::fstat(&dir)?.st_mode & 0o077 != 0 {
+        rustix::fs::fchmod(&dir, rustix::fs::Mode::from_raw_mode(0o700))?;
+    }
+    dir.create_new(name, 0o600)?.write_all(text.as_bytes())
 }
 
 /// Expand `{site_packages}` and `{venv}` in a manifest value.
@@ -140,32 +173,27 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
         if timed_out { " (timed out)" } else { "" },
         req.python,
     );
-    // Written through the venv root's fd (never through a symlink), whole.
-    let dir = venv.root.join(STATE_DIR).join("verify");
-    let root = crate::beneath::Beneath::open(&venv.root)
-        .map_err(|e| err!("Failed to open {}: {}", venv.root.display(), io_cause(&e)))?;
-    let verify_rel = format!("{STATE_DIR}/verify");
-    root.create_dir_all(&verify_rel, 0o700)
-        .map_err(|e| err!("Failed to create {}: {}", dir.display(), io_cause(&e)))?;
+    // The log holds the manifest's env values: the state directory's
+    // folders are 0700 and its files 0600, whatever the umask. Written
+    // beneath the venv root's fd: a symlink on the way is refused.
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let name = format!("{}-{:09}.log", format_time(now), nanos);
-    let log = dir.join(&name);
-    root.write_atomic(&format!("{verify_rel}/{name}"), text.as_bytes(), 0o600)
+    let vrel = format!("{STATE_DIR}/verify");
+    let log = venv.root.join(&vrel).join(&name);
+    write_log(&venv.root, &vrel, &name, &text)
         .map_err(|e| err!("Failed to write {}: {}", log.display(), io_cause(&e)))?;
+    // A generation id from the request names one folder, nothing else.
     if let Some(g) = &req.generation
         && !g.is_empty()
         && g.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
     {
-        let gen_rel = format!("{STATE_DIR}/generations/{g}");
-        if root
-            .kind(&gen_rel)
-            .ok()
-            .flatten()
-            .is_some_and(|k| k.is_dir())
+        let grel = format!("{STATE_DIR}/generations/{g}");
+        if let Ok(root) = Beneath::open(&venv.root)
+            && root.kind(&grel).ok().flatten() == Some(rustix::fs::FileType::Directory)
         {
-            let _ = root.write_atomic(&format!("{gen_rel}/verify.log"), text.as_bytes(), 0o600);
+            let _ = root.write_atomic(&format!("{grel}/verify.log"), text.as_bytes(), 0o600);
         }
     }
     Ok(VerifyReport {

@@ -313,3 +313,77 @@ fn a_glob_that_escapes_the_venv_is_a_manifest_error_with_line_and_column() {
         "{err}"
     );
 }
+
+/// File names, versions and messages carry terminal control characters
+/// (ESC, newline) from RECORD and METADATA: the human plan and every
+/// message show them escaped, git style, and `--json` carries them exactly.
+/// RECORD is CSV, so a quoted field may hold a newline.
+#[test]
+fn control_characters_are_escaped_for_people_and_exact_in_json() {
+    let tb = Testbed::local(2);
+    let site = tb.site_packages(0);
+    let name = "evil/\x1b[31mred\nline.py";
+    let version = "1.0\x1b[2J";
+    fs::create_dir_all(site.join("evil")).unwrap();
+    fs::create_dir_all(site.join("evil-1.0.dist-info")).unwrap();
+    fs::write(site.join(name), "x = 1\n").unwrap();
+    fs::write(
+        site.join("evil-1.0.dist-info/METADATA"),
+        format!("Metadata-Version: 2.1\nName: evil\nVersion: {version}\n"),
+    )
+    .unwrap();
+    fs::write(
+        site.join("evil-1.0.dist-info/RECORD"),
+        format!("\"{name}\",,\nevil-1.0.dist-info/METADATA,,\nevil-1.0.dist-info/RECORD,,\n"),
+    )
+    .unwrap();
+    tb.write_manifest("[sets.evil]\ndists = [\"evil\"]\n");
+
+    let out = tb.overlay(&["plan", "src", "dst", "-v"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    eprintln!("--- human plan:\n{stdout}");
+    for (what, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(
+            !text.contains('\x1b') && !text.contains('\r'),
+            "raw control characters on {what}: {text:?}"
+        );
+    }
+    assert!(
+        stdout.contains(r#"+ "evil/\033[31mred\nline.py" (6 B)"#),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(r#"evil (absent) -> "1.0\033[2J""#),
+        "{stdout}"
+    );
+
+    let out = tb
+        .overlay(&["plan", "src", "dst", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let set = &doc["sets"][0];
+    let paths: Vec<&str> = set["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert!(paths.contains(&name), "{paths:?}");
+    assert_eq!(set["versions"][0]["to"], version, "{}", set["versions"]);
+
+    // A warning that quotes such a name stays on one line, escaped.
+    fs::remove_file(site.join(name)).unwrap();
+    let out = tb.overlay(&["plan", "src", "dst"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("--- with the file gone:\n{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+    assert!(stderr.contains(r"\033[31mred\nline.py"), "{stderr}");
+}

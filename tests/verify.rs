@@ -143,3 +143,46 @@ fn torch_without_its_cuda_libraries_is_predicted_and_rolled_back_on_failure() {
         "after the automatic rollback",
     );
 }
+
+/// The verify log holds the manifest's env values: on the target it is
+/// 0600 in 0700 folders, and so is the controller's copy, even when the
+/// agent and the controller run with umask 022.
+#[test]
+fn verify_logs_are_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let tb = Testbed::local(2);
+    tb.write_manifest(&format!("{ALL}{VERIFY}"));
+    let mut cmd = tb.overlay(&["verify", "dst"]);
+    // SAFETY: umask is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = |p: &std::path::Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let state = tb.host_venv_dir(1).join(".overlay");
+    assert_eq!(mode(&state), 0o700, "{}", state.display());
+    assert_eq!(mode(&state.join("verify")), 0o700);
+    let logs: Vec<_> = fs::read_dir(state.join("verify"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(logs.len(), 1);
+    assert_eq!(mode(&logs[0]), 0o600, "{}", logs[0].display());
+    assert!(
+        fs::read_to_string(&logs[0])
+            .unwrap()
+            .contains("MINITORCH_CHECK")
+    );
+    assert_eq!(mode(&tb.work.join(".overlay")), 0o700);
+    assert_eq!(mode(&tb.work.join(".overlay/verify-dst.log")), 0o600);
+}

@@ -105,15 +105,18 @@ impl Client {
             Ok(None) => {
                 // The agent died: its stderr says why.
                 let why = self.pipe.take().map(|p| (p.finish)());
-                let detail = match why {
-                    Some(Err(e)) => e.message,
-                    Some(Ok(text)) if !text.trim().is_empty() => text.trim().to_string(),
-                    _ => "it closed the connection".into(),
+                let (detail, hint) = match why {
+                    Some(Err(e)) => (e.message, e.hint),
+                    Some(Ok(text)) if !text.trim().is_empty() => (text.trim().to_string(), None),
+                    _ => ("it closed the connection".into(), None),
                 };
-                Err(err!(
-                    hint = "run again; if it repeats, run `overlay agent` on that host by hand to see why",
-                    "The agent on {host} stopped unexpectedly: {detail}"
-                ))
+                Err(Error {
+                    message: format!("The agent on {host} stopped unexpectedly: {detail}"),
+                    // Why it stopped (its exit status, a signal), if known.
+                    hint: Some(hint.unwrap_or_else(|| {
+                        "run again; if it repeats, run `overlay agent` on that host by hand to see why".into()
+                    })),
+                })
             }
             Err(e) => Err(on_host(e, &host)),
         }

@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod protocol;
+pub mod selfcheck;
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
@@ -612,6 +613,15 @@ fn with_progress<T: Send>(
 
 /// Entry point of `overlay agent`.
 pub fn main() -> Result<()> {
+    // Started from ~/.cache/overlay/ (over SSH): refuse to serve when that
+    // file or its folders could be replaced by another user.
+    if let Err(u) = selfcheck::check() {
+        eprintln!(
+            "overlay agent: not serving: {}\nhint: {}",
+            u.message, u.hint
+        );
+        std::process::exit(selfcheck::EXIT_UNSAFE);
+    }
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
     // sshd connects the agent through pipes of 64 KiB; a stream moves in

@@ -17,6 +17,7 @@ use overlay::plan::Action;
 use overlay::plan::{self, HostInfo, PLAN_FORMAT, Plan, Side};
 use overlay::preflight::{Check, PreflightRequest, Problem, cuda, requirements};
 use overlay::report;
+use overlay::text;
 use overlay::transport::{ConnectOptions, Endpoint};
 
 use crate::cli::{GlobalArgs, PlanArgs};
@@ -196,7 +197,7 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
             .as_deref()
             .map(|s| format!("[{s}] "))
             .unwrap_or_default();
-        eprintln!("warning: {set}{}", w.message);
+        eprintln!("warning: {}", text::escape(&format!("{set}{}", w.message)));
     }
     for p in &plan.problems {
         let level = if plan.strict && !p.preexisting {
@@ -218,7 +219,10 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
             Some(f) if !p.reason.starts_with(f.as_str()) => format!("{f}: "),
             _ => String::new(),
         };
-        eprintln!("{level}: [{check}] {dist}{file}{}", p.reason);
+        eprintln!(
+            "{level}: {}",
+            text::escape(&format!("[{check}] {dist}{file}{}", p.reason))
+        );
     }
     save_plan(&plan, &args.out)?;
     // The agents have answered everything; their goodbyes ran beside the
@@ -236,7 +240,7 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
     if !global.quiet {
         eprintln!(
             "Plan saved to {}; run `overlay apply` to carry it out.",
-            args.out.display()
+            text::escape(&args.out.to_string_lossy())
         );
     }
     Ok(if args.check && plan.has_changes() {
@@ -564,7 +568,10 @@ pub fn save_plan(plan: &Plan, out: &Path) -> Result<()> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(fail)?;
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(dir)
+        .map_err(fail)?;
+    // Created 0600 (NamedTempFile's mode), whatever the umask.
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
     // One buffered write: a plan of 35,000 paths is ~10 MB of JSON.
     let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut tmp);

@@ -75,7 +75,7 @@ pub fn rollback(global: &GlobalArgs, args: &RollbackArgs) -> Result<u8> {
         return Ok(EXIT_OK);
     }
     for k in &report.kept_edited {
-        eprintln!("warning: {k}");
+        eprintln!("warning: {}", overlay::text::escape(k));
     }
     status(
         global,
@@ -133,7 +133,7 @@ pub fn history(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
         );
         println!(
             "{:<22} {:<20} {:<12} {:>6} {:>8} {:>7} {:>10} {:>10}  {}",
-            g.id,
+            overlay::text::quote(&g.id),
             when,
             status,
             g.adds,
@@ -145,7 +145,7 @@ pub fn history(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
             } else {
                 "none".into()
             },
-            g.source
+            overlay::text::quote(&g.source)
         );
     }
     if generations.is_empty() {

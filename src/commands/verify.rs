@@ -60,14 +60,19 @@ pub fn run_check(
     };
     // A local copy of the log, next to the plan.
     let local = std::path::Path::new(".overlay").join(format!("verify-{host}.log"));
-    let _ = std::fs::create_dir_all(".overlay");
-    let _ = std::fs::write(
-        &local,
-        format!(
-            "--- stdout ---\n{}\n--- stderr ---\n{}",
-            report.stdout, report.stderr
-        ),
-    );
+    // Private like the target's state directory (0700, 0600).
+    let _ = overlay::verify::private_dir(std::path::Path::new(".overlay")).and_then(|()| {
+        let mut tmp = tempfile::NamedTempFile::new_in(".overlay")?;
+        std::io::Write::write_all(
+            &mut tmp,
+            format!(
+                "--- stdout ---\n{}\n--- stderr ---\n{}",
+                report.stdout, report.stderr
+            )
+            .as_bytes(),
+        )?;
+        tmp.persist(&local).map(drop).map_err(|e| e.error)
+    });
     if json {
         println!(
             "{}",
@@ -95,9 +100,16 @@ pub fn run_check(
         eprintln!();
         eprintln!(
             "verify failed on {host}: {}",
-            report.final_line().unwrap_or("(no error output)")
+            overlay::text::escape(report.final_line().unwrap_or("(no error output)"))
         );
-        eprintln!("logs: {host}:{} and {}", report.log, local.display());
+        eprintln!(
+            "{}",
+            overlay::text::escape(&format!(
+                "logs: {host}:{} and {}",
+                report.log,
+                local.display()
+            ))
+        );
     }
     Ok(report)
 }

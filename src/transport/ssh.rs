@@ -7,6 +7,11 @@
 //! The only command ever sent to the remote shell is
 //! `'<home>/.cache/overlay/overlay-<hash>' agent`, built from the server's home
 //! directory and a hex digest; no manifest value or file name goes into it.
+//! Before the upload path runs that file it checks over SFTP that no other
+//! user could have replaced it (OpenSSH's `StrictModes` rule for the file
+//! and its folders up to the home directory): an unsafe file is uploaded
+//! again, an unsafe folder refused. On the fast path, which runs it without
+//! SFTP, the agent makes the same check itself ([`crate::agent::selfcheck`]).
 //!
 //! The reader and the writer of the returned [`AgentPipe`] share one libssh2
 //! session. Neither holds the session while it waits for the network, so one
@@ -106,7 +111,7 @@ pub fn start_cached_agent(host: &str, target: &str, opts: &ConnectOptions) -> Re
 }
 
 /// Where agents are kept, relative to the home directory.
-const AGENT_DIR: &str = ".cache/overlay";
+pub const AGENT_DIR: &str = ".cache/overlay";
 
 /// The file name of this build of the agent: named by its digest.
 fn agent_name(digest: &AgentDigest) -> String {
@@ -1338,18 +1343,23 @@ fn upload_agent(
         })?
         .to_string();
 
-    if is_usable_agent(&sftp, &final_path, digest.size) {
-        return Ok(final_str);
-    }
-
     // AGENT_DIR's parent (`~/.cache`) first, then AGENT_DIR.
     for d in [dir.parent().unwrap_or(&home).to_path_buf(), dir.clone()] {
+        if matches!(sftp.stat(&d), Ok(st) if st.is_dir()) {
+            continue;
+        }
         if let Err(e) = sftp.mkdir(&d, 0o700) {
             match sftp.stat(&d) {
                 Ok(st) if st.is_dir() => {}
                 _ => return Err(fail(format!("cannot create {}", d.display()), e)),
             }
         }
+    }
+    // Nothing is run from a folder another user could write to; a file
+    // that is not safe itself is replaced below.
+    let owners = safe_agent_dir(who, &sftp, &home, &dir)?;
+    if is_usable_agent(&sftp, &final_path, digest.size, owners) {
+        return Ok(final_str);
     }
 
     let nonce = std::time::SystemTime::now()
@@ -1374,7 +1384,7 @@ fn upload_agent(
             let _ = sftp.unlink(&final_path);
             if let Err(e) = sftp.rename(&tmp, &final_path, Some(flags)) {
                 // Another controller may have put the same build there meanwhile.
-                if !is_usable_agent(&sftp, &final_path, digest.size) {
+                if !is_usable_agent(&sftp, &final_path, digest.size, owners) {
                     return Err(fail(
                         format!("cannot rename it to {}", final_path.display()),
                         e,
@@ -1387,22 +1397,95 @@ fn upload_agent(
     // Gone after a successful rename; left over otherwise.
     let _ = sftp.unlink(&tmp);
     result?;
-    if !is_usable_agent(&sftp, &final_path, digest.size) {
+    if !is_usable_agent(&sftp, &final_path, digest.size, owners) {
         return Err(err!(
             hint = "check free space on that host and run again",
-            "Failed to upload the agent to {who}: {} has the wrong size after the upload",
+            "Failed to upload the agent to {who}: {} has the wrong size or mode after the upload",
             final_path.display()
         ));
     }
     Ok(final_str)
 }
 
-fn is_usable_agent(sftp: &Sftp, path: &Path, size: u64) -> bool {
-    match sftp.stat(path) {
+/// The owners a file on the agent's path may have: root and the owner of
+/// the home directory (SFTP does not tell the login user's uid; the
+/// agent's own check, `agent::selfcheck`, compares with it exactly).
+#[derive(Debug, Clone, Copy)]
+struct Owners {
+    home: u32,
+}
+
+impl Owners {
+    fn allow(self, uid: Option<u32>) -> bool {
+        uid.is_some_and(|u| u == 0 || u == self.home)
+    }
+}
+
+/// The check OpenSSH's `StrictModes` makes, over SFTP: `dir` and every
+/// folder of its real path up to the home directory (or `/`) belong to the
+/// home's owner or root and are not writable by group or others.
+fn safe_agent_dir(who: Who<'_>, sftp: &Sftp, home: &Path, dir: &Path) -> Result<Owners> {
+    let lost = |p: &Path, e: ssh2::Error| {
+        err!(
+            hint = "check that sshd allows SFTP (Subsystem sftp) and run again",
+            "Failed to check {} on {who}: {}",
+            p.display(),
+            sftp_cause(&e)
+        )
+    };
+    let home_st = sftp.stat(home).map_err(|e| lost(home, e))?;
+    let owners = Owners {
+        home: home_st.uid.unwrap_or(0),
+    };
+    let real = sftp.realpath(dir).map_err(|e| lost(dir, e))?;
+    let home_real = sftp.realpath(home).unwrap_or_else(|_| home.to_path_buf());
+    let show = |p: &Path| crate::text::quote(&p.to_string_lossy()).into_owned();
+    for d in real.ancestors() {
+        let st = sftp.stat(d).map_err(|e| lost(d, e))?;
+        let mode = st.perm.unwrap_or(0);
+        if !owners.allow(st.uid) {
+            return Err(err!(
+                hint = format!(
+                    "on that host, remove {} (or give {} to the login user), then run again",
+                    show(dir),
+                    show(d)
+                ),
+                "Refusing to run the agent on {who} from {}: {} belongs to uid {}, neither the owner of {} nor root, so another user could replace the agent",
+                show(dir),
+                show(d),
+                st.uid.unwrap_or(0),
+                show(home)
+            ));
+        }
+        if mode & 0o022 != 0 {
+            return Err(err!(
+                hint = format!(
+                    "on that host, run `chmod go-w {}` (OpenSSH's StrictModes wants the same for ~/.ssh), then run again",
+                    show(d)
+                ),
+                "Refusing to run the agent on {who} from {}: {} is writable by its group or others (mode {:04o}), so another user could replace the agent",
+                show(dir),
+                show(d),
+                mode & 0o7777
+            ));
+        }
+        if d == home_real {
+            break;
+        }
+    }
+    Ok(owners)
+}
+
+/// Whether `path` is this build, safe to run: a regular file (not a
+/// symlink) of the right size, executable, owned by the user or root and
+/// writable only by its owner.
+fn is_usable_agent(sftp: &Sftp, path: &Path, size: u64, owners: Owners) -> bool {
+    match sftp.lstat(path) {
         Ok(st) => {
             st.file_type() == FileType::RegularFile
                 && st.size == Some(size)
-                && st.perm.is_some_and(|p| p & 0o100 != 0)
+                && st.perm.is_some_and(|p| p & 0o100 != 0 && p & 0o022 == 0)
+                && owners.allow(st.uid)
         }
         Err(_) => false,
     }
@@ -1764,6 +1847,22 @@ fn finish(shared: &Shared, who: &str, remote: &str) -> Result<String> {
             hint = "check the host's logs (out of memory?) and run again",
             "The agent on {who} was killed by signal {sig}{}{detail}",
             if detail.is_empty() { "" } else { ": " }
+        ));
+    }
+    if status == crate::agent::selfcheck::EXIT_UNSAFE {
+        // The agent refused to run from its folder: its message and hint.
+        let said = detail
+            .strip_prefix("overlay agent: not serving: ")
+            .unwrap_or(detail);
+        let (message, hint) = said.split_once("\nhint: ").unwrap_or((said, ""));
+        return Err(err!(
+            hint = if hint.is_empty() {
+                format!("on that host, remove {remote} and check the modes of its folders")
+            } else {
+                hint.trim().to_string()
+            },
+            "Refusing to run the agent on {who}: {}",
+            message.trim()
         ));
     }
     if status != 0 {

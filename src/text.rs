@@ -1,0 +1,131 @@
+//! Text shown on a terminal: file names, distribution names, versions and
+//! messages that quote them come from RECORD files, METADATA and remote
+//! hosts, and may hold terminal control characters (ESC, CR, newline, DEL,
+//! C1 controls). Printed raw they could recolour, move the cursor, rewrite
+//! lines or forge a line of output. Human output shows them escaped, C
+//! style, as git does with `core.quotePath`; `--json` carries them exactly.
+//!
+//! - [`quote`] is for one name or value: unchanged when it is plain, else
+//!   in double quotes with `\"`, `\\`, `\n`, `\t`, `\r`, ... and `\ooo`
+//!   octal escapes (git's form: `"a\033[31mb"`).
+//! - [`escape`] is for free text (error messages, hints): control
+//!   characters are escaped the same way, but nothing is quoted, so a
+//!   message stays one line however hostile the names in it.
+//!
+//! Printable non-ASCII characters (UTF-8 letters, the U+FFFD that a lossy
+//! conversion put in place of invalid bytes) are left as they are.
+
+use std::borrow::Cow;
+
+/// Whether `c` must not reach a terminal raw: C0 controls, DEL, C1 controls.
+fn is_control(c: char) -> bool {
+    matches!(c, '\0'..='\x1f' | '\x7f' | '\u{80}'..='\u{9f}')
+}
+
+/// Append the escape for control character `c`.
+fn push_escape(out: &mut String, c: char) {
+    match c {
+        '\x07' => out.push_str("\\a"),
+        '\x08' => out.push_str("\\b"),
+        '\t' => out.push_str("\\t"),
+        '\n' => out.push_str("\\n"),
+        '\x0b' => out.push_str("\\v"),
+        '\x0c' => out.push_str("\\f"),
+        '\r' => out.push_str("\\r"),
+        _ => {
+            // Octal of each UTF-8 byte, as git writes them (C1 is two bytes).
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("\\{b:03o}"));
+            }
+        }
+    }
+}
+
+/// `s` for a terminal: control characters escaped, nothing else changed.
+pub fn escape(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(is_control) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if is_control(c) {
+            push_escape(&mut out, c);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// One name or value for a terminal: as it is when it has no control
+/// character, `"` or `\`; else in double quotes with those escaped.
+pub fn quote(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(|c| is_control(c) || c == '"' || c == '\\') {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if is_control(c) => push_escape(&mut out, c),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_text_is_borrowed() {
+        for s in [
+            "",
+            "torch/lib/libc10.so",
+            "a b,c'$`",
+            "naïve/日本.py",
+            "x\u{fffd}y",
+        ] {
+            assert!(matches!(escape(s), Cow::Borrowed(_)), "{s}");
+            assert!(matches!(quote(s), Cow::Borrowed(_)), "{s}");
+        }
+    }
+
+    #[test]
+    fn escapes_controls_as_git_does() {
+        assert_eq!(escape("a\x1b[31mb"), "a\\033[31mb");
+        assert_eq!(
+            escape("l1\nl2\r\tx\x07\x08\x0b\x0c"),
+            "l1\\nl2\\r\\tx\\a\\b\\v\\f"
+        );
+        assert_eq!(escape("nul\0del\x7f"), "nul\\000del\\177");
+        // C1 controls (CSI is U+009B), as their UTF-8 bytes.
+        assert_eq!(escape("a\u{9b}31mb"), "a\\302\\23331mb");
+        assert_eq!(escape("a\u{85}b"), "a\\302\\205b");
+        // Backslashes and quotes are left alone in free text.
+        assert_eq!(escape("C:\\x \"y\"\n"), "C:\\x \"y\"\\n");
+        // Non-ASCII printable characters stay.
+        assert_eq!(escape("é\x1b"), "é\\033");
+    }
+
+    #[test]
+    fn quotes_names_that_need_it() {
+        assert_eq!(quote("a\x1b[31m\nb.py"), "\"a\\033[31m\\nb.py\"");
+        assert_eq!(quote("a\"b"), "\"a\\\"b\"");
+        assert_eq!(quote("a\\nb"), "\"a\\\\nb\"");
+        assert_eq!(quote("日本\r"), "\"日本\\r\"");
+    }
+
+    #[test]
+    fn output_has_no_control_characters() {
+        let all: String = (0u32..0x200).filter_map(char::from_u32).collect();
+        for s in [escape(&all), quote(&all)] {
+            assert!(!s.chars().any(is_control), "{s:?}");
+        }
+    }
+}
