@@ -218,6 +218,7 @@ fn finish_apply(mut child: Child, what: &str) -> Output {
 /// target is left with and what to run next.
 fn assert_reported(out: &Output, host: &str, died: &[&str], what: &str) -> String {
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{what}: the apply said:\n{err}");
     assert_eq!(out.status.code(), Some(2), "{what}: {err}");
     assert!(
         err.contains(&format!("on {host}")),
@@ -232,13 +233,59 @@ fn assert_reported(out: &Output, host: &str, died: &[&str], what: &str) -> Strin
     err
 }
 
+thread_local! {
+    /// Agents seen when the last run's kill happened: an orphaned one (its
+    /// sshd session gone) is no longer below the listener, but must end too.
+    static SEEN: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether process `pid` still runs (a zombie does not).
+fn running(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rfind(')').is_some_and(|i| !s[i + 2..].starts_with('Z')))
+}
+
 /// No overlay agent is left on either host (an orphaned one would still
 /// be working on the target).
 fn wait_no_agents(tb: &Testbed, what: &str) {
+    let seen = SEEN.with(|s| std::mem::take(&mut *s.borrow_mut()));
     let t = Instant::now();
-    wait_for(&format!("{what}: the agents to exit"), || {
-        agents(tb, 0).is_empty() && agents(tb, 1).is_empty()
-    });
+    let show = || {
+        let mut pids: Vec<i32> = descendants(listener(tb, 0))
+            .into_iter()
+            .chain(descendants(listener(tb, 1)))
+            .map(|(p, _)| p)
+            .collect();
+        pids.sort();
+        let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
+        let ps = Command::new("ps")
+            .args(["-o", "pid,ppid,stat,wchan:32,args", "-p", &list.join(",")])
+            .output()
+            .unwrap();
+        let all = Command::new("ps")
+            .args(["-eo", "pid,ppid,stat,wchan:32,args"])
+            .output()
+            .unwrap();
+        let all = String::from_utf8_lossy(&all.stdout);
+        let related: Vec<&str> = all
+            .lines()
+            .filter(|l| l.contains("dst-direct") || l.contains("overlay-"))
+            .collect();
+        format!(
+            "{}\nand:\n{}",
+            String::from_utf8_lossy(&ps.stdout),
+            related.join("\n")
+        )
+    };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&format!("{what}: the agents to exit"), || {
+            agents(tb, 0).is_empty() && agents(tb, 1).is_empty() && !seen.iter().any(|&p| running(p))
+        })
+    }));
+    if let Err(e) = r {
+        eprintln!("{what}: still running:\n{}", show());
+        std::panic::resume_unwind(e);
+    }
     eprintln!("{what}: the agents were gone {:?} after the controller", t.elapsed());
 }
 
@@ -270,9 +317,20 @@ fn recovers(tb: &Testbed, before: &BTreeMap<String, String>, what: &str) {
 /// streams; returns the apply's output and how long after the kill it ended.
 fn run(tb: &Testbed, args: &[&str], what: &str, act: impl FnOnce(&Testbed)) -> (Output, Duration) {
     let t = Instant::now();
-    let child = start_apply(tb, args);
-    act(tb);
+    let mut child = start_apply(tb, args);
+    if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| act(tb))) {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        eprintln!(
+            "{what}: the apply said ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::panic::resume_unwind(e);
+    }
     eprintln!("{what}: killed {:?} after the start", t.elapsed());
+    let seen: Vec<i32> = agents(tb, 0).into_iter().chain(agents(tb, 1)).collect();
+    SEEN.with(|s| s.borrow_mut().extend(seen));
     let killed = Instant::now();
     let out = finish_apply(child, what);
     let took = killed.elapsed();
@@ -280,9 +338,14 @@ fn run(tb: &Testbed, args: &[&str], what: &str, act: impl FnOnce(&Testbed)) -> (
     (out, took)
 }
 
-fn testbed() -> (Testbed, BTreeMap<String, String>) {
+/// Two SSH hosts, the big file on the source, and a plan; with `direct`,
+/// the source can reach the target with its own ssh (`apply --direct`).
+fn testbed(direct: bool) -> (Testbed, BTreeMap<String, String>) {
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
+    if direct {
+        let_source_reach_target(&tb);
+    }
     let t = Instant::now();
     add_big_file(&tb);
     let before = snapshot(tb.host_venv_dir(1));
@@ -296,7 +359,7 @@ fn a_killed_agent_is_noticed_on_the_relay_route() {
     if !common::requires_root() {
         return;
     }
-    let (tb, before) = testbed();
+    let (tb, before) = testbed(false);
 
     // The target's agent, mid-stream (the controller waits to write to it).
     let what = "target agent killed mid-stream";
@@ -354,7 +417,7 @@ fn a_killed_sshd_session_is_noticed_on_the_relay_route() {
     if !common::requires_root() {
         return;
     }
-    let (tb, before) = testbed();
+    let (tb, before) = testbed(false);
     for (host, i) in [("dst", 1), ("src", 0)] {
         let what = format!("{host}'s sshd sessions killed mid-stream");
         let (out, _) = run(&tb, &[], &what, |tb| {
@@ -420,27 +483,26 @@ fn a_killed_agent_is_noticed_on_the_direct_route() {
     if !common::requires_root() {
         return;
     }
-    let (tb, before) = testbed();
-    let_source_reach_target(&tb);
+    let (tb, before) = testbed(true);
 
     // The target's own agent (the one holding the lock, which the
     // controller is not reading from while the source streams): the
     // controller must notice, stop waiting on the source, and the source
     // must stop sending.
     let what = "target agent killed during a direct stream";
+    let mut src = 0;
     let (out, _) = run(&tb, &["--direct"], what, |tb| {
         let dst = the_agent(tb, 1);
         wait_big_file_staging(tb);
-        let src = the_agent(tb, 0);
+        src = the_agent(tb, 0);
         signal(src, libc::SIGSTOP);
         assert!(!staged(tb), "{what}: the stream was already complete");
         signal(dst, libc::SIGKILL);
     });
     let err = assert_reported(&out, "dst", &["killed by signal 9 (KILL)"], what);
     assert!(err.contains("nothing on dst was changed"), "{err}");
-    for pid in agents(&tb, 0) {
-        signal(pid, libc::SIGCONT);
-    }
+    // The source, frozen until now, finds its controller gone and stops.
+    signal(src, libc::SIGCONT);
     wait_no_agents(&tb, what);
     recovers(&tb, &before, what);
 
