@@ -121,7 +121,14 @@ impl Client {
         let message = match how {
             // "The agent on HOST was killed by signal 9 (KILL)", "... exited with status 2: ..."
             Some(Err(e)) if e.message.starts_with(&format!("The agent on {host} ")) => e.message,
-            Some(Err(e)) => format!("Lost the connection to the agent on {host}: {}", e.message),
+            // Over SSH: the session (sshd) or the network died before the agent.
+            Some(Err(e)) => {
+                let prefix = format!("Failed to wait for the agent on {host}: ");
+                format!(
+                    "Lost the connection to the agent on {host} (its SSH session or the network went away): {}",
+                    e.message.strip_prefix(&prefix).unwrap_or(&e.message)
+                )
+            }
             Some(Ok(text)) if !text.trim().is_empty() => {
                 format!("The agent on {host} stopped: {}", text.trim())
             }
