@@ -325,6 +325,9 @@ fn write_blocks(
     for p in rx {
         waiting.insert(p.seq, p);
         while let Some(p) = waiting.remove(&next) {
+            if counters.cancel.load(Ordering::Relaxed) {
+                return Err(std::io::Error::other("the controller went away"));
+            }
             write_data_parts(out, &[p.tag], &p.payload)?;
             sent += p.payload.len() as u64 + 1;
             next += 1;

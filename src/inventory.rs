@@ -467,6 +467,9 @@ pub struct Counters {
     pub bytes: AtomicU64,
     pub total_files: AtomicU64,
     pub total_bytes: AtomicU64,
+    /// Set by the progress reporter when the controller is gone: work that
+    /// only matters to it (a stream) stops.
+    pub cancel: std::sync::atomic::AtomicBool,
 }
 
 /// Rewrite a script's shebang if it names the `from` venv's `bin/`.

@@ -3,7 +3,7 @@
 
 use crate::err;
 use crate::error::{Error, Result};
-use crate::transport::{self, AgentPipe, ConnectOptions, Endpoint};
+use crate::transport::{self, AgentPipe, ConnectOptions, Endpoint, Watch};
 
 use super::protocol::{
     Entry, Frame, HashMode, PROTOCOL_VERSION, Progress, Request, Response, ScanReport,
@@ -17,6 +17,8 @@ pub struct Client {
     pipe: Option<AgentPipe>,
     /// The agent's executable, from its greeting.
     exe: String,
+    /// Set once the agent or its connection died (the pipe is gone then).
+    lost: bool,
 }
 
 impl Client {
@@ -41,6 +43,7 @@ impl Client {
             host: host.to_string(),
             pipe: Some(pipe),
             exe: String::new(),
+            lost: false,
         };
         let greeting = c
             .send(&Request::Hello {
@@ -88,13 +91,8 @@ impl Client {
     }
 
     fn send(&mut self, req: &Request) -> Result<()> {
-        let host = self.host.clone();
-        write_frame(&mut self.pipe()?.writer, req).map_err(|e| {
-            err!(
-                hint = "the agent or the connection died; run again, and check the host's logs if it repeats",
-                "Lost the connection to the agent on {host}: {e}"
-            )
-        })
+        let r = write_frame(&mut self.pipe()?.writer, req);
+        r.map_err(|e| self.died(&e.to_string()))
     }
 
     fn recv(&mut self) -> Result<Response> {
@@ -102,24 +100,70 @@ impl Client {
         match read_frame::<Response>(&mut self.pipe()?.reader) {
             Ok(Some(Response::Error(e))) => Err(on_host(e, &host)),
             Ok(Some(r)) => Ok(r),
-            Ok(None) => {
-                // The agent died: its stderr says why.
-                let why = self.pipe.take().map(|p| (p.finish)());
-                let (detail, hint) = match why {
-                    Some(Err(e)) => (e.message, e.hint),
-                    Some(Ok(text)) if !text.trim().is_empty() => (text.trim().to_string(), None),
-                    _ => ("it closed the connection".into(), None),
-                };
-                Err(Error {
-                    message: format!("The agent on {host} stopped unexpectedly: {detail}"),
-                    // Why it stopped (its exit status, a signal), if known.
-                    hint: Some(hint.unwrap_or_else(|| {
-                        "run again; if it repeats, run `overlay agent` on that host by hand to see why".into()
-                    })),
-                })
-            }
+            Ok(None) => Err(self.died("it closed the connection")),
+            Err(e) if self.gone().is_some() => Err(self.died(&e.message)),
             Err(e) => Err(on_host(e, &host)),
         }
+    }
+
+    /// The agent or its connection died (`cause`: what the pipe said):
+    /// collect how it ended (its exit status or signal, what it wrote on
+    /// stderr) and say so. Returns at once for a dead agent or a cut
+    /// connection, which is all this is called for.
+    fn died(&mut self, cause: &str) -> Error {
+        let host = &self.host;
+        self.lost = true;
+        let how = self.pipe.take().map(|p| {
+            drop(p.writer);
+            drop(p.reader);
+            (p.finish)()
+        });
+        let message = match how {
+            // "The agent on HOST was killed by signal 9 (KILL)", "... exited with status 2: ..."
+            Some(Err(e)) if e.message.starts_with(&format!("The agent on {host} ")) => e.message,
+            // Over SSH: the session (sshd) or the network died before the agent.
+            Some(Err(e)) => {
+                let prefix = format!("Failed to wait for the agent on {host}: ");
+                format!(
+                    "Lost the connection to the agent on {host} (its SSH session or the network went away): {}",
+                    e.message.strip_prefix(&prefix).unwrap_or(&e.message)
+                )
+            }
+            Some(Ok(text)) if !text.trim().is_empty() => {
+                format!("The agent on {host} stopped: {}", text.trim())
+            }
+            _ => format!("The agent on {host} stopped: {cause}"),
+        };
+        Error {
+            message,
+            hint: Some(
+                "run again; if it repeats, check the host's logs, or run `overlay agent` on that host by hand to see why".into(),
+            ),
+        }
+    }
+
+    /// Whether the agent or its connection died (see [`Watch::gone`]).
+    /// Takes none of its output.
+    pub fn gone(&self) -> Option<String> {
+        self.pipe.as_ref().and_then(|p| p.watch.gone())
+    }
+
+    /// The agent died, as [`Client::gone`] or another thread found: end the
+    /// connection and say how it ended.
+    pub fn dead(&mut self) -> Error {
+        let cause = self.gone().unwrap_or_else(|| "it stopped".into());
+        self.died(&cause)
+    }
+
+    /// A handle on this agent for another thread, while this one waits on
+    /// something else.
+    pub fn watch(&self) -> Option<Watch> {
+        self.pipe.as_ref().map(|p| p.watch.clone())
+    }
+
+    /// Whether the agent or its connection died during this conversation.
+    pub fn lost(&self) -> bool {
+        self.lost
     }
 
     /// Scan the venv.
@@ -259,10 +303,8 @@ impl Client {
         match read_any::<Response>(&mut self.pipe()?.reader) {
             Ok(Some(Frame::Msg(Response::Error(e)))) => Err(on_host(e, &host)),
             Ok(Some(f)) => Ok(f),
-            Ok(None) => Err(err!(
-                hint = "run again; if it repeats, check the host's logs",
-                "The agent on {host} stopped in the middle of a stream"
-            )),
+            Ok(None) => Err(self.died("it stopped in the middle of a stream")),
+            Err(e) if self.gone().is_some() => Err(self.died(&e.message)),
             Err(e) => Err(on_host(e, &host)),
         }
     }
@@ -295,13 +337,8 @@ impl Client {
 
     /// Relay raw stream bytes to this agent.
     pub fn write_data(&mut self, bytes: &[u8]) -> Result<()> {
-        let host = self.host.clone();
-        write_data(&mut self.pipe()?.writer, bytes).map_err(|e| {
-            err!(
-                hint = "the agent or the connection died; run `overlay apply` again (an unfinished generation is rolled back first)",
-                "Lost the connection to the agent on {host}: {e}"
-            )
-        })
+        let r = write_data(&mut self.pipe()?.writer, bytes);
+        r.map_err(|e| self.died(&e.to_string()))
     }
 
     /// Wait for the answer to an earlier `request`.

@@ -602,8 +602,12 @@ fn with_progress<T: Send>(
                 total_files: counters.total_files.load(Ordering::Relaxed),
                 total_bytes: counters.total_bytes.load(Ordering::Relaxed),
             };
-            write_frame(output, &Response::Progress(p))
-                .map_err(|e| err!("agent: cannot write to the controller: {e}"))?;
+            if let Err(e) = write_frame(output, &Response::Progress(p)) {
+                // The controller is gone: a stream it asked for stops (the
+                // scope still waits for the worker to return).
+                counters.cancel.store(true, Ordering::Relaxed);
+                return Err(err!("agent: cannot write to the controller: {e}"));
+            }
         }
         handle
             .join()

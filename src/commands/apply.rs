@@ -203,7 +203,9 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         resume: false,
         same_owner: args.same_owner,
     };
-    let (generation, recovered) = match dst.call(&Request::Prepare(Box::new(req)), &mut |_| {})? {
+    let prepared = dst.call(&Request::Prepare(Box::new(req)), &mut |_| {});
+    let prepared = prepared.map_err(|e| fate(e, dst.lost(), Phase::Prepare, &tname, ""))?;
+    let (generation, recovered) = match prepared {
         Response::Prepared {
             generation,
             recovered,
@@ -235,6 +237,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             Some(dest) => Route::Direct {
                 dest,
                 generation: &generation,
+                timeout: opts.timeout.as_secs(),
             },
         };
         let result = stream(
@@ -251,25 +254,37 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
                 raw = r;
                 sent = s;
             }
-            Err(e) => {
-                let _ = dst.call(&Request::Abort, &mut |_| {});
-                return Err(e);
+            Err((e, died)) => {
+                if dst.lost() {
+                    return Err(fate(e, dst.lost(), Phase::Stream, &tname, &generation));
+                }
+                // The target is still there: it discards the generation now.
+                let aborted = dst.call(&Request::Abort, &mut |_| {});
+                if !died {
+                    return Err(e);
+                }
+                return Err(match aborted {
+                    Ok(Response::Aborted) => fate(e, dst.lost(), Phase::Aborted, &tname, &generation),
+                    _ => fate(e, dst.lost(), Phase::Stream, &tname, &generation),
+                });
             }
         }
     }
     timing(&format!("stream and stage ({})", HumanBytes(sent)));
-    match dst.call(&Request::Switch, &mut |_| {})? {
+    let switched = dst.call(&Request::Switch, &mut |_| {});
+    match switched.map_err(|e| fate(e, dst.lost(), Phase::Switch, &tname, &generation))? {
         Response::Switched { .. } => {}
         other => return Err(err!("unexpected answer from {tname}: {other:?}")),
     }
     timing("switch and check");
-    match dst.call(
+    let committed = dst.call(
         &Request::Commit {
             keep_backup: args.backup,
             keep: args.keep,
         },
         &mut |_| {},
-    )? {
+    );
+    match committed.map_err(|e| fate(e, dst.lost(), Phase::Switch, &tname, &generation))? {
         Response::Committed { .. } => {}
         other => return Err(err!("unexpected answer from {tname}: {other:?}")),
     }
@@ -331,7 +346,8 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             }
         }
     }
-    dst.close()?;
+    dst.close()
+        .map_err(|e| fate(e, true, Phase::Applied, &tname, &generation))?;
     if args.backup && !rolled_back {
         status(
             global,
@@ -370,11 +386,92 @@ enum Route<'a> {
     Relay,
     /// `--direct`: the source streams straight to the target (see
     /// `overlay::transport::openssh`); this machine only follows the progress.
-    Direct { dest: &'a str, generation: &'a str },
+    Direct {
+        dest: &'a str,
+        generation: &'a str,
+        /// The source's connect timeout to the target, in seconds.
+        timeout: u64,
+    },
 }
 
+/// Where the apply stood when a host died: what the target is left with,
+/// and what to run next.
+#[derive(Clone, Copy)]
+enum Phase {
+    /// Before the generation was opened.
+    Prepare,
+    /// While the files were streaming (the target did not abort).
+    Stream,
+    /// While the files were streaming; the target then discarded the generation.
+    Aborted,
+    /// Switch or commit asked for, not answered.
+    Switch,
+    /// Committed; the goodbye failed.
+    Applied,
+}
+
+/// An error of the apply, told with where it left the target when it says
+/// an agent or its connection died (`lost`: the target's, or [`Phase::Aborted`]
+/// for a source that died). Other errors are returned as they are.
+fn fate(
+    e: overlay::error::Error,
+    lost: bool,
+    phase: Phase,
+    tname: &str,
+    generation: &str,
+) -> overlay::error::Error {
+    if !lost && !matches!(phase, Phase::Aborted) {
+        return e;
+    }
+    let (state, hint) = match phase {
+        Phase::Prepare => (
+            format!("nothing on {tname} was changed"),
+            "run `overlay apply` again (a generation it may have opened is discarded first)".to_string(),
+        ),
+        Phase::Stream => (
+            format!(
+                "the files were still streaming, so nothing on {tname} was changed; the next overlay command there discards generation {generation}"
+            ),
+            "run `overlay apply` again".to_string(),
+        ),
+        Phase::Aborted => (
+            format!(
+                "the files were still streaming, so nothing on {tname} was changed; it discarded generation {generation}"
+            ),
+            "run `overlay apply` again".to_string(),
+        ),
+        Phase::Switch => (
+            format!(
+                "the switch of generation {generation} on {tname} was interrupted; the next overlay command there rolls it back from its journal"
+            ),
+            format!(
+                "run `overlay history {tname}` to roll it back and see where it stands, or `overlay apply --resume` to complete it"
+            ),
+        ),
+        Phase::Applied => (
+            format!("generation {generation} was applied on {tname}"),
+            format!("roll it back with `overlay rollback {tname}` if it should not stay"),
+        ),
+    };
+    overlay::error::Error {
+        message: format!("{}; {state}", e.message),
+        hint: Some(hint),
+    }
+}
+
+/// How often the target is looked at while this thread waits on the source.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Have the source stream `files` into the target's staging by `route`.
-/// Returns the bytes of files and the bytes sent.
+/// Returns the bytes of files and the bytes sent; an error says whether an
+/// agent (or its connection) died: the source's (then named in the error)
+/// or the target's (then `dst.lost()`).
+///
+/// While this thread waits on the source, another looks at the target (over
+/// `--direct` the controller reads nothing from it until the source is
+/// done): if it dies, the source's connection is cut, which ends the wait
+/// and tells the source agent to stop. A source that dies ends the wait by
+/// itself (its channel ends); the caller then tells the target to abort.
 fn stream(
     global: &GlobalArgs,
     plan: &Plan,
@@ -383,9 +480,72 @@ fn stream(
     files: Vec<SendFile>,
     compression: Compression,
     route: Route<'_>,
+) -> std::result::Result<(u64, u64), (overlay::error::Error, bool)> {
+    let sname = plan.source.name.clone();
+    let mut src =
+        Client::connect(&sname, &endpoint(&plan.source.ssh), opts).map_err(|e| (e, false))?;
+    let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
+        return Err((err!("The agent on {} is gone", plan.target.name), dst.lost()));
+    };
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let dst_died = std::sync::atomic::AtomicBool::new(false);
+    let result = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            use std::sync::atomic::Ordering::Relaxed;
+            while !done.load(Relaxed) {
+                if dst_watch.gone().is_some() {
+                    dst_died.store(true, Relaxed);
+                    src_watch.cut();
+                    break;
+                }
+                std::thread::sleep(WATCH_EVERY);
+            }
+        });
+        let r = relay(global, plan, dst, &mut src, files, compression, route);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    });
+    match result {
+        Ok(r) => {
+            // Everything was sent and staged: a source that fails its
+            // goodbye still fails the apply, which the target then aborts.
+            src.close().map_err(|e| (e, true))?;
+            Ok(r)
+        }
+        Err(e) => {
+            if dst_died.load(std::sync::atomic::Ordering::Relaxed) || dst.lost() {
+                // The target died: say how (it is gone, so this does not
+                // wait); the source, whose connection is (now) cut, is left
+                // to stop by itself.
+                let e = if dst.lost() { e } else { dst.dead() };
+                if let Some(w) = src.watch() {
+                    w.cut();
+                }
+                return Err((e, true));
+            }
+            let died = src.lost();
+            Err((e, died))
+        }
+    }
+}
+
+/// The stream itself, on this thread: start it on the source (and, relayed,
+/// on the target), then follow the source's frames until it has sent
+/// everything, and have the target confirm what it staged.
+fn relay(
+    global: &GlobalArgs,
+    plan: &Plan,
+    dst: &mut Client,
+    src: &mut Client,
+    files: Vec<SendFile>,
+    compression: Compression,
+    route: Route<'_>,
 ) -> Result<(u64, u64)> {
     let sname = plan.source.name.clone();
-    let mut src = Client::connect(&sname, &endpoint(&plan.source.ssh), opts)?;
+    let opts_timeout = match &route {
+        Route::Direct { timeout, .. } => *timeout,
+        Route::Relay => 0,
+    };
     let venv = plan.source.venv.clone();
     let shebang = Some(ShebangRewrite {
         from: plan.source.venv.clone(),
@@ -402,7 +562,9 @@ fn stream(
             })?;
             dst.request(&Request::Stage)?;
         }
-        Route::Direct { dest, generation } => src.request(&Request::SendDirect {
+        Route::Direct {
+            dest, generation, ..
+        } => src.request(&Request::SendDirect {
             venv,
             files,
             shebang,
@@ -411,7 +573,7 @@ fn stream(
             agent: dst.agent_exe().to_string(),
             target_venv: plan.target.venv.clone(),
             generation: generation.to_string(),
-            connect_timeout_secs: opts.timeout.as_secs(),
+            connect_timeout_secs: opts_timeout,
         })?,
     }
     let bars = HashBars::new(global.quiet);
@@ -464,7 +626,6 @@ fn stream(
             ));
         }
     }
-    src.close()?;
     Ok((raw, compressed))
 }
 

@@ -4,6 +4,7 @@
 
 use std::io::Read;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 use crate::err;
 use crate::error::Result;
@@ -42,21 +43,60 @@ pub fn spawn(host: &str, mut cmd: Command) -> Result<super::AgentPipe> {
         text
     });
     let host = host.to_string();
+    let pid = child.id();
+    let child = Arc::new(Mutex::new(child));
+    let (probe, cut) = (child.clone(), child.clone());
     Ok(super::AgentPipe {
         reader: Box::new(reader),
         writer: Box::new(writer),
         finish: Box::new(move || {
             let status = child
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
                 .wait()
                 .map_err(|e| err!("Failed to wait for the agent on {host}: {e}"))?;
             let text = drain.join().unwrap_or_default();
             if !status.success() {
+                let text = text.trim();
                 return Err(err!(
-                    "The agent on {host} exited with {status}: {}",
-                    text.trim()
+                    "The agent on {host} {}{}{text}",
+                    ended(status),
+                    if text.is_empty() { "" } else { ": " }
                 ));
             }
             Ok(text)
         }),
+        watch: super::Watch::new(
+            move || {
+                // `finish` holds the child while it waits: then nobody needs to know.
+                let mut c = probe.try_lock().ok()?;
+                match c.try_wait() {
+                    Ok(Some(status)) => Some(ended(status)),
+                    Ok(None) => None,
+                    Err(e) => Some(format!("cannot be waited for: {e}")),
+                }
+            },
+            move || match cut.try_lock() {
+                Ok(mut c) => {
+                    let _ = c.kill();
+                }
+                // `finish` is waiting for it, so it is not reaped yet.
+                Err(_) => {
+                    // SAFETY: plain kill(2) of our own child.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                }
+            },
+        ),
     })
+}
+
+/// How a child ended, as the end of "The agent on HOST ...".
+fn ended(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (_, Some(sig)) => format!("was killed by signal {}", super::signal_number(sig)),
+        (Some(0), _) => "exited".into(),
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, None) => format!("exited with {status}"),
+    }
 }

@@ -12,6 +12,7 @@ pub mod openssh;
 pub mod ssh;
 
 use std::io::{Read, Write};
+use std::sync::Arc;
 
 use crate::error::Result;
 
@@ -40,8 +41,87 @@ pub struct AgentPipe {
     /// Called after the client said goodbye; waits for the agent to exit and
     /// returns anything it wrote on stderr.
     pub finish: Box<dyn FnOnce() -> Result<String> + Send>,
+    /// Looks after the agent from another thread (see [`Watch`]).
+    pub watch: Watch,
 }
 
+/// A handle on a running agent that another thread may hold: it tells,
+/// without reading anything the agent sent or waiting, whether the agent is
+/// known to be gone, and it can cut the connection so that whatever waits on
+/// the agent (a read, a write, `finish`) returns at once with an error.
+///
+/// The controller keeps one on each host while a stream runs, so that a
+/// wait on one host never outlives the agent at the other end
+/// (docs/design.md, "A dead peer is noticed").
+#[derive(Clone)]
+pub struct Watch {
+    gone: Arc<dyn Fn() -> Option<String> + Send + Sync>,
+    cut: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Watch {
+    pub fn new(
+        gone: impl Fn() -> Option<String> + Send + Sync + 'static,
+        cut: impl Fn() + Send + Sync + 'static,
+    ) -> Watch {
+        Watch {
+            gone: Arc::new(gone),
+            cut: Arc::new(cut),
+        }
+    }
+
+    /// What ended the agent or its connection ("was killed by signal 9
+    /// (KILL)", "closed the connection", ...), once that is known; `None`
+    /// while it may still be running.
+    pub fn gone(&self) -> Option<String> {
+        (self.gone)()
+    }
+
+    /// Drop the connection to the agent without waiting for anything: the
+    /// agent sees its input end (and, over SSH, its session close); a local
+    /// agent is killed.
+    pub fn cut(&self) {
+        (self.cut)()
+    }
+}
+
+/// Signals by the name SSH reports (without `SIG`) and number (Linux).
+const SIGNALS: &[(&str, i32)] = &[
+    ("HUP", 1),
+    ("INT", 2),
+    ("QUIT", 3),
+    ("ILL", 4),
+    ("TRAP", 5),
+    ("ABRT", 6),
+    ("BUS", 7),
+    ("FPE", 8),
+    ("KILL", 9),
+    ("USR1", 10),
+    ("SEGV", 11),
+    ("USR2", 12),
+    ("PIPE", 13),
+    ("ALRM", 14),
+    ("TERM", 15),
+    ("XCPU", 24),
+    ("XFSZ", 25),
+];
+
+/// How a signal that ended an agent is named in messages: `9 (KILL)`,
+/// from the name SSH reports.
+pub fn signal_name(name: &str) -> String {
+    match SIGNALS.iter().find(|(n, _)| *n == name) {
+        Some((n, num)) => format!("{num} ({n})"),
+        None => name.to_string(),
+    }
+}
+
+/// The same from a signal number (the local transport).
+pub fn signal_number(num: i32) -> String {
+    match SIGNALS.iter().find(|(_, n)| *n == num) {
+        Some((name, _)) => format!("{num} ({name})"),
+        None => num.to_string(),
+    }
+}
 /// Where a host lives, as written in the manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {

@@ -65,13 +65,19 @@ const READ_SLICE_MS: u32 = 2;
 const WRITE_SLICE_MS: u32 = 20;
 /// How long a waiting reader or writer sleeps on the socket between attempts.
 const IDLE_POLL_MS: i32 = 50;
-/// TCP keepalive and user timeout, so a vanished host ends a connection
-/// that waits on an agent hashing for minutes. (libssh2's own keepalive is
-/// not used: a partly sent keepalive packet can wedge the session.)
-const TCP_KEEPIDLE_SECS: i32 = 30;
-const TCP_KEEPINTVL_SECS: i32 = 10;
-const TCP_KEEPCNT: i32 = 6;
-const TCP_USER_TIMEOUT_MS: i32 = 120_000;
+/// TCP keepalive and user timeout, so that a host or network that goes
+/// silent ends the connection within about 30 s, even while it waits on an
+/// agent hashing for minutes (the peer's kernel answers the probes, so a
+/// busy agent is never taken for a dead one). libssh2's own keepalive is not
+/// used: it is a packet like any other, sent under the session lock by
+/// whichever thread holds it, and one left half-sent when that call gives
+/// up wedges the session; the kernel's probes need no thread and no lock.
+/// A dead agent or sshd is seen sooner, from the channel itself (see
+/// [`gone`]). docs/design.md, "A dead peer is noticed".
+const TCP_KEEPIDLE_SECS: i32 = 10;
+const TCP_KEEPINTVL_SECS: i32 = 5;
+const TCP_KEEPCNT: i32 = 4;
+const TCP_USER_TIMEOUT_MS: i32 = 30_000;
 
 // ---------------------------------------------------------------------------
 // Public API
@@ -1556,6 +1562,8 @@ struct Conn {
     channel: Channel,
     fd: RawFd,
     eof_sent: bool,
+    /// The connection was cut ([`super::Watch::cut`]): every call fails.
+    cut: bool,
 }
 
 type Shared = Arc<Mutex<Conn>>;
@@ -1582,11 +1590,24 @@ fn exec_agent(who: Who<'_>, conn: Connected, remote: &str) -> Result<AgentPipe> 
         channel,
         fd,
         eof_sent: false,
+        cut: false,
     }));
     let host = who.to_string();
     let remote = remote.to_string();
     let fin = shared.clone();
+    let (probe, cut) = (shared.clone(), shared.clone());
+    let watch = super::Watch::new(
+        move || gone(&mut probe.lock().unwrap_or_else(|p| p.into_inner())),
+        move || {
+            // Wakes a reader or writer waiting on the socket at once (their
+            // next libssh2 call fails), and sshd sees the connection end.
+            // SAFETY: the session, which owns the socket, lives in `cut`.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            cut.lock().unwrap_or_else(|p| p.into_inner()).cut = true;
+        },
+    );
     Ok(AgentPipe {
+        watch,
         reader: Box::new(PipeReader {
             shared: shared.clone(),
         }),
@@ -1631,7 +1652,15 @@ impl Write for PipeWriter {
                     "the agent's input is already closed",
                 ));
             }
-            c.channel.write(buf)
+            match c.channel.write(buf) {
+                // No room in the channel's window, or in the socket. libssh2
+                // would wait for a window that a channel whose agent died
+                // never opens again (it ignores the channel's close here),
+                // so look: is the agent still there?
+                Ok(0) => Err(blocked_write(c)),
+                Err(e) if is_transient(&e) => Err(blocked_write(c)),
+                r => r,
+            }
         })
     }
 
@@ -1648,6 +1677,47 @@ impl Drop for PipeWriter {
     /// the session; a dead peer ends it through the TCP timeouts.)
     fn drop(&mut self) {
         let _ = send_eof(&self.shared);
+    }
+}
+
+/// A write that cannot go on now: `WouldBlock` (wait and try again) while
+/// the agent may still read it, `BrokenPipe` once it is gone.
+fn blocked_write(c: &mut Conn) -> io::Error {
+    match gone(c) {
+        Some(how) => io::Error::new(io::ErrorKind::BrokenPipe, format!("the agent {how}")),
+        None => io::ErrorKind::WouldBlock.into(),
+    }
+}
+
+/// Whether the agent at the other end is gone, without taking any of its
+/// output: `Some(how)` ("was killed by signal 9 (KILL)") once sshd reported
+/// its death or the end of its output, or the connection failed; `None`
+/// while it may still run. Reads what has arrived on the socket (into
+/// libssh2's queues), never waits.
+fn gone(c: &mut Conn) -> Option<String> {
+    if c.cut {
+        return Some("was cut off".into());
+    }
+    if let Ok(s) = c.channel.exit_signal()
+        && let Some(sig) = s.exit_signal
+    {
+        return Some(format!(
+            "was killed by signal {}",
+            super::signal_name(&sig)
+        ));
+    }
+    // `eof()` hides an EOF behind unread output; wait_eof, non-blocking,
+    // pumps the transport and looks at the flag itself.
+    c.session.set_blocking(false);
+    let r = c.channel.wait_eof();
+    c.session.set_blocking(true);
+    match r {
+        Ok(()) => Some(match c.channel.exit_status() {
+            Ok(status) if status != 0 => format!("exited with status {status}"),
+            _ => "closed the connection".into(),
+        }),
+        Err(e) if e.code() == ErrorCode::Session(libssh2_sys_codes::EAGAIN) => None,
+        Err(e) => Some(format!("lost the connection ({})", e.message())),
     }
 }
 
@@ -1673,6 +1743,12 @@ fn with_conn<T>(
     loop {
         let (fd, dirs) = {
             let mut c = shared.lock().unwrap_or_else(|p| p.into_inner());
+            if c.cut {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the connection was cut",
+                ));
+            }
             c.session.set_timeout(slice_ms);
             match f(&mut c) {
                 Err(e) if is_transient(&e) => (c.fd, c.session.block_directions()),
@@ -1845,7 +1921,8 @@ fn finish(shared: &Shared, who: &str, remote: &str) -> Result<String> {
     if let Some(sig) = signal {
         return Err(err!(
             hint = "check the host's logs (out of memory?) and run again",
-            "The agent on {who} was killed by signal {sig}{}{detail}",
+            "The agent on {who} was killed by signal {}{}{detail}",
+            super::signal_name(&sig),
             if detail.is_empty() { "" } else { ": " }
         ));
     }
@@ -2497,6 +2574,7 @@ int main(int argc, char **argv) {
             mut reader,
             mut writer,
             finish,
+            ..
         } = pipe;
         let waiting = std::thread::spawn(move || {
             let mut buf = vec![0u8; 1000];
@@ -2544,6 +2622,7 @@ int main(int argc, char **argv) {
             reader,
             mut writer,
             finish,
+            ..
         } = pipe;
         writer.write_all(b"X please fail").unwrap();
         drop(writer);
