@@ -1963,6 +1963,7 @@ mod tests {
             changes,
             backup: true,
             resume: false,
+            same_owner: false,
         }
     }
 

@@ -230,6 +230,7 @@ mod tests {
             changes,
             backup: false,
             resume: false,
+            same_owner: false,
         }
     }
 
