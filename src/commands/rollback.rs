@@ -148,6 +148,14 @@ pub fn history(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
             overlay::text::quote(&g.source)
         );
     }
+    for g in &generations {
+        if let Some(why) = &g.damaged {
+            status(
+                global,
+                &format!("{name}: generation {} is damaged: {why}", g.id),
+            );
+        }
+    }
     if generations.is_empty() {
         status(global, &format!("No generations on {name} ({venv})"));
     }
