@@ -829,8 +829,11 @@ pub fn stat(
             HashMode::None => crate::hashcache::HashCache::disabled(),
             _ => crate::hashcache::HashCache::open(&venv.root),
         });
+        // Jobs of at least 256 consecutive paths: each reuses its open
+        // directory chain (a job that starts mid-directory reopens it).
         let probed: Result<Vec<Probed>> = paths
             .par_iter()
+            .with_min_len(256)
             .map_init(
                 || Walker::new(root_fd),
                 |w, p| {
