@@ -5,7 +5,10 @@
 //! cross the network.
 //!
 //! Every path that comes from a RECORD, a glob or a request is checked
-//! lexically to stay inside the venv before it is touched.
+//! lexically to stay inside the venv before it is touched, and [`stat`]
+//! (with its hashing) reaches it from the venv root's fd without following
+//! a symlinked parent directory ([`Walker`]): what lies behind one is
+//! reported as [`Kind::ThroughSymlink`], never read.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
