@@ -5,7 +5,10 @@
 //! cross the network.
 //!
 //! Every path that comes from a RECORD, a glob or a request is checked
-//! lexically to stay inside the venv before it is touched.
+//! lexically to stay inside the venv before it is touched, and [`stat`]
+//! (with its hashing) reaches it from the venv root's fd without following
+//! a symlinked parent directory ([`Walker`]): what lies behind one is
+//! reported as [`Kind::ThroughSymlink`], never read.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
@@ -832,8 +835,11 @@ pub fn stat(
             HashMode::None => crate::hashcache::HashCache::disabled(),
             _ => crate::hashcache::HashCache::open(&venv.root),
         });
+        // Jobs of at least 256 consecutive paths: each reuses its open
+        // directory chain (a job that starts mid-directory reopens it).
         let probed: Result<Vec<Probed>> = paths
             .par_iter()
+            .with_min_len(256)
             .map_init(
                 || Walker::new(root_fd),
                 |w, p| {
