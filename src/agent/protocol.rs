@@ -37,9 +37,10 @@ pub trait Message: DeserializeOwned {
     const MAX: usize;
 }
 
-/// Requests, which agents read: a `Prepare` of 100,000 changes is about
-/// 35 MB of MessagePack, so 256 MiB leaves room for a very large venv and
-/// still bounds what a hostile sender can make an agent hold.
+/// Requests, which agents read: a `Prepare` of 100,000 changes is under
+/// 50 MB of MessagePack (473 bytes for a change with a 100-byte path and
+/// both sides hashed and stamped), so 256 MiB leaves room for a very large
+/// venv and still bounds what a hostile sender can make an agent hold.
 impl Message for Request {
     const MAX: usize = 256 << 20;
 }
@@ -921,6 +922,7 @@ mod tests {
             staged: None,
         };
         let one = rmp_serde::to_vec_named(&change).unwrap().len();
+        eprintln!("one change of a Prepare: {one} bytes");
         assert!(
             one * 100_000 < <Request as Message>::MAX / 4,
             "{one} bytes a change"
