@@ -1,6 +1,10 @@
 //! `overlay apply [PLAN]`: carry out a saved plan on its target, streaming
 //! the new files from its source through this controller, then switching
 //! them in through the target's journal.
+//!
+//! If an agent or its connection dies on either host, the apply stops at
+//! once (a thread watches the target while this one waits on the source)
+//! and the error says where the target stands and what to run next.
 
 use std::path::Path;
 use std::time::Instant;
@@ -263,7 +267,9 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
                     return Err(e);
                 }
                 return Err(match aborted {
-                    Ok(Response::Aborted) => fate(e, dst.lost(), Phase::Aborted, &tname, &generation),
+                    Ok(Response::Aborted) => {
+                        fate(e, dst.lost(), Phase::Aborted, &tname, &generation)
+                    }
                     _ => fate(e, dst.lost(), Phase::Stream, &tname, &generation),
                 });
             }
@@ -425,7 +431,8 @@ fn fate(
     let (state, hint) = match phase {
         Phase::Prepare => (
             format!("nothing on {tname} was changed"),
-            "run `overlay apply` again (a generation it may have opened is discarded first)".to_string(),
+            "run `overlay apply` again (a generation it may have opened is discarded first)"
+                .to_string(),
         ),
         Phase::Stream => (
             format!(
@@ -484,7 +491,10 @@ fn stream(
     let mut src =
         Client::connect(&sname, &endpoint(&plan.source.ssh), opts).map_err(|e| (e, false))?;
     let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
-        return Err((err!("The agent on {} is gone", plan.target.name), dst.lost()));
+        return Err((
+            err!("The agent on {} is gone", plan.target.name),
+            dst.lost(),
+        ));
     };
     let done = std::sync::atomic::AtomicBool::new(false);
     let dst_died = std::sync::atomic::AtomicBool::new(false);
