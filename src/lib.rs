@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod apply;
+pub mod beneath;
 pub mod error;
 pub mod hashcache;
 pub mod inventory;

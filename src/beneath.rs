@@ -1,0 +1,482 @@
+//! File-system operations that stay beneath one directory, made relative to
+//! directory fds at the moment they happen.
+//!
+//! A [`Beneath`] is an open directory (a venv root, a staging folder). Every
+//! path given to it is relative and normalized ([`normalize`]): no empty,
+//! `.` or `..` component, no leading `/`, no NUL. Its parent directories are
+//! opened one by one from the fd with `openat2(RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS)`, or, where the kernel lacks `openat2`, by a walk of
+//! `openat(O_NOFOLLOW | O_DIRECTORY)` per component; the last component is
+//! then acted on with the `*at` call (`renameat`, `mkdirat`, `unlinkat`,
+//! `symlinkat`, `openat(O_NOFOLLOW)`) from the parent's fd. So a symlink
+//! anywhere in the chain is refused when the write happens (`ELOOP`), not
+//! assumed absent since some earlier check, and nothing is ever created,
+//! changed or removed outside the directory, whatever the tree holds or
+//! another process does to it meanwhile.
+//!
+//! Errors are plain `io::Error`s with the OS code kept (callers name the
+//! host and path); a symlink or an escape in the chain is always `ELOOP`
+//! ([`is_refused`]).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Stat};
+use rustix::io::Errno;
+
+/// An open directory that every operation stays beneath.
+#[derive(Debug)]
+pub struct Beneath {
+    fd: OwnedFd,
+    /// For messages only; never used to reach a file.
+    path: PathBuf,
+}
+
+/// `rel` as a normalized relative path, or `None` if it is absolute, empty,
+/// has an empty, `.` or `..` component, or holds a NUL. The only rewrite is
+/// none: a path is either already normal or refused, so the same string is
+/// meant everywhere it travels.
+pub fn normalize(rel: &str) -> Option<&str> {
+    if rel.is_empty() || rel.contains('\0') || rel.starts_with('/') {
+        return None;
+    }
+    rel.split('/')
+        .all(|c| !c.is_empty() && c != "." && c != "..")
+        .then_some(rel)
+}
+
+/// Whether `e` is the refusal of a symlink (or an escape) in a path's chain.
+pub fn is_refused(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(Errno::LOOP.raw_os_error())
+}
+
+fn invalid(rel: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{rel:?} is not a plain relative path"),
+    )
+}
+
+fn refused() -> io::Error {
+    io::Error::from_raw_os_error(Errno::LOOP.raw_os_error())
+}
+
+/// 0: not tried yet, 1: `openat2` works, 2: use the component walk.
+static OPENAT2: AtomicU8 = AtomicU8::new(0);
+
+const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// Open the directory `rel` (normalized, non-empty) beneath `fd`.
+fn open_dir_at(fd: BorrowedFd<'_>, rel: &str) -> io::Result<OwnedFd> {
+    if OPENAT2.load(Ordering::Relaxed) != 2 {
+        let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        for _ in 0..16 {
+            match rustix::fs::openat2(fd, rel, DIR_FLAGS, Mode::empty(), how) {
+                Ok(d) => {
+                    OPENAT2.store(1, Ordering::Relaxed);
+                    return Ok(d);
+                }
+                // A rename elsewhere raced the lookup: try again.
+                Err(Errno::AGAIN) => continue,
+                Err(Errno::XDEV | Errno::LOOP) => return Err(refused()),
+                // A symlink or a file in the chain: the walk below tells which.
+                Err(Errno::NOTDIR) => return walk(fd, rel),
+                Err(Errno::NOSYS | Errno::PERM) if OPENAT2.load(Ordering::Relaxed) == 0 => {
+                    OPENAT2.store(2, Ordering::Relaxed);
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if OPENAT2.load(Ordering::Relaxed) != 2 {
+            return Err(Errno::AGAIN.into());
+        }
+    }
+    walk(fd, rel)
+}
+
+/// [`open_dir_at`] by `openat(O_NOFOLLOW | O_DIRECTORY)`, one component at a time.
+fn walk(fd: BorrowedFd<'_>, rel: &str) -> io::Result<OwnedFd> {
+    let mut cur: Option<OwnedFd> = None;
+    for part in rel.split('/') {
+        let base = cur.as_ref().map_or(fd, |c| c.as_fd());
+        let next = match rustix::fs::openat(base, part, DIR_FLAGS, Mode::empty()) {
+            Ok(d) => d,
+            Err(Errno::LOOP) => return Err(refused()),
+            Err(Errno::NOTDIR) => {
+                // A symlink (to anything) or a file in the chain.
+                return match rustix::fs::statat(base, part, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink() => {
+                        Err(refused())
+                    }
+                    _ => Err(Errno::NOTDIR.into()),
+                };
+            }
+            Err(e) => return Err(e.into()),
+        };
+        cur = Some(next);
+    }
+    cur.ok_or_else(|| invalid(rel))
+}
+
+/// Split a normalized path into its parent (`""` for the top) and name.
+fn split(rel: &str) -> (&str, &str) {
+    match rel.rfind('/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => ("", rel),
+    }
+}
+
+impl Beneath {
+    /// Open the directory at `path` (an absolute path the caller trusts:
+    /// the venv root, as canonicalized). Everything after goes through the fd.
+    pub fn open(path: &Path) -> io::Result<Beneath> {
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Beneath {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The directory's path, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `rel` joined to the directory's path, for messages.
+    pub fn shown(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            self.path.clone()
+        } else {
+            self.path.join(rel)
+        }
+    }
+
+    fn check<'a>(&self, rel: &'a str) -> io::Result<&'a str> {
+        normalize(rel).ok_or_else(|| invalid(rel))
+    }
+
+    /// The directory `rel` beneath this one (`""`: this one again).
+    pub fn dir(&self, rel: &str) -> io::Result<Beneath> {
+        let fd = if rel.is_empty() {
+            self.fd.try_clone()?
+        } else {
+            open_dir_at(self.fd.as_fd(), self.check(rel)?)?
+        };
+        Ok(Beneath {
+            fd,
+            path: self.shown(rel),
+        })
+    }
+
+    /// The parent directory of `rel`, opened now, and `rel`'s last component.
+    fn parent<'a>(&self, rel: &'a str) -> io::Result<(OwnedFd, &'a str)> {
+        let (parent, name) = split(self.check(rel)?);
+        let fd = if parent.is_empty() {
+            self.fd.try_clone()?
+        } else {
+            open_dir_at(self.fd.as_fd(), parent)?
+        };
+        Ok((fd, name))
+    }
+
+    /// `lstat` of `rel`; `None` if it (or a parent) does not exist.
+    pub fn lstat(&self, rel: &str) -> io::Result<Option<Stat>> {
+        if rel.is_empty() {
+            return rustix::fs::fstat(&self.fd).map(Some).map_err(Into::into);
+        }
+        let (fd, name) = match self.parent(rel) {
+            Ok(p) => p,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// What `rel` is now, without following a symlink at its end.
+    pub fn kind(&self, rel: &str) -> io::Result<Option<rustix::fs::FileType>> {
+        Ok(self
+            .lstat(rel)?
+            .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode)))
+    }
+
+    /// Whether anything (a file, a symlink, a directory) is at `rel`.
+    /// A symlink or a file in the parent chain counts as absent there.
+    pub fn exists(&self, rel: &str) -> bool {
+        matches!(self.lstat(rel), Ok(Some(_)))
+    }
+
+    /// Create the directory `rel` (its parent must exist).
+    pub fn create_dir(&self, rel: &str, mode: u32) -> io::Result<()> {
+        let (fd, name) = self.parent(rel)?;
+        rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(mode)).map_err(Into::into)
+    }
+
+    /// Create `rel` and its missing parents, each with `mode`; existing
+    /// directories are kept (a symlink in the chain is refused).
+    pub fn create_dir_all(&self, rel: &str, mode: u32) -> io::Result<()> {
+        let rel = self.check(rel)?;
+        let mut cur = self.fd.try_clone()?;
+        for part in rel.split('/') {
+            match rustix::fs::mkdirat(&cur, part, Mode::from_raw_mode(mode)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+            cur = open_dir_at(cur.as_fd(), part)?;
+        }
+        Ok(())
+    }
+
+    /// Remove the file or symlink `rel`.
+    pub fn remove_file(&self, rel: &str) -> io::Result<()> {
+        let (fd, name) = self.parent(rel)?;
+        rustix::fs::unlinkat(&fd, name, AtFlags::empty()).map_err(Into::into)
+    }
+
+    /// Remove the empty directory `rel`.
+    pub fn remove_dir(&self, rel: &str) -> io::Result<()> {
+        let (fd, name) = self.parent(rel)?;
+        rustix::fs::unlinkat(&fd, name, AtFlags::REMOVEDIR).map_err(Into::into)
+    }
+
+    /// Rename `from` (beneath `self`) to `to` (beneath `dest`); both
+    /// parents are opened now, and the rename itself never follows a link.
+    pub fn rename(&self, from: &str, dest: &Beneath, to: &str) -> io::Result<()> {
+        let (from_fd, from_name) = self.parent(from)?;
+        let (to_fd, to_name) = dest.parent(to)?;
+        rustix::fs::renameat(&from_fd, from_name, &to_fd, to_name).map_err(Into::into)
+    }
+
+    /// Rename `from` to `to` only if nothing is at `to` (`EEXIST` otherwise).
+    pub fn rename_noreplace(&self, from: &str, dest: &Beneath, to: &str) -> io::Result<()> {
+        let (from_fd, from_name) = self.parent(from)?;
+        let (to_fd, to_name) = dest.parent(to)?;
+        rustix::fs::renameat_with(
+            &from_fd,
+            from_name,
+            &to_fd,
+            to_name,
+            rustix::fs::RenameFlags::NOREPLACE,
+        )
+        .map_err(Into::into)
+    }
+
+    /// Create the symlink `rel` pointing at `target` (stored as is; never followed here).
+    pub fn symlink(&self, target: &str, rel: &str) -> io::Result<()> {
+        let (fd, name) = self.parent(rel)?;
+        rustix::fs::symlinkat(target, &fd, name).map_err(Into::into)
+    }
+
+    /// The target of the symlink `rel`.
+    pub fn read_link(&self, rel: &str) -> io::Result<String> {
+        let (fd, name) = self.parent(rel)?;
+        let t = rustix::fs::readlinkat(&fd, name, Vec::new())?;
+        Ok(t.to_string_lossy().into_owned())
+    }
+
+    /// Create the new file `rel` for writing, with `mode` (never an existing
+    /// file, never through a symlink).
+    pub fn create_new(&self, rel: &str, mode: u32) -> io::Result<File> {
+        let (fd, name) = self.parent(rel)?;
+        let f = rustix::fs::openat(
+            &fd,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )?;
+        Ok(File::from(f))
+    }
+
+    /// Open the file `rel` for reading; a symlink at its end is refused (`ELOOP`).
+    pub fn open_read(&self, rel: &str) -> io::Result<File> {
+        let (fd, name) = self.parent(rel)?;
+        let f = rustix::fs::openat(
+            &fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
+            Mode::empty(),
+        )?;
+        Ok(File::from(f))
+    }
+
+    /// Read the whole file `rel` (no symlinks), at most `limit` bytes.
+    pub fn read(&self, rel: &str, limit: u64) -> io::Result<Vec<u8>> {
+        use std::io::Read;
+        let f = self.open_read(rel)?;
+        let mut out = Vec::new();
+        f.take(limit + 1).read_to_end(&mut out)?;
+        if out.len() as u64 > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("larger than {limit} bytes"),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Whether the directory `rel` has no entries.
+    pub fn is_empty_dir(&self, rel: &str) -> io::Result<bool> {
+        let d = self.dir(rel)?;
+        let mut dir = rustix::fs::Dir::read_from(&d.fd)?;
+        for e in dir.by_ref() {
+            let e = e?;
+            let n = e.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The names in directory `rel` (without `.` and `..`).
+    pub fn list(&self, rel: &str) -> io::Result<Vec<String>> {
+        let d = self.dir(rel)?;
+        let mut dir = rustix::fs::Dir::read_from(&d.fd)?;
+        let mut out = Vec::new();
+        for e in dir.by_ref() {
+            let e = e?;
+            let n = e.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                out.push(String::from_utf8_lossy(n).into_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Make this directory's entries durable.
+    pub fn sync(&self) -> io::Result<()> {
+        rustix::fs::fsync(&self.fd).map_err(Into::into)
+    }
+
+    /// Replace the file `rel` durably: write a temporary file beside it
+    /// (`mode`), fsync it, rename it over `rel`, fsync the directory. A
+    /// crash leaves either the old file or the new one, never a torn one.
+    pub fn write_atomic(&self, rel: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
+        use std::io::Write;
+        let (parent, name) = split(self.check(rel)?);
+        let dir = self.dir(parent)?;
+        let tmp = format!(".{name}.tmp{}", std::process::id());
+        let _ = rustix::fs::unlinkat(&dir.fd, tmp.as_str(), AtFlags::empty());
+        let written = (|| -> io::Result<()> {
+            let mut f = dir.create_new(&tmp, mode)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            rustix::fs::renameat(&dir.fd, tmp.as_str(), &dir.fd, name)?;
+            Ok(())
+        })();
+        if written.is_err() {
+            let _ = rustix::fs::unlinkat(&dir.fd, tmp.as_str(), AtFlags::empty());
+        }
+        written?;
+        dir.sync()
+    }
+}
+
+impl AsFd for Beneath {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn tree() -> (tempfile::TempDir, Beneath, PathBuf) {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("venv");
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(root.join("pkg/sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("x"), b"outside").unwrap();
+        symlink(&outside, root.join("pkg/evil")).unwrap();
+        symlink("../../outside", root.join("pkg/rel")).unwrap();
+        std::fs::write(root.join("pkg/sub/a"), b"a").unwrap();
+        let b = Beneath::open(&root).unwrap();
+        (t, b, outside)
+    }
+
+    #[test]
+    fn paths_are_normal_or_refused() {
+        for bad in ["", "/a", "a//b", "a/./b", "a/../b", "..", ".", "a/", "a\0b"] {
+            assert_eq!(normalize(bad), None, "{bad:?}");
+        }
+        for good in ["a", "a/b", ".overlay/x", "a/..b/c", "...", "a b/c\nd"] {
+            assert_eq!(normalize(good), Some(good));
+        }
+    }
+
+    #[test]
+    fn nothing_goes_through_a_symlinked_parent() {
+        let (_t, b, outside) = tree();
+        for link in ["pkg/evil", "pkg/rel"] {
+            let x = format!("{link}/x");
+            let y = format!("{link}/y");
+            let e = b.create_new(&y, 0o600).unwrap_err();
+            assert!(is_refused(&e), "{e:?}");
+            assert!(is_refused(&b.open_read(&x).unwrap_err()));
+            assert!(is_refused(&b.remove_file(&x).unwrap_err()));
+            assert!(is_refused(&b.create_dir(&y, 0o700).unwrap_err()));
+            assert!(is_refused(
+                &b.create_dir_all(&format!("{y}/z"), 0o700).unwrap_err()
+            ));
+            assert!(is_refused(&b.rename("pkg/sub/a", &b, &y).unwrap_err()));
+            assert!(is_refused(&b.symlink("t", &y).unwrap_err()));
+            assert!(is_refused(&b.write_atomic(&y, b"no", 0o600).unwrap_err()));
+            assert!(b.lstat(&x).is_err());
+            assert!(!b.exists(&x));
+        }
+        // A symlink at the end is an entry of its own: read as such, moved as such.
+        assert!(is_refused(&b.open_read("pkg/evil").unwrap_err()));
+        assert!(b.kind("pkg/evil").unwrap().unwrap().is_symlink());
+        b.rename("pkg/evil", &b, "pkg/moved").unwrap();
+        assert_eq!(std::fs::read(outside.join("x")).unwrap(), b"outside");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn the_component_walk_refuses_the_same() {
+        let (_t, b, _) = tree();
+        let saved = OPENAT2.swap(2, Ordering::Relaxed);
+        let r = b.create_new("pkg/evil/y", 0o600).unwrap_err();
+        let r2 = b.create_new("pkg/sub/a/y", 0o600).unwrap_err();
+        let ok = b.create_new("pkg/sub/new", 0o600);
+        OPENAT2.store(saved, Ordering::Relaxed);
+        assert!(is_refused(&r), "{r}");
+        assert!(!is_refused(&r2), "a file in the chain is ENOTDIR: {r2}");
+        ok.unwrap();
+    }
+
+    #[test]
+    fn atomic_writes_replace_whole_files() {
+        let (_t, b, _) = tree();
+        b.create_dir_all("s/t", 0o700).unwrap();
+        b.write_atomic("s/t/meta.json", b"one", 0o600).unwrap();
+        b.write_atomic("s/t/meta.json", b"two", 0o600).unwrap();
+        assert_eq!(b.read("s/t/meta.json", 10).unwrap(), b"two");
+        assert_eq!(b.list("s/t").unwrap(), vec!["meta.json".to_string()]);
+        assert!(b.read("s/t/meta.json", 2).is_err());
+        let st = b.lstat("s/t/meta.json").unwrap().unwrap();
+        assert_eq!(st.st_mode & 0o777, 0o600);
+        assert!(!b.is_empty_dir("s").unwrap());
+        b.remove_file("s/t/meta.json").unwrap();
+        assert!(b.is_empty_dir("s/t").unwrap());
+        b.remove_dir("s/t").unwrap();
+        assert!(b.lstat("s/t").unwrap().is_none());
+    }
+}
