@@ -496,42 +496,41 @@ fn stream(
             dst.lost(),
         ));
     };
-    let done = std::sync::atomic::AtomicBool::new(false);
     let dst_died = std::sync::atomic::AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
-        scope.spawn(|| {
-            use std::sync::atomic::Ordering::Relaxed;
-            while !done.load(Relaxed) {
+        // Dropped when the stream ends, which ends the watch at once.
+        let (done, stop) = std::sync::mpsc::channel::<()>();
+        let (dst_watch, src_watch, dst_died) = (&dst_watch, &src_watch, &dst_died);
+        scope.spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stop.recv_timeout(WATCH_EVERY)
+            {
                 if dst_watch.gone().is_some() {
-                    dst_died.store(true, Relaxed);
+                    dst_died.store(true, std::sync::atomic::Ordering::Relaxed);
                     src_watch.cut();
                     break;
                 }
-                std::thread::sleep(WATCH_EVERY);
             }
         });
         let r = relay(global, plan, dst, &mut src, files, compression, route);
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(done);
         r
     });
+    if dst_died.into_inner() || dst.lost() {
+        // The target died: say how (it is gone, so this does not wait);
+        // the source, whose connection is cut, is left to stop by itself.
+        let e = match result {
+            Err(e) if dst.lost() => e,
+            _ => dst.dead(),
+        };
+        src_watch.cut();
+        return Err((e, true));
+    }
     match result {
-        Ok(r) => {
-            // Everything was sent and staged: a source that fails its
-            // goodbye still fails the apply, which the target then aborts.
-            src.close().map_err(|e| (e, true))?;
-            Ok(r)
-        }
+        // Everything was sent and staged: a source that fails its goodbye
+        // still fails the apply, which the target then aborts.
+        Ok(r) => src.close().map(|()| r).map_err(|e| (e, true)),
         Err(e) => {
-            if dst_died.load(std::sync::atomic::Ordering::Relaxed) || dst.lost() {
-                // The target died: say how (it is gone, so this does not
-                // wait); the source, whose connection is (now) cut, is left
-                // to stop by itself.
-                let e = if dst.lost() { e } else { dst.dead() };
-                if let Some(w) = src.watch() {
-                    w.cut();
-                }
-                return Err((e, true));
-            }
             let died = src.lost();
             Err((e, died))
         }
