@@ -279,14 +279,19 @@ fn wait_no_agents(tb: &Testbed, what: &str) {
     };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_for(&format!("{what}: the agents to exit"), || {
-            agents(tb, 0).is_empty() && agents(tb, 1).is_empty() && !seen.iter().any(|&p| running(p))
+            agents(tb, 0).is_empty()
+                && agents(tb, 1).is_empty()
+                && !seen.iter().any(|&p| running(p))
         })
     }));
     if let Err(e) = r {
         eprintln!("{what}: still running:\n{}", show());
         std::panic::resume_unwind(e);
     }
-    eprintln!("{what}: the agents were gone {:?} after the controller", t.elapsed());
+    eprintln!(
+        "{what}: the agents were gone {:?} after the controller",
+        t.elapsed()
+    );
 }
 
 /// `overlay history dst` recovers what the run left; the target is then as
@@ -400,7 +405,10 @@ fn a_killed_agent_is_noticed_on_the_relay_route() {
     signal(dst, libc::SIGKILL);
     let killed = Instant::now();
     let out = finish_apply(child, what);
-    eprintln!("{what}: the controller ended {:?} after the kill", killed.elapsed());
+    eprintln!(
+        "{what}: the controller ended {:?} after the kill",
+        killed.elapsed()
+    );
     if !out.status.success() {
         let err = assert_reported(&out, "dst", &["killed by signal 9 (KILL)"], what);
         assert!(
@@ -445,16 +453,27 @@ fn a_killed_sshd_session_is_noticed_on_the_relay_route() {
 /// tests/apply.rs does for the direct route).
 fn let_source_reach_target(tb: &Testbed) {
     let manifest = tb.manifest_path();
-    let text = fs::read_to_string(&manifest)
-        .unwrap()
-        .replacen("[hosts.dst]\n", "[hosts.dst]\ndirect_ssh = \"dst-direct\"\n", 1);
+    let text = fs::read_to_string(&manifest).unwrap().replacen(
+        "[hosts.dst]\n",
+        "[hosts.dst]\ndirect_ssh = \"dst-direct\"\n",
+        1,
+    );
     fs::write(&manifest, text).unwrap();
     let ssh = tb.host_dir(0).join("root/.ssh");
     fs::create_dir_all(&ssh).unwrap();
     let key = ssh.join("id_ed25519");
     common::run(
         Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-C", "dead-peer-test", "-f"])
+            .args([
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "dead-peer-test",
+                "-f",
+            ])
             .arg(&key),
     );
     let pubkey = fs::read_to_string(ssh.join("id_ed25519.pub")).unwrap();

@@ -1,6 +1,10 @@
 //! `overlay apply [PLAN]`: carry out a saved plan on its target, streaming
 //! the new files from its source through this controller, then switching
 //! them in through the target's journal.
+//!
+//! If an agent or its connection dies on either host, the apply stops at
+//! once (a thread watches the target while this one waits on the source)
+//! and the error says where the target stands and what to run next.
 
 use std::path::Path;
 use std::time::Instant;
@@ -264,7 +268,9 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
                     return Err(e);
                 }
                 return Err(match aborted {
-                    Ok(Response::Aborted) => fate(e, dst.lost(), Phase::Aborted, &tname, &generation),
+                    Ok(Response::Aborted) => {
+                        fate(e, dst.lost(), Phase::Aborted, &tname, &generation)
+                    }
                     _ => fate(e, dst.lost(), Phase::Stream, &tname, &generation),
                 });
             }
@@ -426,7 +432,8 @@ fn fate(
     let (state, hint) = match phase {
         Phase::Prepare => (
             format!("nothing on {tname} was changed"),
-            "run `overlay apply` again (a generation it may have opened is discarded first)".to_string(),
+            "run `overlay apply` again (a generation it may have opened is discarded first)"
+                .to_string(),
         ),
         Phase::Stream => (
             format!(
@@ -485,44 +492,46 @@ fn stream(
     let mut src =
         Client::connect(&sname, &endpoint(&plan.source.ssh), opts).map_err(|e| (e, false))?;
     let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
-        return Err((err!("The agent on {} is gone", plan.target.name), dst.lost()));
+        return Err((
+            err!("The agent on {} is gone", plan.target.name),
+            dst.lost(),
+        ));
     };
-    let done = std::sync::atomic::AtomicBool::new(false);
     let dst_died = std::sync::atomic::AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
-        scope.spawn(|| {
-            use std::sync::atomic::Ordering::Relaxed;
-            while !done.load(Relaxed) {
+        // Dropped when the stream ends, which ends the watch at once.
+        let (done, stop) = std::sync::mpsc::channel::<()>();
+        let (dst_watch, src_watch, dst_died) = (&dst_watch, &src_watch, &dst_died);
+        scope.spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stop.recv_timeout(WATCH_EVERY)
+            {
                 if dst_watch.gone().is_some() {
-                    dst_died.store(true, Relaxed);
+                    dst_died.store(true, std::sync::atomic::Ordering::Relaxed);
                     src_watch.cut();
                     break;
                 }
-                std::thread::sleep(WATCH_EVERY);
             }
         });
         let r = relay(global, plan, dst, &mut src, files, compression, route);
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(done);
         r
     });
+    if dst_died.into_inner() || dst.lost() {
+        // The target died: say how (it is gone, so this does not wait);
+        // the source, whose connection is cut, is left to stop by itself.
+        let e = match result {
+            Err(e) if dst.lost() => e,
+            _ => dst.dead(),
+        };
+        src_watch.cut();
+        return Err((e, true));
+    }
     match result {
-        Ok(r) => {
-            // Everything was sent and staged: a source that fails its
-            // goodbye still fails the apply, which the target then aborts.
-            src.close().map_err(|e| (e, true))?;
-            Ok(r)
-        }
+        // Everything was sent and staged: a source that fails its goodbye
+        // still fails the apply, which the target then aborts.
+        Ok(r) => src.close().map(|()| r).map_err(|e| (e, true)),
         Err(e) => {
-            if dst_died.load(std::sync::atomic::Ordering::Relaxed) || dst.lost() {
-                // The target died: say how (it is gone, so this does not
-                // wait); the source, whose connection is (now) cut, is left
-                // to stop by itself.
-                let e = if dst.lost() { e } else { dst.dead() };
-                if let Some(w) = src.watch() {
-                    w.cut();
-                }
-                return Err((e, true));
-            }
             let died = src.lost();
             Err((e, died))
         }

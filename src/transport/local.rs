@@ -100,3 +100,25 @@ fn ended(status: std::process::ExitStatus) -> String {
         (None, None) => format!("exited with {status}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    #[test]
+    fn a_watch_sees_a_killed_child_and_finish_names_the_signal() {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        let pipe = super::spawn("h", cmd).unwrap();
+        assert_eq!(pipe.watch.gone(), None);
+        pipe.watch.cut();
+        let mut gone = None;
+        while gone.is_none() {
+            gone = pipe.watch.gone();
+            std::thread::yield_now();
+        }
+        assert_eq!(gone.as_deref(), Some("was killed by signal 9 (KILL)"));
+        let e = (pipe.finish)().unwrap_err();
+        assert_eq!(e.message, "The agent on h was killed by signal 9 (KILL)");
+    }
+}

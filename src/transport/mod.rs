@@ -3,6 +3,9 @@
 //! opens an exec channel through libssh2 (the `ssh2` crate), uploading the
 //! agent binary first when the host lacks this exact build.
 //!
+//! Each running agent comes with a [`Watch`], through which another thread
+//! can tell that it died, or cut it off, without touching its output.
+//!
 //! A transport only moves bytes. It never builds a shell command from a file
 //! name or a manifest value: everything the agent does is asked for through
 //! the framed protocol in [`crate::agent::protocol`].

@@ -16,6 +16,13 @@
 //! The reader and the writer of the returned [`AgentPipe`] share one libssh2
 //! session. Neither holds the session while it waits for the network, so one
 //! thread may block in `read` while another writes.
+//!
+//! A dead agent is noticed without waiting: a read ends at the channel's
+//! EOF, a write that finds no room asks whether sshd reported the agent's
+//! exit (libssh2 would otherwise wait for ever on the window of a closed
+//! channel), and the pipe's [`super::Watch`] lets another thread ask the
+//! same, or cut the connection. A silent network ends the connection
+//! through TCP keepalive and `TCP_USER_TIMEOUT` (about 30 s).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -1701,10 +1708,7 @@ fn gone(c: &mut Conn) -> Option<String> {
     if let Ok(s) = c.channel.exit_signal()
         && let Some(sig) = s.exit_signal
     {
-        return Some(format!(
-            "was killed by signal {}",
-            super::signal_name(&sig)
-        ));
+        return Some(format!("was killed by signal {}", super::signal_name(&sig)));
     }
     // `eof()` hides an EOF behind unread output; wait_eof, non-blocking,
     // pumps the transport and looks at the flag itself.
