@@ -103,7 +103,7 @@ impl Agent {
 }
 
 /// A venv with `a.py`, and a generation for it: `new.py` (10 bytes, in
-/// the plan with mode 4755) and `link` (a symlink with a 300-byte target).
+/// the plan with mode 755: the target refuses a plan with setuid bits) and `link` (a symlink with a 300-byte target).
 struct Target {
     dir: tempfile::TempDir,
 }
@@ -141,7 +141,7 @@ impl Target {
                     "new.py",
                     Kind::File {
                         size: 10,
-                        mode: 0o4755,
+                        mode: 0o755,
                         blake3: None,
                         stamp: None,
                     },
@@ -290,7 +290,8 @@ fn a_well_formed_stream_with_a_300_byte_symlink_target_is_staged() {
     let mut tar = tar::Builder::new(Vec::new());
     let mut h = tar::Header::new_gnu();
     h.set_size(10);
-    h.set_mode(0o4755);
+    // The header's mode counts for nothing: the plan's, masked, is written.
+    h.set_mode(0o4777);
     tar.append_data(&mut h, "0", &b"0123456789"[..]).unwrap();
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(tar::EntryType::Symlink);
