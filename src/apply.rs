@@ -581,13 +581,7 @@ fn read_files(
     let mut hashes = Vec::with_capacity(files.len());
     let mut tar = tar::Builder::new(cutter);
     let mut raw = 0u64;
-    let root = crate::beneath::Beneath::open(&venv.root).map_err(|e| {
-        err!(
-            "venv {} cannot be opened: {}",
-            venv.root.display(),
-            io_cause(&e)
-        )
-    })?;
+    let root = venv.beneath()?;
     let mut walker = Walker::new(std::os::fd::AsFd::as_fd(&root));
     for f in files {
         let (abs, rel) = venv.resolve(&f.path)?;
@@ -991,6 +985,22 @@ pub(crate) struct EntryHead {
 /// The size of a tar header and the unit entries are padded to.
 const TAR_BLOCK: usize = 512;
 
+/// A tar header's checksum: the sum of its 512 bytes, with the checksum
+/// field itself counted as spaces.
+fn header_sum(block: &[u8]) -> u32 {
+    block
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            if (148..156).contains(&i) {
+                32
+            } else {
+                b as u32
+            }
+        })
+        .sum()
+}
+
 /// Read the header in `block`: `Ok(None)` for the zero block that ends the
 /// stream.
 pub(crate) fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
@@ -1004,19 +1014,7 @@ pub(crate) fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
         )
     };
     let h = tar::Header::from_byte_slice(block);
-    // The checksum: the sum of the header's bytes, its own field as spaces.
-    let sum: u32 = block
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| {
-            if (148..156).contains(&i) {
-                32
-            } else {
-                b as u32
-            }
-        })
-        .sum();
-    if h.cksum().ok() != Some(sum) {
+    if h.cksum().ok() != Some(header_sum(block)) {
         return Err(bad("its header's checksum is wrong".into()));
     }
     let symlink = match h.entry_type() {
@@ -1648,17 +1646,7 @@ mod tests {
         bad_sum[0] = b'1';
         let mut link_name = raw_header("1", b'2', 4);
         link_name[157] = b'a';
-        let sum: u32 = link_name
-            .iter()
-            .enumerate()
-            .map(|(i, &b)| {
-                if (148..156).contains(&i) {
-                    32
-                } else {
-                    b as u32
-                }
-            })
-            .sum();
+        let sum = header_sum(&link_name);
         link_name[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
         for (stream, says) in [
             (bad_sum, "checksum"),

@@ -109,6 +109,17 @@ impl Venv {
         })
     }
 
+    /// The venv root, opened for fd-relative, no-follow access ([`crate::beneath`]).
+    pub fn beneath(&self) -> Result<crate::beneath::Beneath> {
+        crate::beneath::Beneath::open(&self.root).map_err(|e| {
+            err!(
+                "venv {} cannot be opened: {}",
+                self.root.display(),
+                io_cause(&e)
+            )
+        })
+    }
+
     pub fn site(&self) -> PathBuf {
         self.root.join(&self.site_rel)
     }
@@ -809,6 +820,11 @@ impl Probe {
 /// symlink in its parent chain ([`Walker`]): a path behind a symlinked
 /// directory is reported as [`Kind::ThroughSymlink`], never read through.
 /// A symlink at the path itself is reported as the symlink it is.
+///
+/// Answers come in the order of `paths`; the work is done in sorted order,
+/// so that each walker's open directory chain serves the paths that follow
+/// (a request in another order, such as the hashes a cold plan asks for,
+/// would otherwise reopen every directory above every path).
 pub fn stat(
     venv_root: &str,
     paths: &[String],
@@ -817,14 +833,31 @@ pub fn stat(
     pycache: bool,
     counters: &Counters,
 ) -> Result<Vec<Entry>> {
+    if paths.is_sorted() {
+        return stat_sorted(venv_root, paths, hash, shebang, pycache, counters);
+    }
+    let mut order: Vec<usize> = (0..paths.len()).collect();
+    order.sort_unstable_by(|&a, &b| paths[a].cmp(&paths[b]));
+    let sorted: Vec<String> = order.iter().map(|&i| paths[i].clone()).collect();
+    let entries = stat_sorted(venv_root, &sorted, hash, shebang, pycache, counters)?;
+    let mut out: Vec<Option<Entry>> = std::iter::repeat_with(|| None).take(paths.len()).collect();
+    for (e, &i) in entries.into_iter().zip(&order) {
+        out[i] = Some(e);
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// [`stat`] of paths in sorted order.
+fn stat_sorted(
+    venv_root: &str,
+    paths: &[String],
+    hash: HashMode,
+    shebang: Option<&ShebangRewrite>,
+    pycache: bool,
+    counters: &Counters,
+) -> Result<Vec<Entry>> {
     let venv = Venv::open(venv_root)?;
-    let root = crate::beneath::Beneath::open(&venv.root).map_err(|e| {
-        err!(
-            "venv {} cannot be opened: {}",
-            venv.root.display(),
-            io_cause(&e)
-        )
-    })?;
+    let root = venv.beneath()?;
     let root_fd = root.as_fd();
     // First pass: lstat everything, so progress knows the totals; the hash
     // cache loads meanwhile. Per path: its absolute path (the hash cache's
@@ -885,9 +918,14 @@ pub fn stat(
         }
     }
 
+    // Jobs of consecutive paths here too, so that a walker's open chain is
+    // reused (one job per path reopened every directory above it: nine
+    // opens per hashed file in a cold plan); small enough that big files
+    // still spread over the cores.
     let entries: Vec<Result<Entry>> = paths
         .par_iter()
         .zip(probed.into_par_iter())
+        .with_min_len(32)
         .map_init(
             || Walker::new(root_fd),
             |w, (p, (abs, rel, probe))| {

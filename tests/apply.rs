@@ -649,55 +649,6 @@ fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
     );
 }
 
-/// Give host `from` an SSH identity, config and known_hosts entry for host
-/// `to` (as alias `name`), and let `to` accept that identity: what
-/// `apply --direct` needs of a real source host.
-fn let_host_reach(tb: &Testbed, from: usize, to: usize, name: &str, trust_key: bool) {
-    let home = tb.host_dir(from).join("root");
-    let ssh = home.join(".ssh");
-    fs::create_dir_all(&ssh).unwrap();
-    let key = ssh.join("id_ed25519");
-    if !key.exists() {
-        common::run(
-            Command::new("ssh-keygen")
-                .args([
-                    "-q",
-                    "-t",
-                    "ed25519",
-                    "-N",
-                    "",
-                    "-C",
-                    "direct-route-test",
-                    "-f",
-                ])
-                .arg(&key),
-        );
-    }
-    let pubkey = fs::read_to_string(ssh.join("id_ed25519.pub")).unwrap();
-    let ak = tb.host_dir(to).join("authorized_keys");
-    let mut keys = fs::read_to_string(&ak).unwrap();
-    if !keys.contains(pubkey.trim()) {
-        keys.push_str(&pubkey);
-        fs::write(&ak, keys).unwrap();
-    }
-    let (ip, port) = tb.hosts[to].addr.clone().unwrap();
-    fs::write(
-        ssh.join("config"),
-        format!(
-            "Host {name}\n    HostName {ip}\n    Port {port}\n    User root\n    IdentityFile /root/.ssh/id_ed25519\n    IdentitiesOnly yes\n    UserKnownHostsFile /root/.ssh/known_hosts\n    StrictHostKeyChecking yes\n"
-        ),
-    )
-    .unwrap();
-    let hostkey = fs::read_to_string(tb.host_dir(to).join("ssh_host_ed25519_key.pub")).unwrap();
-    let hostkey: Vec<&str> = hostkey.split_whitespace().take(2).collect();
-    let kh = if trust_key {
-        format!("[{ip}]:{port} {}\n", hostkey.join(" "))
-    } else {
-        String::new()
-    };
-    fs::write(ssh.join("known_hosts"), kh).unwrap();
-}
-
 #[test]
 fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
     if !common::requires_root() {
@@ -721,7 +672,7 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
     assert!(carried(&plan).contains(&big), "{big} not carried: {plan}");
 
     // Unknown host key on the source: refused before anything changes.
-    let_host_reach(&tb, 0, 1, "dst-direct", false);
+    common::let_host_reach(&tb, 0, 1, "dst-direct", false);
     let out = tb
         .overlay(&["apply", "--direct", "--backup"])
         .output()
@@ -740,7 +691,7 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
     );
 
     // Trusted: the stream goes source -> target, exactly as the relay would.
-    let_host_reach(&tb, 0, 1, "dst-direct", true);
+    common::let_host_reach(&tb, 0, 1, "dst-direct", true);
     let out = ok(
         tb.overlay(&["apply", "--direct", "--backup", "--json", "-vv"])
             .output()

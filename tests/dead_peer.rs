@@ -459,42 +459,7 @@ fn let_source_reach_target(tb: &Testbed) {
         1,
     );
     fs::write(&manifest, text).unwrap();
-    let ssh = tb.host_dir(0).join("root/.ssh");
-    fs::create_dir_all(&ssh).unwrap();
-    let key = ssh.join("id_ed25519");
-    common::run(
-        Command::new("ssh-keygen")
-            .args([
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                "dead-peer-test",
-                "-f",
-            ])
-            .arg(&key),
-    );
-    let pubkey = fs::read_to_string(ssh.join("id_ed25519.pub")).unwrap();
-    let ak = tb.host_dir(1).join("authorized_keys");
-    let keys = fs::read_to_string(&ak).unwrap() + &pubkey;
-    fs::write(&ak, keys).unwrap();
-    let (ip, port) = tb.hosts[1].addr.clone().unwrap();
-    fs::write(
-        ssh.join("config"),
-        format!(
-            "Host dst-direct\n    HostName {ip}\n    Port {port}\n    User root\n    IdentityFile /root/.ssh/id_ed25519\n    IdentitiesOnly yes\n    UserKnownHostsFile /root/.ssh/known_hosts\n    StrictHostKeyChecking yes\n"
-        ),
-    )
-    .unwrap();
-    let hostkey = fs::read_to_string(tb.host_dir(1).join("ssh_host_ed25519_key.pub")).unwrap();
-    let hostkey: Vec<&str> = hostkey.split_whitespace().take(2).collect();
-    fs::write(
-        ssh.join("known_hosts"),
-        format!("[{ip}]:{port} {}\n", hostkey.join(" ")),
-    )
-    .unwrap();
+    common::let_host_reach(tb, 0, 1, "dst-direct", true);
 }
 
 #[test]

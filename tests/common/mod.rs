@@ -669,3 +669,41 @@ pub fn assert_same(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>, w
             .join("\n")
     );
 }
+
+/// Give host `from` an SSH identity, config and known_hosts entry for host
+/// `to` (as alias `name`), and let `to` accept that identity: what
+/// `apply --direct` needs of a real source host.
+pub fn let_host_reach(tb: &Testbed, from: usize, to: usize, name: &str, trust_key: bool) {
+    let home = tb.host_dir(from).join("root");
+    let ssh = home.join(".ssh");
+    fs::create_dir_all(&ssh).unwrap();
+    let key = ssh.join("id_ed25519");
+    if !key.exists() {
+        run(Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", "overlay-test", "-f"])
+            .arg(&key));
+    }
+    let pubkey = fs::read_to_string(ssh.join("id_ed25519.pub")).unwrap();
+    let ak = tb.host_dir(to).join("authorized_keys");
+    let mut keys = fs::read_to_string(&ak).unwrap();
+    if !keys.contains(pubkey.trim()) {
+        keys.push_str(&pubkey);
+        fs::write(&ak, keys).unwrap();
+    }
+    let (ip, port) = tb.hosts[to].addr.clone().unwrap();
+    fs::write(
+        ssh.join("config"),
+        format!(
+            "Host {name}\n    HostName {ip}\n    Port {port}\n    User root\n    IdentityFile /root/.ssh/id_ed25519\n    IdentitiesOnly yes\n    UserKnownHostsFile /root/.ssh/known_hosts\n    StrictHostKeyChecking yes\n"
+        ),
+    )
+    .unwrap();
+    let hostkey = fs::read_to_string(tb.host_dir(to).join("ssh_host_ed25519_key.pub")).unwrap();
+    let hostkey: Vec<&str> = hostkey.split_whitespace().take(2).collect();
+    let kh = if trust_key {
+        format!("[{ip}]:{port} {}\n", hostkey.join(" "))
+    } else {
+        String::new()
+    };
+    fs::write(ssh.join("known_hosts"), kh).unwrap();
+}
