@@ -1,6 +1,6 @@
 //! Caches on each host of what was learned from a file's content, keyed by
 //! its path and its stamp (device, inode, size, mtime and ctime in
-//! nanoseconds): sha256 hashes ([`HashCache`]) and ELF facts (the preflight's
+//! nanoseconds): BLAKE3 content hashes ([`HashCache`]) and ELF facts (the preflight's
 //! [`StampCache<ElfInfo>`](crate::preflight::elf::ElfInfo)). An entry is
 //! used only while every part of the stamp is unchanged, so an unchanged venv
 //! re-plans at the speed of `stat`. Files modified in the last few seconds
@@ -189,7 +189,7 @@ impl<V> Store<V> {
 /// Files changed this recently are never cached.
 const RACY_NS: i128 = 3_000_000_000;
 
-/// The sha256 cache.
+/// The content-hash (BLAKE3) cache.
 pub type HashCache = StampCache<String>;
 
 /// Values learned from files, valid while the file's stamp is unchanged.

@@ -1,4 +1,7 @@
-//! One module per command, each with `run(global, args) -> Result<exit code>`.
+//! The commands: each takes the parsed arguments, calls the library and
+//! prints. Each module serves one command family and returns an exit code:
+//! `plan::run`, `apply::run`, `verify::run`, and `rollback::{rollback,
+//! history, prune}` (the generation commands).
 
 pub mod apply;
 pub mod plan;
