@@ -333,10 +333,10 @@ fn run(tb: &Testbed, args: &[&str], what: &str, act: impl FnOnce(&Testbed)) -> (
         );
         std::panic::resume_unwind(e);
     }
+    let killed = Instant::now();
     eprintln!("{what}: killed {:?} after the start", t.elapsed());
     let seen: Vec<i32> = agents(tb, 0).into_iter().chain(agents(tb, 1)).collect();
     SEEN.with(|s| s.borrow_mut().extend(seen));
-    let killed = Instant::now();
     let out = finish_apply(child, what);
     let took = killed.elapsed();
     eprintln!("{what}: the controller ended {took:?} after the kill");
