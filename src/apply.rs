@@ -1369,14 +1369,7 @@ pub mod testing {
             fs::write(dir.path().join("pyvenv.cfg"), "version = 3.11.2\n").expect("venv");
             fs::write(site.join("a.py"), "a = 1\n").expect("venv");
             let v = dir.path().to_str().expect("utf-8").to_string();
-            let change = |path: &str, source| GenChange {
-                path: path.into(),
-                action: Action::Add,
-                source: Some(source),
-                target: None,
-                bytecode: false,
-                staged: None,
-            };
+            let change = GenChange::add;
             let state = State::open(&v).expect("state");
             let now = crate::inventory::stat(
                 &v,
@@ -1805,14 +1798,7 @@ mod tests {
             blake3: Some(hex(d)),
             stamp: None,
         };
-        let change = |path: &str, source| GenChange {
-            path: path.into(),
-            action: Action::Add,
-            source: Some(source),
-            target: None,
-            bytecode: false,
-            staged: None,
-        };
+        let change = GenChange::add;
         let state = State::open(v).unwrap();
         let counters = Counters::default();
         let req = PrepareRequest {

@@ -72,6 +72,20 @@ pub struct GenChange {
     pub staged: Option<FileStamp>,
 }
 
+impl GenChange {
+    /// An add of `source` at `path` (site-packages-relative).
+    pub fn add(path: &str, source: Kind) -> GenChange {
+        GenChange {
+            path: path.into(),
+            action: Action::Add,
+            source: Some(source),
+            target: None,
+            bytecode: false,
+            staged: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PrepareRequest {
     pub venv: String,
@@ -216,7 +230,7 @@ fn is_state(rel: &str) -> bool {
 }
 
 /// A generation id as this agent makes them: `[0-9A-Za-z-]+`.
-fn valid_id(id: &str) -> bool {
+pub fn valid_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 

@@ -16,7 +16,7 @@ use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Venv;
-use crate::journal::{STATE_DIR, format_time};
+use crate::journal::{STATE_DIR, format_time, valid_id};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VerifyRequest {
@@ -73,9 +73,8 @@ pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
 
 /// Write `text` to the new file `dir_rel/name` beneath `root` (0600), the
 /// folders on the way created 0700 and `dir_rel` narrowed to 0700.
-fn write_log(root: &std::path::Path, dir_rel: &str, name: &str, text: &str) -> std::io::Result<()> {
+fn write_log(root: &Beneath, dir_rel: &str, name: &str, text: &str) -> std::io::Result<()> {
     use std::io::Write;
-    let root = Beneath::open(root)?;
     root.create_dir_all(dir_rel, 0o700)?;
     let dir = root.dir(dir_rel)?;
     if rustix::fs::fstat(&dir)?.st_mode & 0o077 != 0 {
@@ -182,17 +181,15 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
     let name = format!("{}-{:09}.log", format_time(now), nanos);
     let vrel = format!("{STATE_DIR}/verify");
     let log = venv.root.join(&vrel).join(&name);
-    write_log(&venv.root, &vrel, &name, &text)
+    let root = venv.beneath()?;
+    write_log(&root, &vrel, &name, &text)
         .map_err(|e| err!("Failed to write {}: {}", log.display(), io_cause(&e)))?;
     // A generation id from the request names one folder, nothing else.
     if let Some(g) = &req.generation
-        && !g.is_empty()
-        && g.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        && valid_id(g)
     {
         let grel = format!("{STATE_DIR}/generations/{g}");
-        if let Ok(root) = Beneath::open(&venv.root)
-            && root.kind(&grel).ok().flatten() == Some(rustix::fs::FileType::Directory)
-        {
+        if root.kind(&grel).ok().flatten() == Some(rustix::fs::FileType::Directory) {
             let _ = root.write_atomic(&format!("{grel}/verify.log"), text.as_bytes(), 0o600);
         }
     }

@@ -20,7 +20,6 @@ use overlay::agent::protocol::{
     DATA_BIT, Kind, PROTOCOL_VERSION, Request, Response, read_frame, write_data, write_frame,
 };
 use overlay::journal::{GenChange, PrepareRequest};
-use overlay::plan::Action;
 
 const SITE: &str = "lib/python3.11/site-packages";
 
@@ -123,14 +122,7 @@ impl Target {
     }
 
     fn prepare(&self, agent: &mut Agent) {
-        let change = |path: &str, source| GenChange {
-            path: path.into(),
-            action: Action::Add,
-            source: Some(source),
-            target: None,
-            bytecode: false,
-            staged: None,
-        };
+        let change = GenChange::add;
         agent.send(&Request::Prepare(Box::new(PrepareRequest {
             venv: self.venv(),
             source: "hostile".into(),
