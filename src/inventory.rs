@@ -20,12 +20,11 @@ use rayon::prelude::*;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::agent::protocol::{
-    Dist, Entry, Facts, FileStamp, HashMode, Kind, ScanReport, ShebangRewrite,
-};
 use crate::err;
 use crate::error::{Result, io_cause};
-use crate::manifest::normalize_name;
+use crate::model::{
+    Dist, Entry, Facts, FileStamp, HashMode, Kind, ScanReport, ShebangRewrite, normalize_name,
+};
 
 /// A located venv: its root and its site-packages directory.
 #[derive(Debug, Clone)]
