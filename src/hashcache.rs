@@ -216,7 +216,7 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
         let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
         let file = match (disabled, home) {
             (false, Some(h)) => {
-                let key = crate::inventory::hex(&Sha256::digest(root.to_string_lossy().as_bytes()));
+                let key = crate::text::hex(&Sha256::digest(root.to_string_lossy().as_bytes()));
                 Some(
                     PathBuf::from(h)
                         .join(".cache/overlay")

@@ -45,11 +45,12 @@ use serde::{Deserialize, Serialize};
 use crate::beneath::{Beneath, is_refused, normalize};
 use crate::err;
 use crate::error::{Error, Result, io_cause};
-use crate::inventory::{Counters, Venv, venv_relative};
-use crate::model::{Action, Entry, HashMode, Kind};
+use crate::inventory::{Counters, Venv};
 use crate::model::{
-    GenChange, GenerationInfo, PrepareRequest, RollbackReport, STATE_DIR, Status, Written,
+    Action, Entry, GenChange, GenerationInfo, HashMode, Kind, PrepareRequest, RollbackReport,
+    STATE_DIR, Status, Written, venv_relative,
 };
+use crate::text::format_time;
 
 /// Journal records. Intents (`Move`, `Place`, `Mkdir`, `Rmdir`) are written
 /// before the step they name.
@@ -1704,40 +1705,11 @@ fn du(p: &Path) -> u64 {
         .sum()
 }
 
-/// `YYYYMMDDTHHMMSSZ` from seconds since the epoch (UTC).
-pub fn format_time(secs: u64) -> String {
-    let days = secs / 86400;
-    let rem = secs % 86400;
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days as i64 + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
     use std::os::unix::fs::{PermissionsExt, symlink};
-
-    #[test]
-    fn time_format() {
-        assert_eq!(format_time(0), "19700101T000000Z");
-        assert_eq!(format_time(1_796_043_722), "20261130T130202Z");
-    }
 
     pub(super) const SITE: &str = "lib/python3.11/site-packages";
 
@@ -2325,7 +2297,7 @@ mod property {
             };
             // Paths that escape the venv are sent as adds with no target
             // look-up (the plan could not name them otherwise).
-            let c = if crate::inventory::venv_relative(super::tests::SITE, &p).is_some() {
+            let c = if crate::model::venv_relative(super::tests::SITE, &p).is_some() {
                 change(&fx, &p, action, new.as_ref())
             } else {
                 GenChange {

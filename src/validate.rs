@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use crate::beneath;
 use crate::err;
 use crate::error::{Error, Result};
-use crate::inventory::venv_relative;
+use crate::model::venv_relative;
 use crate::model::{Action, GenChange, Kind, PrepareRequest, STATE_DIR};
 
 /// The hint of every refusal.

@@ -14,8 +14,9 @@ use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Venv;
-use crate::journal::{format_time, valid_id};
+use crate::journal::valid_id;
 use crate::model::{STATE_DIR, VerifyReport, VerifyRequest};
+use crate::text::format_time;
 
 /// Create `dir` (and missing parents) with mode 0700; an existing `dir`
 /// with a wider mode is narrowed to 0700.

@@ -121,7 +121,7 @@ pub fn history(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
             .ok()
             .and_then(|v| v.as_str().map(String::from))
             .unwrap_or_default();
-        let t = overlay::journal::format_time(g.created);
+        let t = overlay::text::format_time(g.created);
         let when = format!(
             "{}-{}-{} {}:{}:{}",
             &t[0..4],
