@@ -16,10 +16,10 @@ use overlay::error::Result;
 use overlay::plan::Plan;
 use overlay::protocol::{Frame, Request, Response};
 
-use crate::EXIT_OK;
 use crate::cli::{ApplyArgs, GlobalArgs};
 use crate::commands::plan::connect_options;
 use crate::progress::{HashBars, status};
+use overlay::error::EXIT_OK;
 use overlay::model::{
     Action, Compression, Endpoint, GenChange, PrepareRequest, SendFile, ShebangRewrite,
 };
@@ -329,7 +329,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
                 Err(e) => Some(format!("the check could not run: {}", e.message)),
             };
         if let Some(why) = failure {
-            exit = crate::EXIT_VERIFY_FAILED;
+            exit = overlay::error::ErrorKind::VerifyFailed.exit_code();
             if args.rollback_on_failure {
                 match dst.call(
                     &Request::Rollback {
@@ -464,6 +464,7 @@ fn fate(
     overlay::error::Error {
         message: format!("{}; {state}", e.message),
         hint: Some(hint),
+        ..e
     }
 }
 
