@@ -299,7 +299,7 @@ pub fn read_any<T: Message>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
     match r.read_exact(&mut len) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(err!("connection failed: {e}")),
+        Err(e) => return Err(err!(kind = Connection, "connection failed: {e}")),
     }
     let raw = u32::from_le_bytes(len);
     let len = (raw & !DATA_BIT) as usize;
@@ -320,10 +320,16 @@ pub fn read_any<T: Message>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
         Ok(n) if n == len => {}
         Ok(n) => {
             return Err(err!(
+                kind = Connection,
                 "connection closed in the middle of a frame ({n} of {len} bytes)"
             ));
         }
-        Err(e) => return Err(err!("connection closed in the middle of a frame: {e}")),
+        Err(e) => {
+            return Err(err!(
+                kind = Connection,
+                "connection closed in the middle of a frame: {e}"
+            ));
+        }
     }
     if data {
         return Ok(Some(Frame::Data(body)));
