@@ -1,17 +1,17 @@
 //! The target's side of the stream: decode each packed block
 //! ([`unpack_block`]), and unpack the tar stream into the generation's
-//! staging folder ([`unpack`]), checking every entry against the plan
-//! before a byte of it is written. [`check_staged`] checks a staging folder
-//! that another agent filled (the direct route).
+//! staging folder ([`unpack`]), checking every entry's header against the
+//! plan before a byte of the entry is written. [`check_staged`] checks a
+//! staging folder that another agent filled (the direct route).
 //!
 //! Each entry's header is read by `head`; its name is a change index, its
 //! type and size must be the plan's ([`planned_size`]) before anything is
 //! created, and reading stops at that size. A symlink's target is its
 //! entry's data and must equal the plan's. A regular file is hashed as it
-//! arrives, and one whose blake3 differs from the plan's never reaches the
-//! writer's last chunk. Every staged file is created through a [`Beneath`]
-//! of the staging directory (`O_CREAT|O_EXCL|O_NOFOLLOW`); `write` does the
-//! rest (chunks, owners, modes, fsync).
+//! arrives; one whose blake3 differs from the plan's fails the stage before
+//! its last chunk is written. Every staged file is created through a
+//! [`Beneath`] of the staging directory (`O_CREAT|O_EXCL|O_NOFOLLOW`);
+//! `write` does the rest (chunks, owners, modes, fsync).
 
 use std::fs::{self, File};
 use std::io::Read;
