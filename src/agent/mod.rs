@@ -21,9 +21,8 @@ use protocol::{
     Frame, PROTOCOL_VERSION, Progress, Request, Response, read_any, read_frame, write_frame,
 };
 
-/// What the agent asks for its stdin and stdout pipes
-/// (`/proc/sys/fs/pipe-max-size`, 1 MiB by default, is the unprivileged limit).
-pub const PIPE_SIZE: usize = 1 << 20;
+/// What the agent asks for its stdin and stdout pipes (defined with the transports).
+pub use crate::transport::PIPE_SIZE;
 
 /// Serve requests until `Bye` or end of input.
 pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {

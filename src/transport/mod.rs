@@ -19,6 +19,12 @@ use std::sync::Arc;
 
 use crate::error::Result;
 
+/// What each end of an agent pipe asks for its pipe buffers (the agent for
+/// its stdin and stdout, the local transport for the child's): a stream
+/// moves in 1 MiB frames (`/proc/sys/fs/pipe-max-size`, 1 MiB by default,
+/// is the unprivileged limit).
+pub const PIPE_SIZE: usize = 1 << 20;
+
 /// Options that apply to every connection.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
