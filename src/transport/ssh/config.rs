@@ -375,7 +375,7 @@ impl LocalEnv {
             agent_sock: std::env::var_os("SSH_AUTH_SOCK")
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from),
-            agent_binary: super::super::agent_binary_path()?,
+            agent_binary: super::agent_binary_path()?,
             global_known_hosts: GLOBAL_KNOWN_HOSTS.iter().map(PathBuf::from).collect(),
             user,
         })

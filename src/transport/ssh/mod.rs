@@ -26,19 +26,21 @@
 //!
 //! The steps, one file each, in the order a start runs them:
 //!
-//! - this file: the public API ([`start_agent`], [`start_cached_agent`]),
-//!   how messages name a host ([`Who`]) and small shared helpers;
-//! - [`config`]: the target (`[user@]host[:port]` or an alias) resolved
-//!   through ~/.ssh/config, and the local environment read;
-//! - [`connect`]: TCP connect, socket options, the SSH handshake and
+//! - `mod.rs` (this file): the public API ([`start_agent`],
+//!   [`start_cached_agent`]), how messages name a host (`Who`) and small
+//!   shared helpers;
+//! - `config.rs`: the target (`[user@]host[:port]` or an alias) resolved
+//!   through ~/.ssh/config ([`resolve`]), and the local environment read;
+//! - `connect.rs`: TCP connect, socket options, the SSH handshake and
 //!   algorithm preferences, then host key check and authentication;
-//! - [`known_hosts`]: known_hosts files, host patterns, the host key
+//! - `known_hosts.rs`: known_hosts files, host patterns, the host key
 //!   check and recording a new key, fingerprints;
-//! - [`auth`]: public-key authentication through ssh-agent and key files;
-//! - [`upload`]: the agent's digest and its upload over SFTP, with the
+//! - `auth.rs`: public-key authentication through ssh-agent and key files;
+//! - `upload.rs`: the agent's digest and its upload over SFTP, with the
 //!   `StrictModes` check of its folder;
-//! - [`pipe`]: the running agent's channel as an [`AgentPipe`] (reader,
-//!   writer, watch, finish).
+//! - `pipe.rs`: the running agent's channel as an [`AgentPipe`] (reader,
+//!   writer, watch, finish);
+//! - `real_sshd.rs`: the end-to-end test against a real sshd.
 
 mod auth;
 mod config;
@@ -54,7 +56,7 @@ use std::time::Duration;
 
 use ssh2::ErrorCode;
 
-use super::{AgentPipe, ConnectOptions, Watch, signal_name};
+use super::{AgentPipe, ConnectOptions, Watch, agent_binary_path, signal_name};
 use crate::error::{Error, Result};
 
 pub(crate) use config::LocalEnv;
