@@ -45,21 +45,19 @@ use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicI32};
 use std::sync::{Arc, Mutex, mpsc};
 
-use crate::agent::protocol::{
-    Compression, FileStamp, Kind, Progress, Response, SendFile, ShebangRewrite, write_data_parts,
-    write_frame,
-};
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::{
     Blocked, ContentHasher, Counters, Venv, Walker, content_hex, rewrite_shebang, stamp_of,
 };
 use crate::journal::{Generation, free_bytes};
-use crate::plan::Action;
+use crate::model::{
+    Action, BLOCK, Compression, FileStamp, HashMode, Kind, Progress, SendFile, ShebangRewrite,
+    Written,
+};
+use crate::protocol::{Response, write_data_parts, write_frame};
 use rustix::fs::FileType;
 
-/// Bytes of the tar stream per block; each block is packed on its own.
-pub const BLOCK: usize = 1 << 20;
 /// The first byte of a data frame's payload: how the block is packed.
 const TAG_STORED: u8 = 0;
 const TAG_ZSTD: u8 = 1;
@@ -464,8 +462,8 @@ pub fn send_direct(
     to: &Direct<'_>,
     counters: &Counters,
 ) -> Result<DirectResult> {
-    use crate::agent::client::Client;
-    use crate::agent::protocol::Request;
+    use crate::client::Client;
+    use crate::protocol::Request;
     let here = rustix::system::uname()
         .nodename()
         .to_string_lossy()
@@ -522,7 +520,7 @@ pub fn send_direct(
 /// reported writing (unchanged since). Returns (files, bytes).
 pub fn check_staged(g: &Generation, written: &[Written]) -> Result<(u64, u64)> {
     let by_index: std::collections::HashMap<usize, &FileStamp> =
-        written.iter().map(|(i, _, st)| (*i, st)).collect();
+        written.iter().map(|w| (w.index, &w.stamp)).collect();
     let staging = g.dir.join("staging");
     let (mut files, mut bytes) = (0u64, 0u64);
     for (i, c) in g.meta.changes.iter().enumerate() {
@@ -809,9 +807,6 @@ pub fn unpack(
     })
 }
 
-/// A staged file: its change index, the blake3 written, and its stamp.
-pub type Written = (usize, String, FileStamp);
-
 /// Staged files are written in chunks of this many bytes.
 const WRITE_CHUNK: usize = 4 << 20;
 /// Chunk buffers in flight between the unpacker and the writer.
@@ -892,7 +887,11 @@ fn write_staged(
             let stamp = out
                 .metadata()
                 .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
-            written.push((job.index, fin.digest, FileStamp::of(&stamp)));
+            written.push(Written {
+                index: job.index,
+                blake3: fin.digest,
+                stamp: FileStamp::of(&stamp),
+            });
             sync.send((job.file, dest()))
                 .map_err(|_| err!("the fsync threads stopped"))?;
         }
@@ -1329,7 +1328,8 @@ fn stage_error(dest: &Path, e: std::io::Error, dir: &Path, g: &Generation) -> cr
 #[doc(hidden)]
 pub mod testing {
     use super::*;
-    use crate::journal::{GenChange, PrepareRequest, State};
+    use crate::journal::State;
+    use crate::model::{GenChange, PrepareRequest};
 
     /// A venv with a generation of three adds — a 10-byte file (mode 4755
     /// in the plan), a symlink, and a symlink with a 300-byte target — and
@@ -1374,7 +1374,7 @@ pub mod testing {
             let now = crate::inventory::stat(
                 &v,
                 &["a.py".to_string()],
-                crate::agent::protocol::HashMode::All,
+                HashMode::All,
                 None,
                 false,
                 &Counters::default(),
@@ -1781,7 +1781,8 @@ mod tests {
     /// digests the writer reports are what arrived.
     #[test]
     fn unpack_stages_big_and_small_files_exactly() {
-        use crate::journal::{GenChange, PrepareRequest, State};
+        use crate::journal::State;
+        use crate::model::{GenChange, PrepareRequest};
         let t = tempfile::tempdir().unwrap();
         let site = t.path().join("lib/python3.11/site-packages");
         fs::create_dir_all(&site).unwrap();
@@ -1852,7 +1853,7 @@ mod tests {
         let mode = |p: &str| fs::metadata(staging.join(p)).unwrap().permissions().mode() & 0o7777;
         assert_eq!((mode("0"), mode("1")), (0o755, 0o644));
         let mut digests: Vec<(usize, String)> =
-            written.into_iter().map(|(i, d, _)| (i, d)).collect();
+            written.into_iter().map(|w| (w.index, w.blake3)).collect();
         digests.sort();
         assert_eq!(digests, vec![(0, hex(&big)), (1, hex(&small))]);
     }

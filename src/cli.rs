@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use overlay::model::Compression;
 
 /// Overlay package sets from a working Python venv on one host onto another
 /// host's venv, over SSH: exact, predictable, reversible.
@@ -148,7 +149,7 @@ pub struct ApplyArgs {
         value_name = "auto|none|LEVEL",
         allow_negative_numbers = true
     )]
-    pub compress: overlay::agent::protocol::Compression,
+    pub compress: Compression,
 
     /// Stream straight from the source host to the target with the source's
     /// own `ssh` client (to the target's `direct_ssh`, or its `ssh` value),

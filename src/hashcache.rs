@@ -1,7 +1,7 @@
 //! Caches on each host of what was learned from a file's content, keyed by
 //! its path and its stamp (device, inode, size, mtime and ctime in
 //! nanoseconds): BLAKE3 content hashes ([`HashCache`]) and ELF facts (the preflight's
-//! [`StampCache<ElfInfo>`](crate::preflight::elf::ElfInfo)). An entry is
+//! [`StampCache<ElfInfo>`](crate::model::ElfInfo)). An entry is
 //! used only while every part of the stamp is unchanged, so an unchanged venv
 //! re-plans at the speed of `stat`. Files modified in the last few seconds
 //! are not cached (the "racy" case: a write in the same clock tick as the
@@ -17,12 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::model::FileStamp;
 use rustc_hash::FxHashMap;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-
-use crate::agent::protocol::FileStamp;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Stamp {
@@ -217,7 +216,7 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
         let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
         let file = match (disabled, home) {
             (false, Some(h)) => {
-                let key = crate::inventory::hex(&Sha256::digest(root.to_string_lossy().as_bytes()));
+                let key = crate::text::hex(&Sha256::digest(root.to_string_lossy().as_bytes()));
                 Some(
                     PathBuf::from(h)
                         .join(".cache/overlay")

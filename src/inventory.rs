@@ -13,19 +13,19 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::agent::protocol::{
-    Dist, Entry, Facts, FileStamp, HashMode, Kind, ScanReport, ShebangRewrite,
-};
 use crate::err;
 use crate::error::{Result, io_cause};
-use crate::manifest::normalize_name;
+use crate::model::{
+    Dist, Entry, Facts, FileStamp, HashMode, Kind, ScanReport, ShebangRewrite, in_pycache,
+    normalize_name, venv_relative,
+};
 
 /// A located venv: its root and its site-packages directory.
 #[derive(Debug, Clone)]
@@ -137,46 +137,6 @@ impl Venv {
         })?;
         Ok((self.root.join(&rel), rel))
     }
-}
-
-/// Lexically join `site_rel` and `path` and normalize; `None` if the result
-/// is absolute, empty, or leaves the venv root.
-pub fn venv_relative(site_rel: &str, path: &str) -> Option<String> {
-    if path.is_empty() || path.starts_with('/') || path.contains('\0') {
-        return None;
-    }
-    // The common case, a plain relative path (every RECORD line of a file
-    // inside site-packages), needs no normalizing.
-    if path
-        .split('/')
-        .all(|c| !c.is_empty() && c != "." && c != "..")
-        && site_rel
-            .split('/')
-            .all(|c| !c.is_empty() && c != "." && c != "..")
-    {
-        return Some(format!("{site_rel}/{path}"));
-    }
-    let mut parts: Vec<&str> = Vec::new();
-    let joined = Path::new(site_rel).join(path);
-    for c in joined.components() {
-        match c {
-            Component::Normal(s) => parts.push(s.to_str()?),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                parts.pop()?;
-            }
-            Component::RootDir | Component::Prefix(_) => return None,
-        }
-    }
-    if parts.is_empty() {
-        return None;
-    }
-    Some(parts.join("/"))
-}
-
-/// Is this path (relative to anything) inside a `__pycache__` directory?
-pub fn in_pycache(path: &str) -> bool {
-    path.split('/').any(|c| c == "__pycache__")
 }
 
 /// Read RFC 822-style headers of a METADATA file (the part before the body).
@@ -559,16 +519,6 @@ fn hash_file_with(
         counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
     }
     Ok((size, content_hex(&hasher)))
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 /// A file's stamp from an `lstat`/`fstat` (the same numbers as [`FileStamp::of`]).

@@ -42,116 +42,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::protocol::{Entry, FileStamp, HashMode, Kind};
 use crate::beneath::{Beneath, is_refused, normalize};
 use crate::err;
 use crate::error::{Error, Result, io_cause};
-use crate::inventory::{Counters, Venv, venv_relative};
-use crate::plan::Action;
-
-/// The state directory inside the venv (a sibling of `bin/` and `lib/`).
-pub const STATE_DIR: &str = ".overlay";
-
-/// One path the generation changes.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct GenChange {
-    /// Relative to site-packages, as in the plan.
-    pub path: String,
-    pub action: Action,
-    /// What the source has (add, replace).
-    pub source: Option<Kind>,
-    /// What the plan saw on the target (replace, delete).
-    pub target: Option<Kind>,
-    /// Stale bytecode deleted with its `.py`: may have vanished or been rewritten since the plan.
-    #[serde(default)]
-    pub bytecode: bool,
-    /// The staged file as written and hashed (device, inode, mtime): after
-    /// the switch the same inode must sit at `path`, unchanged, which
-    /// proves its content without reading it again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub staged: Option<FileStamp>,
-}
-
-impl GenChange {
-    /// An add of `source` at `path` (site-packages-relative).
-    pub fn add(path: &str, source: Kind) -> GenChange {
-        GenChange {
-            path: path.into(),
-            action: Action::Add,
-            source: Some(source),
-            target: None,
-            bytecode: false,
-            staged: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PrepareRequest {
-    pub venv: String,
-    pub source: String,
-    pub target: String,
-    pub plan_created: u64,
-    pub changes: Vec<GenChange>,
-    pub backup: bool,
-    /// An unfinished generation is resumed rather than rolled back.
-    pub resume: bool,
-    /// As root: staged files keep the source's uid/gid (`apply
-    /// --same-owner`) instead of taking the owner of what they replace.
-    #[serde(default)]
-    pub same_owner: bool,
-}
-
-/// What `overlay history` shows for a generation.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct GenerationInfo {
-    pub id: String,
-    pub created: u64,
-    pub source: String,
-    pub adds: u64,
-    pub replaces: u64,
-    pub deletes: u64,
-    /// Bytes of new files the generation brought.
-    pub bytes: u64,
-    /// Bytes held in its backup folder.
-    pub backup_bytes: u64,
-    pub backup: bool,
-    pub status: Status,
-    /// Why the generation's state cannot be read (status `damaged`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub damaged: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum Status {
-    /// Opened; files may be staging. Nothing in the venv changed yet.
-    Prepared,
-    /// All new files staged; nothing in the venv changed yet.
-    Staged,
-    /// Interrupted in the middle of the switch.
-    Switching,
-    /// Switched and checked, not yet committed.
-    Switched,
-    Complete,
-    RolledBack,
-    /// Its meta.json or journal cannot be read or fails validation.
-    Damaged,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct RollbackReport {
-    /// Generations rolled back, newest first.
-    pub generations: Vec<String>,
-    /// Set when the rollback finished an interrupted apply instead.
-    pub recovered: Option<String>,
-    /// Files placed by the apply and edited since: kept, not deleted.
-    pub kept_edited: Vec<String>,
-    pub restored: u64,
-    pub removed: u64,
-    /// Paths checked against the listing from before the apply.
-    pub verified: u64,
-}
+use crate::inventory::{Counters, Venv};
+use crate::model::{
+    Action, Entry, GenChange, GenerationInfo, HashMode, Kind, PrepareRequest, RollbackReport,
+    STATE_DIR, Status, Written, venv_relative,
+};
+use crate::text::format_time;
 
 /// Journal records. Intents (`Move`, `Place`, `Mkdir`, `Rmdir`) are written
 /// before the step they name.
@@ -1666,15 +1565,16 @@ impl Generation {
     /// against those the source computed while reading, for files the plan
     /// had not hashed, and record them and the staged files' stamps
     /// (meta.json replaced whole, durably) for the checks after the switch.
-    pub fn record_hashes(
-        &mut self,
-        written: &[crate::apply::Written],
-        source: &[(usize, String)],
-    ) -> Result<()> {
+    pub fn record_hashes(&mut self, written: &[Written], source: &[(usize, String)]) -> Result<()> {
         let source: std::collections::HashMap<usize, &str> =
             source.iter().map(|(i, h)| (*i, h.as_str())).collect();
         let mut changed = false;
-        for (i, digest, stamp) in written {
+        for Written {
+            index: i,
+            blake3: digest,
+            stamp,
+        } in written
+        {
             let c = self
                 .meta
                 .changes
@@ -1805,40 +1705,11 @@ fn du(p: &Path) -> u64 {
         .sum()
 }
 
-/// `YYYYMMDDTHHMMSSZ` from seconds since the epoch (UTC).
-pub fn format_time(secs: u64) -> String {
-    let days = secs / 86400;
-    let rem = secs % 86400;
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days as i64 + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
     use std::os::unix::fs::{PermissionsExt, symlink};
-
-    #[test]
-    fn time_format() {
-        assert_eq!(format_time(0), "19700101T000000Z");
-        assert_eq!(format_time(1_796_043_722), "20261130T130202Z");
-    }
 
     pub(super) const SITE: &str = "lib/python3.11/site-packages";
 
@@ -2426,7 +2297,7 @@ mod property {
             };
             // Paths that escape the venv are sent as adds with no target
             // look-up (the plan could not name them otherwise).
-            let c = if crate::inventory::venv_relative(super::tests::SITE, &p).is_some() {
+            let c = if crate::model::venv_relative(super::tests::SITE, &p).is_some() {
                 change(&fx, &p, action, new.as_ref())
             } else {
                 GenChange {

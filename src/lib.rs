@@ -6,13 +6,16 @@
 pub mod agent;
 pub mod apply;
 pub mod beneath;
+pub mod client;
 pub mod error;
 pub mod hashcache;
 pub mod inventory;
 pub mod journal;
 pub mod manifest;
+pub mod model;
 pub mod plan;
 pub mod preflight;
+pub mod protocol;
 pub mod report;
 pub mod text;
 pub mod transport;

@@ -10,7 +10,7 @@ use toml::Spanned;
 
 use crate::err;
 use crate::error::{Error, Result};
-use crate::transport::Endpoint;
+use crate::model::{Endpoint, Set, normalize_name};
 
 /// A parsed, validated manifest.
 #[derive(Debug, Clone)]
@@ -41,15 +41,6 @@ pub struct Host {
     /// `direct_ssh`: how another host's own `ssh` reaches this one, for
     /// `apply --direct` (default: the `ssh` value).
     pub direct_ssh: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Set {
-    pub name: String,
-    /// Distribution name globs, PEP 503-normalized.
-    pub dists: Vec<String>,
-    /// File globs relative to site-packages.
-    pub files: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -101,24 +92,6 @@ struct RawVerify {
     #[serde(default)]
     env: BTreeMap<String, String>,
     python: Option<String>,
-}
-
-/// PEP 503 normalization: lowercase, runs of `-`, `_` and `.` become one `-`.
-pub fn normalize_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut sep = false;
-    for c in name.chars() {
-        if matches!(c, '-' | '_' | '.') {
-            sep = true;
-        } else {
-            if sep && !out.is_empty() {
-                out.push('-');
-            }
-            sep = false;
-            out.extend(c.to_lowercase());
-        }
-    }
-    out
 }
 
 /// Line and column (1-based) of a byte offset.

@@ -20,10 +20,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::protocol::{Dist, Entry, Kind, ScanReport};
 use crate::err;
 use crate::error::Result;
-use crate::manifest::{Set, matches_any};
+use crate::manifest::matches_any;
+use crate::model::{Action, Dist, Entry, Kind, Problem, ScanReport, Set};
 use crate::validate::{MODE_MASK, canonical, state_path};
 
 /// Version of the saved plan format.
@@ -41,7 +41,7 @@ pub struct Plan {
     pub warnings: Vec<Warning>,
     /// Predicted breakage after the overlay (see `preflight`).
     #[serde(default)]
-    pub problems: Vec<crate::preflight::Problem>,
+    pub problems: Vec<Problem>,
     /// `--strict` or `[preflight] strict`: problems are errors, and apply refuses the plan without `--force`.
     #[serde(default)]
     pub strict: bool,
@@ -78,24 +78,6 @@ pub struct Transition {
     pub name: String,
     pub from: Option<String>,
     pub to: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[serde(rename_all = "lowercase")]
-pub enum Action {
-    Add,
-    Replace,
-    Delete,
-}
-
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Add => "add",
-            Action::Replace => "replace",
-            Action::Delete => "delete",
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

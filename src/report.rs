@@ -4,7 +4,8 @@
 use indicatif::HumanBytes;
 use serde::Serialize;
 
-use crate::plan::{Action, Plan, Warning, totals};
+use crate::model::{Action, Problem};
+use crate::plan::{Plan, Warning, totals};
 use crate::text::quote;
 
 /// The `--json` document of `overlay plan`.
@@ -14,7 +15,7 @@ pub struct PlanJson<'a> {
     pub target: &'a str,
     pub sets: Vec<SetJson<'a>>,
     pub warnings: &'a [Warning],
-    pub problems: &'a [crate::preflight::Problem],
+    pub problems: &'a [Problem],
     pub strict: bool,
 }
 

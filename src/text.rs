@@ -12,6 +12,9 @@
 //!   characters are escaped the same way, but nothing is quoted, so a
 //!   message stays one line however hostile the names in it.
 //!
+//! It also holds the two plain formats the crate shares: [`hex`] and the
+//! UTC timestamp of generation ids and logs ([`format_time`]).
+//!
 //! Printable non-ASCII characters (UTF-8 letters, the U+FFFD that a lossy
 //! conversion put in place of invalid bytes) are left as they are.
 
@@ -78,9 +81,50 @@ pub fn quote(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// `secs` since the epoch as `YYYYMMDDTHHMMSSZ` (UTC).
+/// `YYYYMMDDTHHMMSSZ` from seconds since the epoch (UTC).
+pub fn format_time(secs: u64) -> String {
+    let days = secs / 86400;
+    let rem = secs % 86400;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn time_format() {
+        assert_eq!(format_time(0), "19700101T000000Z");
+        assert_eq!(format_time(1_796_043_722), "20261130T130202Z");
+    }
 
     #[test]
     fn plain_text_is_borrowed() {

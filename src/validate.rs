@@ -17,13 +17,11 @@
 
 use std::collections::HashSet;
 
-use crate::agent::protocol::Kind;
 use crate::beneath;
 use crate::err;
 use crate::error::{Error, Result};
-use crate::inventory::venv_relative;
-use crate::journal::{PrepareRequest, STATE_DIR};
-use crate::plan::Action;
+use crate::model::venv_relative;
+use crate::model::{Action, GenChange, Kind, PrepareRequest, STATE_DIR};
 
 /// The hint of every refusal.
 pub const HINT: &str =
@@ -70,7 +68,7 @@ fn file_or_link(k: &Option<Kind>) -> bool {
 }
 
 /// Why one change is refused on its own, if it is.
-fn bad_change(c: &crate::journal::GenChange) -> Option<String> {
+fn bad_change(c: &GenChange) -> Option<String> {
     if let Some(Kind::File { mode, .. }) = &c.source
         && mode & !MODE_MASK != 0
     {
@@ -192,7 +190,7 @@ pub fn check_prepare(req: &PrepareRequest, site_rel: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::GenChange;
+    use crate::model::GenChange;
     use proptest::prelude::*;
 
     const SITE: &str = "lib/python3.11/site-packages";

@@ -10,48 +10,13 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Venv;
-use crate::journal::{STATE_DIR, format_time, valid_id};
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VerifyRequest {
-    pub venv: String,
-    /// Environment for the check; `{site_packages}` and `{venv}` are expanded.
-    pub env: BTreeMap<String, String>,
-    /// Python source run with the venv's interpreter.
-    pub python: String,
-    pub timeout_secs: u64,
-    /// Also log into this generation's folder.
-    pub generation: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct VerifyReport {
-    pub ok: bool,
-    pub exit_code: Option<i32>,
-    pub timed_out: bool,
-    pub stdout: String,
-    pub stderr: String,
-    /// The log on the target.
-    pub log: String,
-    pub millis: u64,
-}
-
-impl VerifyReport {
-    /// The final line of the error (the exception), if it failed.
-    pub fn final_line(&self) -> Option<&str> {
-        self.stderr
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .map(str::trim)
-    }
-}
+use crate::journal::valid_id;
+use crate::model::{STATE_DIR, VerifyReport, VerifyRequest};
+use crate::text::format_time;
 
 /// Create `dir` (and missing parents) with mode 0700; an existing `dir`
 /// with a wider mode is narrowed to 0700.

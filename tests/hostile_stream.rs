@@ -16,10 +16,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use overlay::agent::protocol::{
-    DATA_BIT, Kind, PROTOCOL_VERSION, Request, Response, read_frame, write_data, write_frame,
+use overlay::model::Kind;
+use overlay::model::{GenChange, PrepareRequest};
+use overlay::protocol::{
+    DATA_BIT, PROTOCOL_VERSION, Request, Response, read_frame, write_data, write_frame,
 };
-use overlay::journal::{GenChange, PrepareRequest};
 
 const SITE: &str = "lib/python3.11/site-packages";
 

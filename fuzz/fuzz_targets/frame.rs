@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use overlay::agent::protocol::{Frame, MAX_DATA, Message, Request, read_any};
+use overlay::protocol::{Frame, MAX_DATA, Message, Request, read_any};
 
 fuzz_target!(|data: &[u8]| {
     let mut r = data;

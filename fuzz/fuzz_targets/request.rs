@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use overlay::agent::protocol::Request;
+use overlay::protocol::Request;
 
 fuzz_target!(|data: &[u8]| {
     let _ = rmp_serde::from_slice::<Request>(data);

@@ -3,8 +3,6 @@
 //! requests on stdin/stdout, doing all file-system work on its own host.
 //! [`client::Client`] is the controller's end of the conversation.
 
-pub mod client;
-pub mod protocol;
 pub mod selfcheck;
 
 use std::io::{Read, Write};
@@ -17,8 +15,9 @@ use crate::err;
 use crate::error::{Error, Result};
 use crate::inventory::{self, Counters};
 use crate::journal::{Generation, Record, State};
-use protocol::{
-    Frame, PROTOCOL_VERSION, Progress, Request, Response, read_any, read_frame, write_frame,
+use crate::model::{HashMode, Progress, ScanReport, ShebangRewrite, StatEntry, Written};
+use crate::protocol::{
+    Frame, PROTOCOL_VERSION, Request, Response, read_any, read_frame, write_frame,
 };
 
 /// What the agent asks for its stdin and stdout pipes (defined with the transports).
@@ -101,8 +100,8 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
 
 /// How a stat request wants its paths described.
 struct StatHow<'a> {
-    hash: protocol::HashMode,
-    shebang: Option<&'a protocol::ShebangRewrite>,
+    hash: HashMode,
+    shebang: Option<&'a ShebangRewrite>,
     pycache: bool,
 }
 
@@ -118,10 +117,7 @@ fn stat_answer(
         inventory::stat(venv, paths, how.hash, how.shebang, how.pycache, counters)
     })?
     .map(|entries| Response::Stat {
-        entries: entries
-            .into_iter()
-            .map(protocol::StatEntry::from_entry)
-            .collect(),
+        entries: entries.into_iter().map(StatEntry::from_entry).collect(),
     })
 }
 
@@ -135,7 +131,7 @@ struct Session {
     state: Option<State>,
     generation: Option<Generation>,
     /// The scan this agent answered last (for `StatMembers`).
-    scan: Option<protocol::ScanReport>,
+    scan: Option<ScanReport>,
     /// A `PrefetchPreflight` walk: its venv and the thread listing the
     /// shared objects of site-packages.
     prefetch: Option<(
@@ -470,7 +466,7 @@ struct Broken(Error);
 
 /// A stream read into staging.
 struct StreamIn {
-    result: Result<(u64, u64, Vec<apply::Written>)>,
+    result: Result<(u64, u64, Vec<Written>)>,
     /// The source's hashes from `EndData`.
     source_hashes: Vec<(usize, String)>,
     /// The input ended (the sender went away) before `EndData`.
@@ -482,7 +478,7 @@ struct StreamIn {
 
 /// Decoded blocks queued for the unpacker. A data frame is at most
 /// [`protocol::MAX_DATA`] bytes and decodes to at most one block
-/// ([`apply::BLOCK`]), so the queue holds at most this many MiB (plus the
+/// ([`BLOCK`](crate::model::BLOCK)), so the queue holds at most this many MiB (plus the
 /// frame being read and the block being unpacked), whatever the sender does.
 const DECODED_BLOCKS: usize = 8;
 
@@ -642,8 +638,8 @@ pub fn main() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::Set;
-    use protocol::HashMode;
+    use crate::model::HashMode;
+    use crate::model::Set;
 
     /// A venv with one distribution `a` of three files plus its dist-info.
     fn venv() -> tempfile::TempDir {
@@ -735,20 +731,17 @@ mod tests {
         let Response::Stat { entries } = &answers[2] else {
             panic!("{:?}", answers[2]);
         };
-        let kinds: Vec<Option<crate::agent::protocol::Kind>> = order
+        let kinds: Vec<Option<crate::model::Kind>> = order
             .iter()
             .zip(entries.clone())
             .map(|(p, e)| e.into_entry(p.to_string()).map(|e| e.kind))
             .collect();
         assert_eq!(kinds.len(), order.len());
         let extra = order.iter().position(|p| *p == "a/extra.py").unwrap();
-        assert_eq!(kinds[extra], Some(crate::agent::protocol::Kind::Missing));
+        assert_eq!(kinds[extra], Some(crate::model::Kind::Missing));
         let b = order.iter().position(|p| *p == "a/sub/b.py").unwrap();
         assert!(
-            matches!(
-                kinds[b],
-                Some(crate::agent::protocol::Kind::File { size: 6, .. })
-            ),
+            matches!(kinds[b], Some(crate::model::Kind::File { size: 6, .. })),
             "{:?}",
             kinds[b]
         );

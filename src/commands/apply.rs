@@ -10,18 +10,19 @@ use std::path::Path;
 use std::time::Instant;
 
 use indicatif::HumanBytes;
-use overlay::agent::client::Client;
-use overlay::agent::protocol::{Compression, Frame, Request, Response, SendFile, ShebangRewrite};
+use overlay::client::Client;
 use overlay::err;
 use overlay::error::Result;
-use overlay::journal::{GenChange, PrepareRequest};
-use overlay::plan::{Action, Plan};
-use overlay::transport::Endpoint;
+use overlay::plan::Plan;
+use overlay::protocol::{Frame, Request, Response};
 
 use crate::EXIT_OK;
 use crate::cli::{ApplyArgs, GlobalArgs};
 use crate::commands::plan::connect_options;
 use crate::progress::{HashBars, status};
+use overlay::model::{
+    Action, Compression, Endpoint, GenChange, PrepareRequest, SendFile, ShebangRewrite,
+};
 
 pub fn load_plan(path: &Path) -> Result<Plan> {
     let text = std::fs::read_to_string(path).map_err(|e| {

@@ -4,25 +4,26 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use overlay::agent::client::Client;
+use overlay::client::Client;
 use std::collections::HashSet;
 
-use overlay::agent::protocol::{
-    Entry, HashMode, Kind, Request, Response, ScanReport, ShebangRewrite,
-};
 use overlay::err;
 use overlay::error::Result;
-use overlay::manifest::{Host, Manifest, Set};
-use overlay::plan::Action;
+use overlay::manifest::{Host, Manifest};
 use overlay::plan::{self, HostInfo, PLAN_FORMAT, Plan, Side};
-use overlay::preflight::{Check, PreflightRequest, Problem, cuda, requirements};
+use overlay::preflight::{cuda, requirements};
+use overlay::protocol::{Request, Response};
 use overlay::report;
 use overlay::text;
-use overlay::transport::{ConnectOptions, Endpoint};
+use overlay::transport::ConnectOptions;
 
 use crate::cli::{GlobalArgs, PlanArgs};
 use crate::progress::{self, HashBars};
 use crate::{EXIT_CHANGES, EXIT_OK};
+use overlay::model::{
+    Action, Check, Dist, Endpoint, Entry, HashMode, Kind, PreflightRequest, Problem, Progress,
+    ScanReport, Set, ShebangRewrite,
+};
 
 pub fn connect_options(global: &GlobalArgs) -> ConnectOptions {
     ConnectOptions {
@@ -89,7 +90,7 @@ impl StatSide<'_> {
             return Ok(Vec::new());
         }
         let bar = self.bar;
-        let mut progress = |p: overlay::agent::protocol::Progress| {
+        let mut progress = |p: Progress| {
             if mode == HashMode::All {
                 bar.set_length(p.total_bytes);
                 bar.set_position(p.bytes);
@@ -456,7 +457,7 @@ fn preflight(
     // 1. Requirements, for the target's interpreter and platform. Problems
     //    the target already has are marked as such.
     if let Some(env) = requirements::environment(&dst_scan.facts, &dst_scan.python) {
-        let before: Vec<&overlay::agent::protocol::Dist> = dst_scan.dists.iter().collect();
+        let before: Vec<&Dist> = dst_scan.dists.iter().collect();
         let already: HashSet<String> = requirements::check(&before, &env)
             .into_iter()
             .map(|p| p.reason)

@@ -4,18 +4,18 @@
 use std::path::Path;
 
 use indicatif::HumanBytes;
-use overlay::agent::client::Client;
-use overlay::agent::protocol::{Request, Response};
+use overlay::client::Client;
 use overlay::err;
 use overlay::error::Result;
 use overlay::manifest::Manifest;
-use overlay::transport::Endpoint;
+use overlay::protocol::{Request, Response};
 
 use crate::EXIT_OK;
 use crate::cli::{GlobalArgs, HistoryArgs, PruneArgs, RollbackArgs};
 use crate::commands::apply::{endpoint, load_plan};
 use crate::commands::plan::connect_options;
 use crate::progress::status;
+use overlay::model::Endpoint;
 
 /// A host by manifest name, or else the target of the last plan.
 pub fn resolve(
@@ -121,7 +121,7 @@ pub fn history(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
             .ok()
             .and_then(|v| v.as_str().map(String::from))
             .unwrap_or_default();
-        let t = overlay::journal::format_time(g.created);
+        let t = overlay::text::format_time(g.created);
         let when = format!(
             "{}-{}-{} {}:{}:{}",
             &t[0..4],

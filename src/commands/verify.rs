@@ -2,19 +2,18 @@
 //! target venv and show its whole output: the full traceback, then the
 //! final exception line on its own.
 
-use overlay::agent::client::Client;
-use overlay::agent::protocol::{Request, Response};
+use overlay::client::Client;
 use overlay::err;
 use overlay::error::Result;
 use overlay::manifest::Manifest;
-use overlay::transport::Endpoint;
-use overlay::verify::{VerifyReport, VerifyRequest};
+use overlay::protocol::{Request, Response};
 
 use crate::cli::{GlobalArgs, VerifyArgs};
 use crate::commands::plan::connect_options;
 use crate::commands::rollback::resolve;
 use crate::progress::status;
 use crate::{EXIT_OK, EXIT_VERIFY_FAILED};
+use overlay::model::{Endpoint, VerifyReport, VerifyRequest};
 
 /// The manifest's check, ready to send.
 pub fn request(

@@ -10,9 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Check, Problem};
-use crate::agent::protocol::Dist;
 use crate::manifest::matches_any;
+use crate::model::{Check, Dist, Problem, normalize_name};
 
 /// Distributions that link against torch's CUDA runtime (PEP 503 names).
 pub const DEFAULT_FAMILY: &[&str] = &[
@@ -119,7 +118,7 @@ pub fn check(
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
                 .collect();
-            core.contains(crate::manifest::normalize_name(&name).as_str())
+            core.contains(normalize_name(&name).as_str())
         })
     };
     let mut members: Vec<(&Dist, Vec<Evidence>)> = Vec::new();

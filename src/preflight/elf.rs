@@ -53,38 +53,9 @@ use object::LittleEndian;
 use object::elf as oelf;
 use object::read::elf::{FileHeader, SectionHeader as _, SectionTable, Sym as _};
 use object::read::{ReadRef, StringTable, SymbolIndex};
-use serde::{Deserialize, Serialize};
 
-/// One dynamic symbol.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Symbol {
-    pub name: String,
-    /// The version defined (for a definition) or required (for a reference).
-    pub version: Option<String>,
-    /// `STB_WEAK`: a weak reference may stay unresolved.
-    pub weak: bool,
-}
-
-/// What overlay knows of one ELF shared object (or executable).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
-pub struct ElfInfo {
-    pub soname: Option<String>,
-    pub needed: Vec<String>,
-    /// `DT_RPATH` entries, split on ':'.
-    pub rpath: Vec<String>,
-    /// `DT_RUNPATH` entries, split on ':'.
-    pub runpath: Vec<String>,
-    /// (file, version) pairs from .gnu.version_r, e.g. ("libc.so.6",
-    /// "GLIBC_2.34"); weak needs (`VER_FLG_WEAK`) excluded.
-    pub version_needs: Vec<(String, String)>,
-    /// Version names from .gnu.version_d (excluding the base/file-name entry).
-    pub version_defs: Vec<String>,
-    /// Defined dynamic symbols (global/weak, not local), with their version
-    /// when versioned.
-    pub defined: Vec<Symbol>,
-    /// Undefined dynamic symbols with their needed version and weak flag.
-    pub undefined: Vec<Symbol>,
-}
+use crate::model::{Check, Problem};
+pub use crate::model::{ElfInfo, Symbol};
 
 // ---------------------------------------------------------------------------
 // Reading
@@ -556,12 +527,12 @@ pub struct ElfProblem {
 }
 
 impl ElfProblem {
-    /// As a preflight [`Problem`](super::Problem) of the ELF check, the file
+    /// As a preflight [`Problem`] of the ELF check, the file
     /// relative to `site_packages` when it lies under it.
-    pub fn to_problem(&self, site_packages: &Path, dist: Option<String>) -> super::Problem {
+    pub fn to_problem(&self, site_packages: &Path, dist: Option<String>) -> Problem {
         let file = self.file.strip_prefix(site_packages).unwrap_or(&self.file);
-        super::Problem {
-            check: super::Check::Elf,
+        Problem {
+            check: Check::Elf,
             dist,
             file: Some(file.to_string_lossy().into_owned()),
             reason: self.reason.clone(),

@@ -11,37 +11,13 @@ pub mod cuda;
 pub mod elf;
 pub mod requirements;
 
-use serde::{Deserialize, Serialize};
-
-/// Which check found a problem.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[serde(rename_all = "lowercase")]
-pub enum Check {
-    Requirements,
-    Cuda,
-    Elf,
-}
-
-/// One predicted failure.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Problem {
-    pub check: Check,
-    /// The distribution affected, if known.
-    pub dist: Option<String>,
-    /// The file affected (relative to site-packages), if any.
-    pub file: Option<String>,
-    pub reason: String,
-    /// The target has this problem already, before the overlay.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub preexisting: bool,
-}
-
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
 use crate::error::Result;
 use crate::inventory::Venv;
-use elf::{ElfInfo, LoaderConfig, LoaderView, OverlayView};
+use crate::model::{Dist, ElfInfo, PreflightReport, PreflightRequest, Set, normalize_name};
+use elf::{LoaderConfig, LoaderView, OverlayView};
 
 /// Libraries that come with the GPU driver, not with any wheel: a host
 /// without a GPU has none, and that is not the overlay's doing.
@@ -50,32 +26,6 @@ const DRIVER_LIBS: &[&str] = &[
     "libnvidia-ml.so.1",
     "libnvidia-ptxjitcompiler.so.1",
 ];
-
-/// What the target agent needs to predict loader failures after the overlay.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PreflightRequest {
-    pub venv: String,
-    /// Paths (relative to site-packages) the overlay adds or replaces, with
-    /// their ELF facts from the source (`None`: not an ELF object).
-    pub placed: Vec<(String, Option<ElfInfo>)>,
-    /// Paths the overlay deletes.
-    pub deleted: Vec<String>,
-    /// Absolute directories, from the manifest's `[verify] env.LD_LIBRARY_PATH`.
-    pub ld_library_path: Vec<String>,
-    /// Top-level package directories of distributions that import torch:
-    /// for objects below them, what torch preloads counts as loaded.
-    pub torch_users: Vec<String>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PreflightReport {
-    /// (object relative to site-packages, reason).
-    pub problems: Vec<(String, String)>,
-    /// CUDA runtime majors each shared object needs after the overlay.
-    pub cudart: BTreeMap<String, BTreeSet<u32>>,
-    /// Shared objects checked.
-    pub checked: u64,
-}
 
 /// Does this file name look like a shared object?
 pub fn looks_shared(path: &str) -> bool {
@@ -284,12 +234,12 @@ pub fn run_on_target(
 /// Distributions installed after the plan: those of the target that stay,
 /// plus those the sets bring from the source.
 pub fn dists_after<'a>(
-    target: &'a [crate::agent::protocol::Dist],
-    source: &'a [crate::agent::protocol::Dist],
-    sets: &[crate::manifest::Set],
+    target: &'a [Dist],
+    source: &'a [Dist],
+    sets: &[Set],
     deleted: &HashSet<&str>,
-) -> Vec<&'a crate::agent::protocol::Dist> {
-    let arriving: Vec<&crate::agent::protocol::Dist> = source
+) -> Vec<&'a Dist> {
+    let arriving: Vec<&Dist> = source
         .iter()
         .filter(|d| {
             sets.iter()
@@ -297,7 +247,7 @@ pub fn dists_after<'a>(
         })
         .collect();
     let arriving_infos: HashSet<&str> = arriving.iter().map(|d| d.dist_info.as_str()).collect();
-    let mut out: Vec<&crate::agent::protocol::Dist> = target
+    let mut out: Vec<&Dist> = target
         .iter()
         .filter(|d| {
             !deleted.contains(format!("{}/METADATA", d.dist_info).as_str())
@@ -309,7 +259,7 @@ pub fn dists_after<'a>(
 }
 
 /// The top-level directories owned by distributions that require torch.
-pub fn torch_users(dists: &[&crate::agent::protocol::Dist]) -> Vec<String> {
+pub fn torch_users(dists: &[&Dist]) -> Vec<String> {
     let mut out = BTreeSet::new();
     for d in dists {
         let needs_torch = d.requires_dist.iter().any(|r| {
@@ -317,7 +267,7 @@ pub fn torch_users(dists: &[&crate::agent::protocol::Dist]) -> Vec<String> {
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
                 .collect();
-            crate::manifest::normalize_name(&name) == "torch"
+            normalize_name(&name) == "torch"
         });
         if needs_torch || d.normalized == "torch" {
             for f in &d.files {
@@ -334,10 +284,7 @@ pub fn torch_users(dists: &[&crate::agent::protocol::Dist]) -> Vec<String> {
 }
 
 /// Owner distribution of a path (after the overlay), for messages.
-pub fn owner<'a>(
-    dists: &[&'a crate::agent::protocol::Dist],
-    path: &str,
-) -> Option<&'a crate::agent::protocol::Dist> {
+pub fn owner<'a>(dists: &[&'a Dist], path: &str) -> Option<&'a Dist> {
     dists
         .iter()
         .find(|d| d.files.iter().any(|f| f == path))

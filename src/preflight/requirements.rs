@@ -8,13 +8,11 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::str::FromStr;
 
+use crate::model::{Check, Dist, Facts, Problem, normalize_name};
 use pep508_rs::pep440_rs::Version;
 use pep508_rs::{
     ExtraName, MarkerEnvironment, MarkerEnvironmentBuilder, Requirement, VersionOrUrl,
 };
-
-use super::{Check, Problem};
-use crate::agent::protocol::{Dist, Facts};
 
 /// The PEP 508 marker environment of a Linux CPython described by `facts`.
 pub fn environment(facts: &Facts, python: &str) -> Option<MarkerEnvironment> {
@@ -130,7 +128,7 @@ pub fn check(dists: &[&Dist], env: &MarkerEnvironment) -> Vec<Problem> {
                 let declared: BTreeSet<String> = target
                     .provides_extra
                     .iter()
-                    .map(|e| crate::manifest::normalize_name(e))
+                    .map(|e| normalize_name(e))
                     .collect();
                 for e in &req.extras {
                     if !declared.contains(&e.to_string()) {

@@ -8,7 +8,7 @@
 //!
 //! A transport only moves bytes. It never builds a shell command from a file
 //! name or a manifest value: everything the agent does is asked for through
-//! the framed protocol in [`crate::agent::protocol`].
+//! the framed protocol in [`crate::protocol`].
 
 pub mod local;
 pub mod openssh;
@@ -18,6 +18,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::model::Endpoint;
 
 /// What each end of an agent pipe asks for its pipe buffers (the agent for
 /// its stdin and stdout, the local transport for the child's): a stream
@@ -131,15 +132,6 @@ pub fn signal_number(num: i32) -> String {
         None => num.to_string(),
     }
 }
-/// Where a host lives, as written in the manifest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Endpoint {
-    /// This machine: the agent runs as a child process.
-    Local,
-    /// `ssh = "..."`: an alias from ~/.ssh/config or `[user@]host[:port]`.
-    Ssh(String),
-}
-
 /// Start an agent on `host` (the manifest's host name, used in messages).
 pub fn start_agent(host: &str, endpoint: &Endpoint, opts: &ConnectOptions) -> Result<AgentPipe> {
     match endpoint {

@@ -637,7 +637,7 @@ pub fn snapshot(venv: &Path) -> BTreeMap<String, String> {
         } else if m.is_dir() {
             format!("dir {mode:o}")
         } else {
-            let sha = overlay::inventory::hex(&Sha256::digest(fs::read(e.path()).unwrap()));
+            let sha = overlay::text::hex(&Sha256::digest(fs::read(e.path()).unwrap()));
             format!("file {mode:o} {} {sha}", m.len())
         };
         out.insert(rel, desc);

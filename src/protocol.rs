@@ -22,15 +22,21 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::err;
 use crate::error::{Error, Result};
+use crate::model::{
+    BLOCK, Compression, ElfInfo, GenerationInfo, HashMode, PreflightReport, PreflightRequest,
+    PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Set, ShebangRewrite, StatEntry,
+    VerifyReport, VerifyRequest, Written,
+};
 
-/// Bumped whenever a frame changes shape. 7: a symlink's tar entry carries
+/// Bumped whenever a frame changes shape. 8: a written file is a named
+/// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
-pub const MAX_DATA: usize = 1 + crate::apply::BLOCK;
+pub const MAX_DATA: usize = 1 + BLOCK;
 
 /// A message type and the largest frame of it accepted.
 pub trait Message: DeserializeOwned {
@@ -48,47 +54,6 @@ impl Message for Request {
 /// Answers, which the controller reads (a listing of a very large venv fits).
 impl Message for Response {
     const MAX: usize = (1 << 30) - 1;
-}
-
-/// How the source packs the stream's blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Compression {
-    /// Pick the zstd level (or none) for the link as the stream goes.
-    Auto,
-    /// Store every block as is.
-    None,
-    /// zstd at this level.
-    Zstd(i32),
-}
-
-impl std::str::FromStr for Compression {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Compression, String> {
-        match s {
-            "auto" => Ok(Compression::Auto),
-            "none" | "0" => Ok(Compression::None),
-            n => match n.parse::<i32>() {
-                Ok(l) if (-7..=19).contains(&l) => Ok(Compression::Zstd(l)),
-                _ => Err(format!(
-                    "{n:?} is not a compression: use auto, none, or a zstd level from -7 to 19"
-                )),
-            },
-        }
-    }
-}
-
-/// How much of a file's content a stat reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HashMode {
-    /// Only metadata.
-    None,
-    /// Metadata, plus the blake3 where the host's hash cache still vouches
-    /// for it (no content is read).
-    Cached,
-    /// Metadata and blake3 of every regular file (from the cache or read).
-    All,
 }
 
 // Externally tagged (`{"stat": {...}}`), not `tag = "type"`: serde reads an
@@ -125,7 +90,7 @@ pub enum Request {
     /// misread answer.
     StatMembers {
         venv: String,
-        sets: Vec<crate::manifest::Set>,
+        sets: Vec<Set>,
         globs: Vec<String>,
         extra: Vec<String>,
         count: u64,
@@ -144,7 +109,7 @@ pub enum Request {
     },
     /// Target side: take the lock, recover an unfinished generation, check
     /// the plan's preconditions and free space, and open a new generation.
-    Prepare(Box<crate::journal::PrepareRequest>),
+    Prepare(Box<PrepareRequest>),
     /// Target side: data frames with the packed tar stream follow, then `EndData`.
     Stage,
     /// Source side, `apply --direct`: like `Send`, but the stream goes
@@ -178,7 +143,7 @@ pub enum Request {
         /// What the source read (as in `EndData`).
         hashes: Vec<(usize, String)>,
         /// What the receiving agent wrote.
-        written: Vec<crate::apply::Written>,
+        written: Vec<Written>,
     },
     /// The end of the stream, with the blake3 the source computed while
     /// reading each file the plan had not hashed (by change index).
@@ -213,7 +178,7 @@ pub enum Request {
         resume: bool,
     },
     /// Run the `[verify]` check in the venv.
-    Verify(Box<crate::verify::VerifyRequest>),
+    Verify(Box<VerifyRequest>),
     /// Source side: ELF facts of these files (site-packages relative).
     ElfInfo {
         venv: String,
@@ -227,17 +192,8 @@ pub enum Request {
         venv: String,
     },
     /// Target side: predict what fails to load after the overlay.
-    Preflight(Box<crate::preflight::PreflightRequest>),
+    Preflight(Box<PreflightRequest>),
     Bye,
-}
-
-/// One file for the source to send: its path and what the plan saw.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SendFile {
-    /// Its index in the generation's change list: the tar entry's name.
-    pub index: usize,
-    pub path: String,
-    pub kind: Kind,
 }
 
 // Externally tagged, like `Request`.
@@ -270,13 +226,13 @@ pub enum Response {
         windows: Vec<(i32, f64)>,
         /// On the direct route: what the target wrote.
         #[serde(default)]
-        written: Vec<crate::apply::Written>,
+        written: Vec<Written>,
     },
     /// The receiving end of a direct stream: files and bytes staged.
     Received {
         files: u64,
         bytes: u64,
-        written: Vec<crate::apply::Written>,
+        written: Vec<Written>,
     },
     Prepared {
         generation: String,
@@ -293,9 +249,9 @@ pub enum Response {
         generation: String,
     },
     Aborted,
-    RolledBack(crate::journal::RollbackReport),
+    RolledBack(RollbackReport),
     History {
-        generations: Vec<crate::journal::GenerationInfo>,
+        generations: Vec<GenerationInfo>,
         recovered: Option<String>,
     },
     Pruned {
@@ -305,12 +261,12 @@ pub enum Response {
     Recovered {
         outcome: Option<String>,
     },
-    Verified(crate::verify::VerifyReport),
+    Verified(VerifyReport),
     ElfInfo {
-        infos: Vec<Option<crate::preflight::elf::ElfInfo>>,
+        infos: Vec<Option<ElfInfo>>,
     },
     Prefetching,
-    Preflight(crate::preflight::PreflightReport),
+    Preflight(PreflightReport),
     Error(Error),
     Bye,
 }
@@ -392,376 +348,6 @@ pub fn read_any<T: Message>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
         })
 }
 
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
-pub struct Progress {
-    pub files: u64,
-    pub bytes: u64,
-    pub total_files: u64,
-    pub total_bytes: u64,
-}
-
-/// Replace `#!{from}/bin/` with `#!{to}/bin/` on the first line of scripts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShebangRewrite {
-    pub from: String,
-    pub to: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ScanReport {
-    pub venv: String,
-    /// site-packages relative to the venv, e.g. `lib/python3.11/site-packages`.
-    pub site_packages: String,
-    /// Interpreter `major.minor`, e.g. `3.11`.
-    pub python: String,
-    pub dists: Vec<Dist>,
-    /// For each requested file glob, in request order, the matching paths.
-    pub globs: Vec<Vec<String>>,
-    #[serde(default)]
-    pub facts: Facts,
-}
-
-/// One installed distribution (a `*.dist-info` directory).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Dist {
-    pub name: String,
-    /// PEP 503-normalized name.
-    pub normalized: String,
-    pub version: String,
-    /// The true build, e.g. `2.11.0+cu130` from `torch/version.py`, when it
-    /// says more than the dist-info's version.
-    pub build: Option<String>,
-    /// The dist-info directory, relative to site-packages.
-    pub dist_info: String,
-    /// Paths relative to site-packages: RECORD's entries (without
-    /// `__pycache__`) plus every file inside the dist-info directory.
-    pub files: Vec<String>,
-    /// Why RECORD or METADATA could not be read, if so.
-    pub problem: Option<String>,
-    /// METADATA `Requires-Dist` lines, verbatim.
-    #[serde(default)]
-    pub requires_dist: Vec<String>,
-    /// METADATA `Provides-Extra`.
-    #[serde(default)]
-    pub provides_extra: Vec<String>,
-    /// The CUDA version a `<pkg>/version.py` declares (`cuda = '13.0'`).
-    #[serde(default)]
-    pub cuda: Option<String>,
-}
-
-#[cfg(test)]
-impl Dist {
-    /// A distribution for unit tests: `name` `version` and nothing else.
-    pub(crate) fn for_test(name: &str, version: &str) -> Dist {
-        Dist {
-            name: name.into(),
-            normalized: crate::manifest::normalize_name(name),
-            version: version.into(),
-            build: None,
-            dist_info: format!("{name}-{version}.dist-info"),
-            files: vec![],
-            problem: None,
-            requires_dist: vec![],
-            provides_extra: vec![],
-            cuda: None,
-        }
-    }
-}
-
-/// What the agent knows of its host, for evaluating markers.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Facts {
-    /// `version` from pyvenv.cfg, e.g. `3.11.2`.
-    pub python_full: String,
-    /// `uname -m`, `-r`, `-v`.
-    pub machine: String,
-    pub release: String,
-    pub kernel_version: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Entry {
-    pub path: String,
-    pub kind: Kind,
-    /// Compiled bytecode of a `.py` file (`__pycache__/<stem>.*.pyc`), relative to site-packages.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pyc: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", try_from = "KindRepr")]
-pub enum Kind {
-    Missing,
-    File {
-        size: u64,
-        mode: u32,
-        /// Taken only where a hash decides something (see `plan`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        blake3: Option<String>,
-        /// Where no hash was taken, this tells whether the file changed since.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        stamp: Option<FileStamp>,
-    },
-    Symlink {
-        target: String,
-    },
-    Dir {
-        mode: u32,
-    },
-    /// A device, socket or fifo: never touched.
-    Other,
-    /// Reachable only through a symlinked parent directory, `link`
-    /// (relative to site-packages, as RECORD spells it): never read, written
-    /// or deleted through it.
-    ThroughSymlink {
-        link: String,
-    },
-}
-
-/// The flat shape `Kind` is read through. serde reads an internally tagged
-/// enum by first buffering every field of it; tens of thousands of entries
-/// per stat made that the controller's main cost, so `Kind` is read as this
-/// plain struct (same JSON) and checked after.
-#[derive(Deserialize)]
-struct KindRepr {
-    kind: KindTag,
-    size: Option<u64>,
-    mode: Option<u32>,
-    blake3: Option<String>,
-    stamp: Option<FileStamp>,
-    target: Option<String>,
-    link: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum KindTag {
-    Missing,
-    File,
-    Symlink,
-    Dir,
-    Other,
-    ThroughSymlink,
-}
-
-impl TryFrom<KindRepr> for Kind {
-    type Error = String;
-    fn try_from(r: KindRepr) -> std::result::Result<Kind, String> {
-        let need = |what: &str| format!("a {what} entry lacks a field");
-        Ok(match r.kind {
-            KindTag::Missing => Kind::Missing,
-            KindTag::Other => Kind::Other,
-            KindTag::File => Kind::File {
-                size: r.size.ok_or_else(|| need("file"))?,
-                mode: r.mode.ok_or_else(|| need("file"))?,
-                blake3: r.blake3,
-                stamp: r.stamp,
-            },
-            KindTag::Symlink => Kind::Symlink {
-                target: r.target.ok_or_else(|| need("symlink"))?,
-            },
-            KindTag::Dir => Kind::Dir {
-                mode: r.mode.ok_or_else(|| need("dir"))?,
-            },
-            KindTag::ThroughSymlink => Kind::ThroughSymlink {
-                link: r.link.ok_or_else(|| need("through_symlink"))?,
-            },
-        })
-    }
-}
-
-/// An [`Entry`] as a stat answer carries it: without the path (the answer
-/// follows the request's order), as a JSON array rather than an object, and
-/// without the stamp of a file whose hash came along (the hash decides
-/// everything the stamp would). A warm plan moves one of these per file of
-/// both venvs, so its size is most of that plan's cost: about 90 bytes
-/// against 250 for the tagged object with its path.
-///
-/// `[tag, size, mode, hash, stamp, link, pyc]`: tag 0 missing, 1 file,
-/// 2 symlink (target in `link`), 3 directory (`mode`), 4 other, 5 behind a
-/// symlinked parent (that parent in `link`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StatEntry(
-    u8,
-    u64,
-    u32,
-    Option<String>,
-    Option<(u64, u64, i64, i64)>,
-    Option<String>,
-    Vec<String>,
-);
-
-impl StatEntry {
-    pub fn from_entry(e: Entry) -> StatEntry {
-        let Entry { kind, pyc, .. } = e;
-        match kind {
-            Kind::Missing => StatEntry(0, 0, 0, None, None, None, pyc),
-            Kind::File {
-                size,
-                mode,
-                blake3,
-                stamp,
-            } => {
-                let stamp = match (&blake3, stamp) {
-                    (None, Some(t)) => Some((t.dev, t.ino, t.mtime_ns, t.ctime_ns)),
-                    _ => None,
-                };
-                StatEntry(1, size, mode, blake3, stamp, None, pyc)
-            }
-            Kind::Symlink { target } => StatEntry(2, 0, 0, None, None, Some(target), pyc),
-            Kind::Dir { mode } => StatEntry(3, 0, mode, None, None, None, pyc),
-            Kind::Other => StatEntry(4, 0, 0, None, None, None, pyc),
-            Kind::ThroughSymlink { link } => StatEntry(5, 0, 0, None, None, Some(link), pyc),
-        }
-    }
-
-    /// The entry for `path`; `None` for a tag this version does not know.
-    pub fn into_entry(self, path: String) -> Option<Entry> {
-        let StatEntry(tag, size, mode, blake3, stamp, link, pyc) = self;
-        let kind = match tag {
-            0 => Kind::Missing,
-            1 => Kind::File {
-                size,
-                mode,
-                blake3,
-                stamp: stamp.map(|(dev, ino, mtime_ns, ctime_ns)| FileStamp {
-                    dev,
-                    ino,
-                    mtime_ns,
-                    ctime_ns,
-                }),
-            },
-            2 => Kind::Symlink { target: link? },
-            3 => Kind::Dir { mode },
-            4 => Kind::Other,
-            5 => Kind::ThroughSymlink { link: link? },
-            _ => return None,
-        };
-        Some(Entry { path, kind, pyc })
-    }
-}
-
-/// A file's identity and last change: device, inode, mtime and ctime (ns).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileStamp {
-    pub dev: u64,
-    pub ino: u64,
-    pub mtime_ns: i64,
-    pub ctime_ns: i64,
-}
-
-impl FileStamp {
-    /// The same inode, not modified since (a rename changes only the ctime).
-    pub fn same_inode_unchanged(&self, now: &FileStamp) -> bool {
-        self.dev == now.dev && self.ino == now.ino && self.mtime_ns == now.mtime_ns
-    }
-
-    pub fn of(m: &std::fs::Metadata) -> FileStamp {
-        use std::os::unix::fs::MetadataExt;
-        FileStamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            mtime_ns: m
-                .mtime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(m.mtime_nsec()),
-            ctime_ns: m
-                .ctime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(m.ctime_nsec()),
-        }
-    }
-}
-
-impl Kind {
-    /// Is `now` still what `self` (an earlier observation) saw? With a hash,
-    /// the content decides; without one, the size, mode and stamp must all
-    /// be unchanged.
-    pub fn unchanged_in(&self, now: &Kind) -> bool {
-        self.matches_by(now, |a, b| a == b)
-    }
-
-    /// After a rollback: is `now` the file that `self` was before the apply?
-    /// With a hash, the content decides. Without one, the same inode with the
-    /// same size and mtime: rollback renames the old inode back, and overlay
-    /// never writes into an existing inode (a rename changes only its ctime).
-    pub fn restored_in(&self, now: &Kind) -> bool {
-        self.matches_by(now, |a, b| {
-            (a.dev, a.ino, a.mtime_ns) == (b.dev, b.ino, b.mtime_ns)
-        })
-    }
-
-    /// Content decides where `self` has a hash; otherwise size, mode and
-    /// `same_stamp`. Non-files compare with [`Kind::same_as`].
-    fn matches_by(&self, now: &Kind, same_stamp: impl Fn(&FileStamp, &FileStamp) -> bool) -> bool {
-        match (self, now) {
-            (
-                Kind::File {
-                    blake3: Some(_), ..
-                },
-                _,
-            ) => self.same_as(now),
-            (
-                Kind::File {
-                    size: s1,
-                    mode: m1,
-                    stamp: Some(t1),
-                    ..
-                },
-                Kind::File {
-                    size: s2,
-                    mode: m2,
-                    stamp: Some(t2),
-                    ..
-                },
-            ) => s1 == s2 && m1 == m2 && same_stamp(t1, t2),
-            (Kind::File { .. }, _) => false,
-            _ => self.same_as(now),
-        }
-    }
-
-    pub fn digest(&self) -> Option<&str> {
-        match self {
-            Kind::File { blake3, .. } => blake3.as_deref(),
-            _ => None,
-        }
-    }
-
-    pub fn size(&self) -> u64 {
-        match self {
-            Kind::File { size, .. } => *size,
-            _ => 0,
-        }
-    }
-    pub fn exists(&self) -> bool {
-        !matches!(self, Kind::Missing)
-    }
-
-    /// Same content, type, mode and link target: what a mirror compares.
-    /// Files compare equal only when both were hashed.
-    pub fn same_as(&self, other: &Kind) -> bool {
-        match (self, other) {
-            (Kind::Missing, Kind::Missing) | (Kind::Dir { .. }, Kind::Dir { .. }) => true,
-            (
-                Kind::File {
-                    size: s1,
-                    mode: m1,
-                    blake3: h1,
-                    ..
-                },
-                Kind::File {
-                    size: s2,
-                    mode: m2,
-                    blake3: h2,
-                    ..
-                },
-            ) => s1 == s2 && m1 == m2 && h1.is_some() && h1 == h2,
-            (Kind::Symlink { target: t1 }, Kind::Symlink { target: t2 }) => t1 == t2,
-            _ => false,
-        }
-    }
-}
-
 /// Write one frame and flush.
 pub fn write_frame<T: Serialize>(w: &mut dyn Write, value: &T) -> std::io::Result<()> {
     let body = rmp_serde::to_vec_named(value).map_err(std::io::Error::other)?;
@@ -782,6 +368,7 @@ pub fn read_frame<T: Message>(r: &mut dyn Read) -> Result<Option<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Entry, FileStamp, Kind};
 
     /// A reader that counts what was taken from it.
     struct Counting<'a>(&'a [u8], usize);
@@ -883,14 +470,14 @@ mod tests {
                 flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..6),
             ) {
                 let _ = rmp_serde::from_slice::<Request>(&data);
-                let req = Request::Prepare(Box::new(crate::journal::PrepareRequest {
+                let req = Request::Prepare(Box::new(crate::model::PrepareRequest {
                     venv: "/v".into(),
                     source: "s".into(),
                     target: "t".into(),
                     plan_created: 1,
-                    changes: vec![crate::journal::GenChange {
+                    changes: vec![crate::model::GenChange {
                         path: "a/b.py".into(),
-                        action: crate::plan::Action::Replace,
+                        action: crate::model::Action::Replace,
                         source: Some(Kind::File { size: 5, mode: 0o644, blake3: Some("ab".into()), stamp: None }),
                         target: Some(Kind::Symlink { target: "x".into() }),
                         bytecode: false,
@@ -913,9 +500,9 @@ mod tests {
     /// One change of a `Prepare` as MessagePack: what bounds a request.
     #[test]
     fn a_prepare_of_100k_changes_fits_a_request_frame() {
-        let change = crate::journal::GenChange {
+        let change = crate::model::GenChange {
             path: "nvidia/cublas/lib/python3.11/site-packages/some/long/module_name.cpython-311-x86_64-linux-gnu.so".into(),
-            action: crate::plan::Action::Replace,
+            action: crate::model::Action::Replace,
             source: Some(Kind::File { size: 123_456_789, mode: 0o755, blake3: Some("a".repeat(64)), stamp: Some(FileStamp { dev: 2049, ino: 1 << 40, mtime_ns: 1 << 60, ctime_ns: 1 << 60 }) }),
             target: Some(Kind::File { size: 123_456_789, mode: 0o755, blake3: Some("b".repeat(64)), stamp: Some(FileStamp { dev: 2049, ino: 1 << 40, mtime_ns: 1 << 60, ctime_ns: 1 << 60 }) }),
             bytecode: false,

@@ -3,12 +3,12 @@
 
 use crate::err;
 use crate::error::{Error, Result};
-use crate::transport::{self, AgentPipe, ConnectOptions, Endpoint, Watch};
+use crate::transport::{self, AgentPipe, ConnectOptions, Watch};
 
 use super::protocol::{
-    Entry, Frame, HashMode, PROTOCOL_VERSION, Progress, Request, Response, ScanReport,
-    ShebangRewrite, read_any, read_frame, write_data, write_frame,
+    Frame, PROTOCOL_VERSION, Request, Response, read_any, read_frame, write_data, write_frame,
 };
+use crate::model::{Endpoint, Entry, HashMode, Progress, ScanReport, Set, ShebangRewrite};
 
 /// A connected agent on one host.
 pub struct Client {
@@ -212,7 +212,7 @@ impl Client {
     pub fn stat_members(
         &mut self,
         venv: &str,
-        sets: &[crate::manifest::Set],
+        sets: &[Set],
         globs: &[String],
         extra: Vec<String>,
         order: Vec<String>,

@@ -1,0 +1,35 @@
+//! The dynamic facts of one ELF object ([`ElfInfo`]), as the source reads
+//! them and the target's loader check uses them.
+
+use serde::{Deserialize, Serialize};
+
+/// One dynamic symbol.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Symbol {
+    pub name: String,
+    /// The version defined (for a definition) or required (for a reference).
+    pub version: Option<String>,
+    /// `STB_WEAK`: a weak reference may stay unresolved.
+    pub weak: bool,
+}
+
+/// What overlay knows of one ELF shared object (or executable).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct ElfInfo {
+    pub soname: Option<String>,
+    pub needed: Vec<String>,
+    /// `DT_RPATH` entries, split on ':'.
+    pub rpath: Vec<String>,
+    /// `DT_RUNPATH` entries, split on ':'.
+    pub runpath: Vec<String>,
+    /// (file, version) pairs from .gnu.version_r, e.g. ("libc.so.6",
+    /// "GLIBC_2.34"); weak needs (`VER_FLG_WEAK`) excluded.
+    pub version_needs: Vec<(String, String)>,
+    /// Version names from .gnu.version_d (excluding the base/file-name entry).
+    pub version_defs: Vec<String>,
+    /// Defined dynamic symbols (global/weak, not local), with their version
+    /// when versioned.
+    pub defined: Vec<Symbol>,
+    /// Undefined dynamic symbols with their needed version and weak flag.
+    pub undefined: Vec<Symbol>,
+}

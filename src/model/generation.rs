@@ -1,0 +1,129 @@
+//! A generation as it travels and is listed: the plan's [`Action`]s, the
+//! [`GenChange`]s of a [`PrepareRequest`], what `history` shows
+//! ([`GenerationInfo`]) and what a rollback did ([`RollbackReport`]).
+
+use serde::{Deserialize, Serialize};
+
+use super::{FileStamp, Kind};
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Add,
+    Replace,
+    Delete,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Add => "add",
+            Action::Replace => "replace",
+            Action::Delete => "delete",
+        }
+    }
+}
+
+/// The state directory inside the venv (a sibling of `bin/` and `lib/`).
+pub const STATE_DIR: &str = ".overlay";
+
+/// One path the generation changes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GenChange {
+    /// Relative to site-packages, as in the plan.
+    pub path: String,
+    pub action: Action,
+    /// What the source has (add, replace).
+    pub source: Option<Kind>,
+    /// What the plan saw on the target (replace, delete).
+    pub target: Option<Kind>,
+    /// Stale bytecode deleted with its `.py`: may have vanished or been rewritten since the plan.
+    #[serde(default)]
+    pub bytecode: bool,
+    /// The staged file as written and hashed (device, inode, mtime): after
+    /// the switch the same inode must sit at `path`, unchanged, which
+    /// proves its content without reading it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged: Option<FileStamp>,
+}
+
+impl GenChange {
+    /// An add of `source` at `path` (site-packages-relative).
+    pub fn add(path: &str, source: Kind) -> GenChange {
+        GenChange {
+            path: path.into(),
+            action: Action::Add,
+            source: Some(source),
+            target: None,
+            bytecode: false,
+            staged: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PrepareRequest {
+    pub venv: String,
+    pub source: String,
+    pub target: String,
+    pub plan_created: u64,
+    pub changes: Vec<GenChange>,
+    pub backup: bool,
+    /// An unfinished generation is resumed rather than rolled back.
+    pub resume: bool,
+    /// As root: staged files keep the source's uid/gid (`apply
+    /// --same-owner`) instead of taking the owner of what they replace.
+    #[serde(default)]
+    pub same_owner: bool,
+}
+
+/// What `overlay history` shows for a generation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GenerationInfo {
+    pub id: String,
+    pub created: u64,
+    pub source: String,
+    pub adds: u64,
+    pub replaces: u64,
+    pub deletes: u64,
+    /// Bytes of new files the generation brought.
+    pub bytes: u64,
+    /// Bytes held in its backup folder.
+    pub backup_bytes: u64,
+    pub backup: bool,
+    pub status: Status,
+    /// Why the generation's state cannot be read (status `damaged`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// Opened; files may be staging. Nothing in the venv changed yet.
+    Prepared,
+    /// All new files staged; nothing in the venv changed yet.
+    Staged,
+    /// Interrupted in the middle of the switch.
+    Switching,
+    /// Switched and checked, not yet committed.
+    Switched,
+    Complete,
+    RolledBack,
+    /// Its meta.json or journal cannot be read or fails validation.
+    Damaged,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RollbackReport {
+    /// Generations rolled back, newest first.
+    pub generations: Vec<String>,
+    /// Set when the rollback finished an interrupted apply instead.
+    pub recovered: Option<String>,
+    /// Files placed by the apply and edited since: kept, not deleted.
+    pub kept_edited: Vec<String>,
+    pub restored: u64,
+    pub removed: u64,
+    /// Paths checked against the listing from before the apply.
+    pub verified: u64,
+}

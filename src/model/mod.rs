@@ -1,0 +1,30 @@
+//! The data that travels between controller and agent or is stored on a
+//! host: entries and their kinds, distributions, sets, endpoints, the plan's
+//! actions, generations, the stream's files, verify and preflight reports,
+//! ELF facts. Plain structs and enums with serde derives and small pure
+//! methods; nothing here does I/O beyond reading a `Metadata` it is given.
+//!
+//! Everything is re-exported flat: `crate::model::Entry`, not
+//! `crate::model::entry::Entry`.
+
+mod dist;
+mod elf;
+mod endpoint;
+mod entry;
+mod generation;
+mod paths;
+mod preflight;
+mod set;
+mod stream;
+mod verify;
+
+pub use dist::*;
+pub use elf::*;
+pub use endpoint::*;
+pub use entry::*;
+pub use generation::*;
+pub use paths::*;
+pub use preflight::*;
+pub use set::*;
+pub use stream::*;
+pub use verify::*;

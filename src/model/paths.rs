@@ -1,0 +1,44 @@
+//! Paths as a plan names them (relative to site-packages) and as the venv
+//! holds them (relative to its root).
+
+use std::path::{Component, Path};
+
+/// Lexically join `site_rel` and `path` and normalize; `None` if the result
+/// is absolute, empty, or leaves the venv root.
+pub fn venv_relative(site_rel: &str, path: &str) -> Option<String> {
+    if path.is_empty() || path.starts_with('/') || path.contains('\0') {
+        return None;
+    }
+    // The common case, a plain relative path (every RECORD line of a file
+    // inside site-packages), needs no normalizing.
+    if path
+        .split('/')
+        .all(|c| !c.is_empty() && c != "." && c != "..")
+        && site_rel
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+    {
+        return Some(format!("{site_rel}/{path}"));
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    let joined = Path::new(site_rel).join(path);
+    for c in joined.components() {
+        match c {
+            Component::Normal(s) => parts.push(s.to_str()?),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                parts.pop()?;
+            }
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    Some(parts.join("/"))
+}
+
+/// Is this path (relative to anything) inside a `__pycache__` directory?
+pub fn in_pycache(path: &str) -> bool {
+    path.split('/').any(|c| c == "__pycache__")
+}

@@ -1,0 +1,74 @@
+//! The file stream of an apply: which files the source sends, how the
+//! blocks are packed, the progress both ends report, the shebang rewrite, and
+//! what the target wrote ([`Written`]).
+
+use serde::{Deserialize, Serialize};
+
+use super::Kind;
+
+/// How the source packs the stream's blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Pick the zstd level (or none) for the link as the stream goes.
+    Auto,
+    /// Store every block as is.
+    None,
+    /// zstd at this level.
+    Zstd(i32),
+}
+
+impl std::str::FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Compression, String> {
+        match s {
+            "auto" => Ok(Compression::Auto),
+            "none" | "0" => Ok(Compression::None),
+            n => match n.parse::<i32>() {
+                Ok(l) if (-7..=19).contains(&l) => Ok(Compression::Zstd(l)),
+                _ => Err(format!(
+                    "{n:?} is not a compression: use auto, none, or a zstd level from -7 to 19"
+                )),
+            },
+        }
+    }
+}
+
+/// One file for the source to send: its path and what the plan saw.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendFile {
+    /// Its index in the generation's change list: the tar entry's name.
+    pub index: usize,
+    pub path: String,
+    pub kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Progress {
+    pub files: u64,
+    pub bytes: u64,
+    pub total_files: u64,
+    pub total_bytes: u64,
+}
+
+/// Replace `#!{from}/bin/` with `#!{to}/bin/` on the first line of scripts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShebangRewrite {
+    pub from: String,
+    pub to: String,
+}
+
+/// The stream is cut into blocks of this many bytes; each is packed (zstd
+/// or stored) and sent as one data frame.
+pub const BLOCK: usize = 1 << 20;
+
+/// A staged file as the target wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Written {
+    /// Its index in the generation's change list.
+    pub index: usize,
+    /// The blake3 of what was written.
+    pub blake3: String,
+    /// The staged file's identity, so the switch can prove it unchanged.
+    pub stamp: super::FileStamp,
+}
