@@ -26,6 +26,11 @@ use crate::model::Endpoint;
 /// is the unprivileged limit).
 pub const PIPE_SIZE: usize = 1 << 20;
 
+/// Exit status of an agent that refuses to run from an unsafe place
+/// (`EX_CONFIG` of sysexits.h; `agent::selfcheck` exits with it): the ssh
+/// transport then reports its message and hint instead of a bare status.
+pub const EXIT_UNSAFE: i32 = 78;
+
 /// Options that apply to every connection.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {

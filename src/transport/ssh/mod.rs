@@ -56,7 +56,7 @@ use std::time::Duration;
 
 use ssh2::ErrorCode;
 
-use super::{AgentPipe, ConnectOptions, Watch, agent_binary_path, signal_name};
+use super::{AgentPipe, ConnectOptions, EXIT_UNSAFE, Watch, agent_binary_path, signal_name};
 use crate::error::{Error, Result};
 
 pub(crate) use config::LocalEnv;
@@ -172,10 +172,6 @@ fn fmt_secs(d: Duration) -> String {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +188,5 @@ mod tests {
         assert_eq!(String::from_utf8(out.stdout).unwrap(), weird);
         assert_eq!(fmt_secs(Duration::from_secs(10)), "10 s");
         assert_eq!(fmt_secs(Duration::from_millis(1500)), "1.5 s");
-        assert_eq!(hex(&[0, 255, 16]), "00ff10");
     }
 }

@@ -15,7 +15,7 @@ use ssh2::{BlockDirections, Channel, ErrorCode, Session};
 
 use super::connect::{Connected, quick_ack};
 use super::libssh2_sys_codes as codes;
-use super::{AgentPipe, Watch, Who, sh_quote, signal_name};
+use super::{AgentPipe, EXIT_UNSAFE, Watch, Who, sh_quote, signal_name};
 use crate::err;
 use crate::error::Result;
 
@@ -382,7 +382,7 @@ fn agent_outcome(who: &str, remote: &str, end: AgentEnd) -> Result<String> {
             if detail.is_empty() { "" } else { ": " }
         ));
     }
-    if status == crate::agent::selfcheck::EXIT_UNSAFE {
+    if status == EXIT_UNSAFE {
         // The agent refused to run from its folder: its message and hint.
         let said = detail
             .strip_prefix("overlay agent: not serving: ")

@@ -17,9 +17,10 @@ use ssh2::{ErrorCode, FileType, OpenFlags, OpenType, RenameFlags, Sftp};
 use super::config::LocalEnv;
 use super::connect::Connected;
 use super::libssh2_sys_codes as codes;
-use super::{AGENT_DIR, ConnectOptions, Who, duration_ms, hex};
+use super::{AGENT_DIR, ConnectOptions, Who, duration_ms};
 use crate::err;
 use crate::error::{Error, Result};
+use crate::text::hex;
 
 /// Size of the SFTP writes when uploading the agent.
 const UPLOAD_CHUNK: usize = 256 * 1024;
