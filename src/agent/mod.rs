@@ -24,9 +24,8 @@ use crate::protocol::{
 use crate::stream::{self, ChannelReader};
 use direct::FrameSink;
 
-/// What the agent asks for its stdin and stdout pipes
-/// (`/proc/sys/fs/pipe-max-size`, 1 MiB by default, is the unprivileged limit).
-pub const PIPE_SIZE: usize = 1 << 20;
+/// What the agent asks for its stdin and stdout pipes (defined with the transports).
+pub use crate::transport::PIPE_SIZE;
 
 /// Serve requests until `Bye` or end of input.
 pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
