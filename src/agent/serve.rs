@@ -90,13 +90,16 @@ impl Session {
             Request::Scan { venv, file_globs } => h::scan(&venv, &file_globs),
             Request::Stat { venv, paths, hash, shebang, pycache } =>
                 h::stat(output, &venv, &paths, &StatHow { hash, shebang, pycache }),
-            Request::StatMembers { venv, sets, globs, extra, count, check, hash, shebang, pycache } =>
+            Request::StatMembers {
+                venv, sets, globs, extra, count, check, hash, shebang, pycache,
+            } =>
                 h::stat_members(self, output, &Members { venv, sets, globs, extra, count, check },
                     &StatHow { hash, shebang, pycache }),
             Request::Send { venv, files, shebang, compression } =>
                 h::send(output, &Sending { venv, files, shebang, compression }),
             Request::SendDirect {
-                venv, files, shebang, compression, ssh, agent, target_venv, generation, connect_timeout_secs,
+                venv, files, shebang, compression,
+                ssh, agent, target_venv, generation, connect_timeout_secs,
             } =>
                 h::send_direct(output, &Sending { venv, files, shebang, compression },
                     &Peer { ssh, agent, target_venv, generation, connect_timeout_secs }),
