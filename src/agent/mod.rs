@@ -11,8 +11,8 @@
 //! - Requests are answered one at a time, in order. While a long one runs,
 //!   `Progress` frames go out every 200 ms before its answer.
 //! - A request that fails is answered with `Response::Error` and the session
-//!   goes on; only the controller's pipe failing, `Bye`, or the end of input
-//!   ends it.
+//!   goes on. It ends at `Bye`, at the end of input, when the controller's
+//!   pipe fails, and in the two cases below.
 //! - `Hello` is answered first; a protocol other than this build's then ends
 //!   the session with an error.
 //! - `Stage` and `Receive` are followed by data frames up to `EndData` (or

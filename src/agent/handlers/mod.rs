@@ -3,8 +3,8 @@
 //! and returns the answer. Handlers that run long write `Progress` frames to
 //! the controller's pipe while they work
 //! ([`with_progress`](super::serve::with_progress)); `Send` writes its data
-//! frames there. An error a handler returns is answered as an error; the
-//! dispatch that calls them is [`Session::dispatch`](super::serve::Session).
+//! frames there. An error a handler returns is answered as an error by the
+//! dispatch that calls them, in [`super::serve`].
 //!
 //! `Hello`, `Receive` and `Stage` also decide whether the session goes on
 //! (they answer with [`Next`](super::serve::Next)); `Bye` and a stray
