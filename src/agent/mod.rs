@@ -56,8 +56,8 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
             }
             Request::Receive { venv, generation } => {
                 match crate::journal::open_for_receive(&venv, &generation) {
-                    Ok((host_dir, g)) => {
-                        let s = stream_in(input, &g, &host_dir);
+                    Ok(g) => {
+                        let s = stream_in(input, &g, &g.root);
                         if s.ended {
                             // A frame that broke the stream is answered before the agent goes.
                             if let Some(e) = s.broken {
