@@ -62,7 +62,7 @@ impl Client {
                     } else {
                         format!("{} ({said})", e.message)
                     },
-                    hint: e.hint,
+                    ..e
                 });
             }
         };
@@ -134,12 +134,11 @@ impl Client {
             }
             _ => format!("The agent on {host} stopped: {cause}"),
         };
-        Error {
-            message,
-            hint: Some(
-                "run again; if it repeats, check the host's logs, or run `overlay agent` on that host by hand to see why".into(),
-            ),
-        }
+        err!(
+            kind = Connection,
+            hint = "run again; if it repeats, check the host's logs, or run `overlay agent` on that host by hand to see why",
+            "{message}"
+        )
     }
 
     /// Whether the agent or its connection died (see [`Watch::gone`]).
@@ -373,8 +372,5 @@ fn on_host(e: Error, host: &str) -> Error {
     } else {
         format!("on {host}: {}", e.message)
     };
-    Error {
-        message,
-        hint: e.hint,
-    }
+    Error { message, ..e }
 }

@@ -14,11 +14,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// Exit codes (documented in docs/exit-codes.md).
-pub const EXIT_OK: u8 = 0;
-pub const EXIT_CHANGES: u8 = 1;
-pub const EXIT_ERROR: u8 = 2;
-pub const EXIT_VERIFY_FAILED: u8 = 3;
+use overlay::error::{EXIT_OK, ErrorKind};
 
 unsafe extern "C" {
     /// mimalloc's option setter (the C library the `mimalloc` crate links).
@@ -57,7 +53,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { EXIT_ERROR } else { EXIT_OK });
+            return ExitCode::from(if e.use_stderr() {
+                ErrorKind::Usage.exit_code()
+            } else {
+                EXIT_OK
+            });
         }
     };
     no_huge_pages();
@@ -84,11 +84,14 @@ fn main() -> ExitCode {
             };
             // One line each: a file name or a remote message inside them
             // cannot add lines or move the cursor.
-            eprintln!("{red}error{reset}: {}", overlay::text::escape(&e.message));
+            eprintln!(
+                "{red}error{reset}: {}",
+                overlay::text::escape(&e.to_string())
+            );
             if let Some(h) = &e.hint {
                 eprintln!("{yellow}hint{reset}: {}", overlay::text::escape(h));
             }
-            ExitCode::from(EXIT_ERROR)
+            ExitCode::from(e.kind.exit_code())
         }
     }
 }

@@ -16,12 +16,12 @@ use overlay::error::Result;
 use overlay::plan::Plan;
 use overlay::protocol::{Frame, Request, Response};
 
-use crate::EXIT_OK;
 use crate::cli::{ApplyArgs, GlobalArgs};
 use crate::commands::plan::connect_options;
 use crate::progress::{HashBars, status};
+use overlay::error::EXIT_OK;
 use overlay::model::{
-    Action, Compression, Endpoint, GenChange, PrepareRequest, SendFile, ShebangRewrite,
+    Action, Compression, Endpoint, GenChange, LevelWindow, PrepareRequest, SendFile, ShebangRewrite,
 };
 
 pub fn load_plan(path: &Path) -> Result<Plan> {
@@ -329,7 +329,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
                 Err(e) => Some(format!("the check could not run: {}", e.message)),
             };
         if let Some(why) = failure {
-            exit = crate::EXIT_VERIFY_FAILED;
+            exit = overlay::error::ErrorKind::VerifyFailed.exit_code();
             if args.rollback_on_failure {
                 match dst.call(
                     &Request::Rollback {
@@ -464,6 +464,7 @@ fn fate(
     overlay::error::Error {
         message: format!("{}; {state}", e.message),
         hint: Some(hint),
+        ..e
     }
 }
 
@@ -640,11 +641,11 @@ fn relay(
 }
 
 /// With -vv: the levels `--compress auto` measured, window by window.
-fn print_windows(global: &GlobalArgs, windows: &[(i32, f64)]) {
+fn print_windows(global: &GlobalArgs, windows: &[LevelWindow]) {
     if global.verbose >= 2 && !windows.is_empty() {
         let w: Vec<String> = windows
             .iter()
-            .map(|(l, r)| format!("{l}:{:.0}", r / 1e6))
+            .map(|w| format!("{}:{:.0}", w.level, w.bytes_per_sec / 1e6))
             .collect();
         eprintln!("compression windows (level:MB/s of files): {}", w.join(" "));
     }

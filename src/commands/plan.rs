@@ -19,7 +19,7 @@ use overlay::transport::ConnectOptions;
 
 use crate::cli::{GlobalArgs, PlanArgs};
 use crate::progress::{self, HashBars};
-use crate::{EXIT_CHANGES, EXIT_OK};
+use overlay::error::{EXIT_CHANGES, EXIT_OK};
 use overlay::model::{
     Action, Check, Dist, Endpoint, Entry, HashMode, Kind, PreflightRequest, Problem, Progress,
     ScanReport, Set, ShebangRewrite,

@@ -10,11 +10,11 @@ use overlay::error::Result;
 use overlay::manifest::Manifest;
 use overlay::protocol::{Request, Response};
 
-use crate::EXIT_OK;
 use crate::cli::{GlobalArgs, HistoryArgs, PruneArgs, RollbackArgs};
 use crate::commands::apply::{endpoint, load_plan};
 use crate::commands::plan::connect_options;
 use crate::progress::status;
+use overlay::error::EXIT_OK;
 use overlay::model::Endpoint;
 
 /// A host by manifest name, or else the target of the last plan.

@@ -12,7 +12,7 @@ use crate::cli::{GlobalArgs, VerifyArgs};
 use crate::commands::plan::connect_options;
 use crate::commands::rollback::resolve;
 use crate::progress::status;
-use crate::{EXIT_OK, EXIT_VERIFY_FAILED};
+use overlay::error::{EXIT_OK, ErrorKind};
 use overlay::model::{Endpoint, VerifyReport, VerifyRequest};
 
 /// The manifest's check, ready to send.
@@ -123,6 +123,6 @@ pub fn run(global: &GlobalArgs, args: &VerifyArgs) -> Result<u8> {
     Ok(if report.ok {
         EXIT_OK
     } else {
-        EXIT_VERIFY_FAILED
+        ErrorKind::VerifyFailed.exit_code()
     })
 }

@@ -22,7 +22,8 @@ use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Venv;
 use crate::model::{
-    Action, Entry, GenChange, GenerationInfo, Kind, STATE_DIR, Status, Written, venv_relative,
+    Action, Entry, GenChange, GenerationInfo, Kind, STATE_DIR, SourceHash, Status, Written,
+    venv_relative,
 };
 
 /// Journal records. Intents (`Move`, `Place`, `Mkdir`, `Rmdir`) are written
@@ -258,8 +259,11 @@ impl Generation {
     /// against those the source computed while reading, for files the plan
     /// had not hashed, and record them and the staged files' stamps
     /// (meta.json replaced whole, durably) for the checks after the switch.
-    pub fn record_hashes(&mut self, written: &[Written], source: &[(usize, String)]) -> Result<()> {
-        let source: HashMap<usize, &str> = source.iter().map(|(i, h)| (*i, h.as_str())).collect();
+    pub fn record_hashes(&mut self, written: &[Written], source: &[SourceHash]) -> Result<()> {
+        let source: HashMap<usize, &str> = source
+            .iter()
+            .map(|h| (h.index, h.blake3.as_str()))
+            .collect();
         let mut changed = false;
         for Written {
             index: i,

@@ -115,7 +115,7 @@ pub fn start_cached_agent(host: &str, target: &str, opts: &ConnectOptions) -> Re
     });
     let digest = digest.map_err(|e| Error {
         message: format!("{} (to start the agent on {who})", e.message),
-        hint: e.hint,
+        ..e
     })?;
     let conn = conn?;
     // Relative to the login directory, where sshd starts the command (and
@@ -1324,7 +1324,7 @@ fn upload_agent(
 ) -> Result<String> {
     let digest = agent_digest(&env.agent_binary).map_err(|e| Error {
         message: format!("{} (to start the agent on {who})", e.message),
-        hint: e.hint,
+        ..e
     })?;
     conn.session
         .set_timeout(duration_ms(opts.timeout.max(UPLOAD_OP_TIMEOUT)));
