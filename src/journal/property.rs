@@ -10,8 +10,8 @@ use std::os::unix::fs::symlink;
 
 use proptest::prelude::*;
 
-use super::State;
 use super::tests_support::{Fx, New, SITE, change, request, source_kind, stage};
+use super::{Generation, State};
 use crate::inventory::Counters;
 use crate::model::{Action, GenChange, HashMode, Kind};
 
@@ -116,17 +116,16 @@ fn build(fx: &Fx, tree: &[(String, T)]) {
     }
 }
 
-fn run(
-    tree: Vec<(String, T)>,
-    list: Vec<(String, S)>,
-    stop_switch: Option<u64>,
-    stop_undo: Option<u64>,
-    consistent: bool,
-) -> std::result::Result<(), TestCaseError> {
-    let fx = Fx::new();
-    build(&fx, &tree);
-    let (before, beside) = (fx.tree(), fx.beside());
-    let mut list = list;
+/// A generated change list as the agent receives it: the changes, and
+/// what each brings (staged as the stream would).
+struct Case {
+    changes: Vec<GenChange>,
+    news: Vec<Option<New>>,
+}
+
+/// Turn a generated list into changes against the tree `fx` holds: each
+/// path once, its action from what is there.
+fn case(fx: &Fx, mut list: Vec<(String, S)>, consistent: bool) -> Case {
     if consistent {
         // Mostly plans a source could make: nothing written below a
         // path another change writes.
@@ -170,7 +169,7 @@ fn run(
         // Paths that escape the venv are sent as adds with no target
         // look-up (the plan could not name them otherwise).
         let c = if crate::model::venv_relative(SITE, &p).is_some() {
-            change(&fx, &p, action, new.as_ref())
+            change(fx, &p, action, new.as_ref())
         } else {
             GenChange {
                 path: p.clone(),
@@ -184,6 +183,56 @@ fn run(
         changes.push(c);
         news.push(new);
     }
+    Case { changes, news }
+}
+
+/// With `OVERLAY_PROP_TRACE` set: what a case's switch did.
+fn trace_switch(
+    tree: &[(String, T)],
+    g: &Generation,
+    switched: &crate::error::Result<u64>,
+    checked: bool,
+) {
+    eprintln!(
+        "case: prepared {} changes ({} asides, {} whole), switch {}, check {}",
+        g.meta.changes.len(),
+        g.meta.asides.len(),
+        g.meta
+            .changes
+            .iter()
+            .filter(|c| matches!(c.target, Some(Kind::Dir { .. })))
+            .count(),
+        match &switched {
+            Ok(_) => "ok".to_string(),
+            Err(e) => e.message.clone(),
+        },
+        checked
+    );
+    if let Err(e) = &switched
+        && !e.message.contains("test hook")
+    {
+        eprintln!(
+            "case-detail: {tree:?}\n  {:?}",
+            g.meta
+                .changes
+                .iter()
+                .map(|c| (&c.path, c.action, &c.target, &c.source))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+fn run(
+    tree: Vec<(String, T)>,
+    list: Vec<(String, S)>,
+    stop_switch: Option<u64>,
+    stop_undo: Option<u64>,
+    consistent: bool,
+) -> std::result::Result<(), TestCaseError> {
+    let fx = Fx::new();
+    build(&fx, &tree);
+    let (before, beside) = (fx.tree(), fx.beside());
+    let Case { changes, news } = case(&fx, list, consistent);
     let state = State::open(&fx.v()).map_err(|e| TestCaseError::fail(e.message))?;
     let counters = Counters::default();
     let mut g = match state.prepare(&request(&fx, changes), &counters) {
@@ -209,33 +258,7 @@ fn run(
         state.commit(&mut g, None).unwrap();
     }
     if std::env::var_os("OVERLAY_PROP_TRACE").is_some() {
-        eprintln!(
-            "case: prepared {} changes ({} asides, {} whole), switch {}, check {}",
-            g.meta.changes.len(),
-            g.meta.asides.len(),
-            g.meta
-                .changes
-                .iter()
-                .filter(|c| matches!(c.target, Some(Kind::Dir { .. })))
-                .count(),
-            match &switched {
-                Ok(_) => "ok".to_string(),
-                Err(e) => e.message.clone(),
-            },
-            checked
-        );
-        if let Err(e) = &switched
-            && !e.message.contains("test hook")
-        {
-            eprintln!(
-                "case-detail: {tree:?}\n  {:?}",
-                g.meta
-                    .changes
-                    .iter()
-                    .map(|c| (&c.path, c.action, &c.target, &c.source))
-                    .collect::<Vec<_>>()
-            );
-        }
+        trace_switch(&tree, &g, &switched, checked);
     }
     drop(g);
     let mut done = false;
