@@ -175,7 +175,7 @@ impl Generation {
         let rel = format!("{GENERATIONS}/{id}");
         let dir = root.join(&rel);
         let damaged = |why: String| {
-            err!("Generation {id} in {} is damaged: {why}", root.display()).hint(format!(
+            err!(kind = Conflict, "Generation {id} in {} is damaged: {why}", root.display()).hint(format!(
                 "if its journal shows it never switched, any overlay command drops it; otherwise move {} out of {} (the old files of a switch are in its backup/ and whole/ folders), then run again",
                 dir.display(),
                 root.join(GENERATIONS).display()
@@ -183,6 +183,7 @@ impl Generation {
         };
         let gfs = fs.dir(&rel).map_err(|e| {
             err!(
+                kind = Conflict,
                 hint = "run `overlay history HOST` to list generations",
                 "No generation {id} in {}: {}",
                 root.join(STATE_DIR).display(),
@@ -283,6 +284,7 @@ impl Generation {
             {
                 if source.get(i).copied() != Some(digest.as_str()) {
                     return Err(err!(
+                        kind = Protocol,
                         hint = "run `overlay apply` again; if it repeats, check the network and the source disk",
                         "{} arrived damaged: the target wrote blake3 {digest}, the source read {}",
                         c.path,

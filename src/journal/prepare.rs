@@ -102,6 +102,7 @@ impl AncestorWalk<'_> {
             _ => format!("turns into {}", kind_name(&d.source)),
         };
         Err(err!(
+            kind = Protocol,
             hint = "the source lists files below a path it has as a file or symlink (a RECORD naming paths through a symlink?); fix the source venv or leave these paths out of the manifest, then run `overlay plan` again",
             "Refusing the change list: {} would be written below {}, which the same change list {how}",
             c.path,
@@ -137,6 +138,7 @@ impl AncestorWalk<'_> {
             None => Ok(true),
             Some(k) if k.is_dir() => Ok(false),
             Some(k) if k.is_symlink() => Err(err!(
+                kind = Drift,
                 hint = "overlay never writes through a symlink; replace the link with a directory or leave the path out",
                 "Refusing to write {}: {} is a symlink",
                 c.path,
@@ -149,6 +151,7 @@ impl AncestorWalk<'_> {
                 Ok(true)
             }
             Some(_) => Err(err!(
+                kind = Drift,
                 hint = "move that file aside on the target, then run `overlay plan` again",
                 "Refusing to write {}: {} is not a directory",
                 c.path,
@@ -212,6 +215,7 @@ fn new_meta(req: &PrepareRequest, id: &str, created: u64, list: ChangeList) -> M
 fn drift_error(venv: &str, drift: &[String]) -> Error {
     let shown: Vec<&str> = drift.iter().take(5).map(String::as_str).collect();
     err!(
+        kind = Drift,
         hint = "the target changed since the plan was made; run `overlay plan` again, then apply the new plan",
         "The target venv {} has drifted since the plan: {} path{} ({}{})",
         venv,
@@ -232,6 +236,7 @@ impl State {
         let (_, rel) = self.venv.resolve(path)?;
         if normalize(&rel).is_none() {
             return Err(err!(
+                kind = Protocol,
                 hint = "a RECORD or glob may only name files inside the venv",
                 "path {path:?} is not a plain path inside the venv {}",
                 self.root.display()
@@ -239,6 +244,7 @@ impl State {
         }
         if is_state(&rel) {
             return Err(err!(
+                kind = Protocol,
                 hint = "a RECORD or glob must not name overlay's own state; leave the path out of the manifest (or fix the RECORD on the source)",
                 "Refusing the change list: {path:?} is {}, overlay's own state",
                 self.shown(&rel).display()
@@ -270,6 +276,7 @@ impl State {
                 && !matches!(c.source, Some(Kind::File { .. } | Kind::Symlink { .. }))
             {
                 return Err(err!(
+                    kind = Protocol,
                     hint = "run `overlay plan` again with this overlay build",
                     "Refusing the change list: {} brings no file or symlink",
                     c.path
@@ -277,6 +284,7 @@ impl State {
             }
             if let Some(first) = index.insert(rel.clone(), i) {
                 return Err(err!(
+                    kind = Protocol,
                     hint = "two RECORD rows name one file; leave one of them out of the manifest",
                     "Refusing the change list: {} and {} are the same path {}",
                     changes[first].path,
@@ -377,6 +385,7 @@ impl State {
         // Test hook: OVERLAY_TEST_SKIP_SPACE_CHECK lets the disk fill up while staging.
         if need + margin > free && std::env::var_os("OVERLAY_TEST_SKIP_SPACE_CHECK").is_none() {
             return Err(err!(
+                kind = Refused,
                 hint = "free space on that file system, then run `overlay apply` again",
                 "Not enough space for the apply in {}: {} bytes needed (plus {} margin), {} free",
                 self.root.display(),

@@ -83,6 +83,7 @@ impl State {
         if resume && !rolling_back {
             if matches!(status, Status::Prepared) {
                 return Err(err!(
+                    kind = Conflict,
                     hint = "run `overlay apply` without --resume: the interrupted generation is discarded, then applied anew",
                     "Generation {id} was interrupted while its files were still streaming; it cannot be resumed"
                 ));
@@ -143,6 +144,7 @@ impl State {
                 .collect();
         let Some(newest) = live.last().map(|(id, _)| id.clone()) else {
             return Err(err!(
+                kind = Conflict,
                 hint = "`overlay history HOST` lists generations",
                 "Nothing to roll back in {}: no applied generation",
                 self.root.display()
@@ -151,6 +153,7 @@ impl State {
         let to = to.map(str::to_string).unwrap_or(newest);
         if !live.iter().any(|(id, _)| id == &to) {
             return Err(err!(
+                kind = Conflict,
                 hint = "`overlay history HOST` lists generations that can be rolled back",
                 "Generation {to} is not an applied generation in {}",
                 self.root.display()
@@ -158,17 +161,21 @@ impl State {
         }
         for (id, damaged) in live.iter().rev() {
             if let Some(e) = damaged {
-                return Err(
-                    err!("Generation {id} cannot be rolled back: {}", e.message).hint(format!(
-                        "rollback stops before it; to give up on undoing it, move {} out of {}",
-                        self.gen_dir(id).display(),
-                        self.dir.display()
-                    )),
-                );
+                return Err(err!(
+                    kind = Conflict,
+                    "Generation {id} cannot be rolled back: {}",
+                    e.message
+                )
+                .hint(format!(
+                    "rollback stops before it; to give up on undoing it, move {} out of {}",
+                    self.gen_dir(id).display(),
+                    self.dir.display()
+                )));
             }
             let g = self.load(id)?;
             if !g.meta.backup {
                 return Err(err!(
+                    kind = Conflict,
                     hint = "only generations applied with --backup can be rolled back",
                     "Generation {id} was applied without --backup; rollback stops before it"
                 ));

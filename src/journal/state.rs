@@ -46,6 +46,7 @@ fn take_lock(lock: &File, dir: &Path) -> Result<()> {
             }
             Err(_) => {
                 return Err(err!(
+                    kind = Conflict,
                     hint = "wait for the other overlay apply or rollback to finish, then run again",
                     "Another overlay operation holds the lock on {}",
                     dir.display()
@@ -64,6 +65,7 @@ fn take_lock(lock: &File, dir: &Path) -> Result<()> {
 pub fn open_for_receive(venv_root: &str, id: &str) -> Result<Generation> {
     let bad = || {
         err!(
+            kind = Protocol,
             hint =
                 "this request comes only from overlay's own source agent during `apply --direct`",
             "No prepared generation {id:?} to receive into in {venv_root}"
@@ -157,6 +159,7 @@ impl State {
     pub fn load(&self, id: &str) -> Result<Generation> {
         if !valid_id(id) {
             return Err(err!(
+                kind = Conflict,
                 hint = "run `overlay history HOST` to list generations",
                 "No generation {id:?} in {}",
                 self.dir.display()

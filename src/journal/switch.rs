@@ -266,6 +266,7 @@ impl State {
             .collect();
         if !bad.is_empty() {
             return Err(err!(
+                kind = Drift,
                 "After the switch, {} path{} not match the plan: {}",
                 bad.len(),
                 if bad.len() == 1 { " does" } else { "s do" },

@@ -206,6 +206,7 @@ impl State {
         }
         if g.meta.digest != DIGEST {
             return Err(err!(
+                kind = Conflict,
                 hint = "roll it back with the overlay version that applied it (its agent stays in ~/.cache/overlay on the host)",
                 "Generation {} in {} records {} digests; this overlay checks {DIGEST} and cannot verify it",
                 g.meta.id,
@@ -215,6 +216,7 @@ impl State {
         }
         if g.status() == Status::Complete && !g.meta.backup {
             return Err(err!(
+                kind = Conflict,
                 hint = "only generations applied with --backup can be rolled back",
                 "Generation {} was applied without --backup; its old files were not kept",
                 g.meta.id
@@ -286,6 +288,7 @@ impl State {
         let file = g.dir.join("before.json");
         let damaged = |why: String| {
             err!(
+kind = Conflict,
                 "{} of generation {} is damaged: {why}",
                 file.display(),
                 g.meta.id
