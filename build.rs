@@ -6,6 +6,13 @@
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(overlay_test_root)");
     println!("cargo::rerun-if-changed=build.rs");
+    // The effective uid is no environment variable, but `sudo`, `su -` and
+    // a login as another user change these: then ask again (a target dir
+    // built as a user and then tested with `sudo cargo test` must not keep
+    // the user's answer).
+    for var in ["USER", "HOME", "SUDO_UID"] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
     let euid_is_root = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
