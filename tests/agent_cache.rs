@@ -41,10 +41,11 @@ fn plan(tb: &Testbed) -> std::process::Output {
 }
 
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn an_unsafe_cache_is_replaced_or_refused() {
-    if !common::requires_root() {
-        return;
-    }
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
     ok(plan(&tb), "the first plan");

@@ -105,10 +105,11 @@ fn plan_and_apply(tb: &Testbed, args: &[&str]) -> Output {
 }
 
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn round_trip_over_ssh_is_exact_and_reversible() {
-    if !common::requires_root() {
-        return;
-    }
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
     let big = add_big_file(&tb);
@@ -478,10 +479,11 @@ fn killing_the_controller_at_random_moments_never_loses_a_file() {
 }
 
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn cutting_the_ssh_connection_mid_apply_rolls_back_exactly() {
-    if !common::requires_root() {
-        return;
-    }
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
     let before = snapshot(tb.host_venv_dir(1));
@@ -514,11 +516,8 @@ fn cutting_the_ssh_connection_mid_apply_rolls_back_exactly() {
 }
 
 #[test]
+#[cfg_attr(not(overlay_test_root), ignore = "needs root: a tmpfs mount")]
 fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
-    if !common::is_root() {
-        eprintln!("skipped: needs root (tmpfs mount)");
-        return;
-    }
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
     plan(&tb);
@@ -650,10 +649,11 @@ fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
 }
 
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
-    if !common::requires_root() {
-        return;
-    }
     let tb = Testbed::new(2);
     // The source knows the target as "dst-direct", through its own ssh config.
     let manifest = tb.write_manifest(SETS);
@@ -724,11 +724,12 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
 /// in, then the file it replaces), never the source's uid/gid, unless
 /// `--same-owner`; a setuid bit on the source never arrives.
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn owners_come_from_the_target_unless_same_owner_and_no_setuid_arrives() {
     use std::os::unix::fs::PermissionsExt;
-    if !common::requires_root() {
-        return;
-    }
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
     let rel = site_rel(&add_big_file(&tb));

@@ -360,10 +360,11 @@ fn testbed(direct: bool) -> (Testbed, BTreeMap<String, String>) {
 }
 
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn a_killed_agent_is_noticed_on_the_relay_route() {
-    if !common::requires_root() {
-        return;
-    }
     let (tb, before) = testbed(false);
 
     // The target's agent, mid-stream (the controller waits to write to it).
@@ -421,10 +422,11 @@ fn a_killed_agent_is_noticed_on_the_relay_route() {
 }
 
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn a_killed_sshd_session_is_noticed_on_the_relay_route() {
-    if !common::requires_root() {
-        return;
-    }
     let (tb, before) = testbed(false);
     for (host, i) in [("dst", 1), ("src", 0)] {
         let what = format!("{host}'s sshd sessions killed mid-stream");
@@ -463,10 +465,11 @@ fn let_source_reach_target(tb: &Testbed) {
 }
 
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn a_killed_agent_is_noticed_on_the_direct_route() {
-    if !common::requires_root() {
-        return;
-    }
     let (tb, before) = testbed(true);
 
     // The target's own agent (the one holding the lock, which the

@@ -41,10 +41,11 @@ fn changes_of(doc: &serde_json::Value, set: &str, skip_keep: bool) -> (Changes, 
 }
 
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
-    if !common::requires_root() {
-        return;
-    }
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
     let before = (snapshot(tb.host_venv_dir(0)), snapshot(tb.host_venv_dir(1)));
@@ -150,10 +151,11 @@ fn fails(tb: &Testbed, args: &[&str], needles: &[&str]) {
 }
 
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn bad_input_gets_a_clear_error_and_changes_nothing() {
-    if !common::requires_root() {
-        return;
-    }
     let tb = Testbed::new(2);
     let (ip, port) = tb.hosts[1].addr.clone().unwrap();
     tb.write_manifest(&format!(

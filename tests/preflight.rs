@@ -269,10 +269,11 @@ fn local() -> Testbed {
 /// Case 1 over SSH: pfbase 2.0 ships only libpfbase.so.1's successor, so the
 /// staying pfext's extension loses its DT_NEEDED libpfbase.so.1.
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn deleting_a_needed_library_is_predicted_over_ssh() {
-    if !common::requires_root() {
-        return;
-    }
     let tb = Testbed::with_roles(&["pf-source", "pf-target"], true);
     let t0 = std::time::Instant::now();
     let planned = plan(&tb, &["pfbase"]);

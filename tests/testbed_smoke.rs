@@ -30,10 +30,11 @@ fn actions(plan: &serde_json::Value, set: &str) -> BTreeMap<String, String> {
 }
 
 #[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn ssh_hosts_each_see_their_own_venv() {
-    if !common::requires_root() {
-        return;
-    }
     let tb = common::Testbed::new(2);
     let mut versions = Vec::new();
     for (i, build) in [

@@ -6,16 +6,21 @@
 //! mod common;
 //!
 //! #[test]
+//! #[cfg_attr(not(overlay_test_root), ignore = "needs root: mount namespaces and sshd")]
 //! fn plans_torch() {
-//!     if !common::requires_root() {
-//!         return;
-//!     }
 //!     let tb = common::Testbed::new(2); // host 0 = "src" (source role), 1 = "dst"
 //!     tb.write_manifest("[sets.torch]\ndists = [\"minitorch\"]\n");
 //!     let out = tb.overlay(&["plan", "src", "dst", "--json"]).output().unwrap();
 //!     let expected = tb.record_plan(0, 1); // independent reference
 //! }
 //! ```
+//!
+//! A test that needs root (every `Testbed::new` or `with_roles(.., true)`,
+//! and anything else that mounts) carries
+//! `#[cfg_attr(not(overlay_test_root), ignore = "needs root: ...")]`: build.rs
+//! sets `overlay_test_root` when the tests are built as root, so that
+//! without root libtest reports them as ignored rather than passed.
+//! `Testbed::new` itself panics without root, naming the attribute.
 //!
 //! With root, every host is an sshd on 127.0.0.X in its own mount namespace
 //! whose /root is the host's private home and whose /root/venv is that host's
@@ -97,17 +102,6 @@ pub fn is_root() -> bool {
                 .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
         })
         .unwrap_or(false)
-}
-
-/// For tests that need SSH test hosts: `if !common::requires_root() { return; }`.
-/// Prints "skipped: needs root" when not root or /usr/sbin/sshd is absent.
-pub fn requires_root() -> bool {
-    if is_root() && Path::new("/usr/sbin/sshd").exists() && Path::new("/usr/bin/unshare").exists() {
-        return true;
-    }
-    println!("skipped: needs root");
-    eprintln!("skipped: needs root (and /usr/sbin/sshd, unshare)");
-    false
 }
 
 /// Run a command; panic with its output unless it succeeds.
@@ -316,6 +310,19 @@ impl Testbed {
     fn build_roles(roles: &[String], ssh: bool) -> Testbed {
         let n_hosts = roles.len();
         assert!(n_hosts >= 1);
+        if ssh {
+            assert!(
+                is_root(),
+                "SSH test hosts need root (mount namespaces, sshd): mark the test \
+                 #[cfg_attr(not(overlay_test_root), ignore = \"needs root: mount namespaces and sshd\")]"
+            );
+            for tool in ["/usr/sbin/sshd", "/usr/bin/unshare"] {
+                assert!(
+                    Path::new(tool).exists(),
+                    "SSH test hosts need {tool} (packages openssh-server, util-linux; see .ci/run)"
+                );
+            }
+        }
         let t0 = Instant::now();
         for r in roles {
             // Build each wheel family once, before the parallel venv builds.
