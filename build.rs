@@ -1,5 +1,5 @@
-//! Tells the integration tests whether they are built as root: the tests
-//! that need SSH test hosts (mount namespaces, sshd) are marked
+//! Tells the tests whether they are built as root: the tests that need SSH
+//! test hosts (mount namespaces, sshd) or chown are marked
 //! `#[cfg_attr(not(overlay_test_root), ignore = "needs root: ...")]`, so
 //! that without root `cargo test` reports them as ignored, not passed.
 
