@@ -59,7 +59,7 @@ fn an_unsafe_cache_is_replaced_or_refused() {
     chmod(&dir, 0o770);
     let out = plan(&tb);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(
         err.contains("Refusing to run the agent on dst")
             && err.contains("/root/.cache/overlay is writable by its group or others (mode 0770)"),
@@ -77,7 +77,7 @@ fn an_unsafe_cache_is_replaced_or_refused() {
     chmod(&home, 0o707);
     let out = plan(&tb);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(err.contains("`chmod go-w /root`"), "{err}");
     chmod(&home, 0o700);
 

@@ -247,7 +247,7 @@ fn without_backup_the_old_files_are_dropped_and_rollback_says_why() {
     tb.write_manifest(SETS);
     plan_and_apply(&tb, &[]);
     let out = tb.overlay(&["rollback", "dst"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(7));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("without --backup") && err.contains("hint:"),
@@ -276,7 +276,7 @@ fn a_generation_from_the_sha256_era_is_refused_by_rollback_and_nothing_changes()
     std::fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
     let before = snapshot(tb.host_venv_dir(1));
     let out = tb.overlay(&["rollback", "dst"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(7));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sha256") && err.contains("hint:"), "{err}");
     assert_same(
@@ -298,7 +298,7 @@ fn a_drifted_target_is_refused_and_nothing_changes() {
     .unwrap();
     let before = snapshot(tb.host_venv_dir(1));
     let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(6));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("drifted")
@@ -326,7 +326,7 @@ fn a_source_file_changed_since_the_plan_aborts_with_nothing_applied() {
     fs::write(&f, content).unwrap();
     let before = snapshot(tb.host_venv_dir(1));
     let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(6));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("changed since the plan") && err.contains("version.py"),
@@ -616,7 +616,7 @@ fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
 
     // The free-space check refuses before streaming.
     let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(8));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("Not enough space")
@@ -633,7 +633,7 @@ fn a_full_disk_names_the_host_and_the_bytes_and_changes_nothing() {
         .env("OVERLAY_TEST_SKIP_SPACE_CHECK", "1")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(9));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("No space left") && err.contains("bytes") && err.contains("dst"),
@@ -678,7 +678,7 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(
         err.contains("could not reach the target as \"dst-direct\""),
         "{err}"

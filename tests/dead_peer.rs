@@ -214,12 +214,12 @@ fn finish_apply(mut child: Child, what: &str) -> Output {
     }
 }
 
-/// The apply failed (exit 2) and said which host and what died, what the
+/// The apply failed (exit 4, a connection error) and said which host and what died, what the
 /// target is left with and what to run next.
 fn assert_reported(out: &Output, host: &str, died: &[&str], what: &str) -> String {
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("{what}: the apply said:\n{err}");
-    assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+    assert_eq!(out.status.code(), Some(4), "{what}: {err}");
     assert!(
         err.contains(&format!("on {host}")),
         "{what}: {host} not named: {err}"

@@ -132,12 +132,12 @@ fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
     assert_eq!(std::fs::metadata(&on_dst).unwrap().len(), size);
 }
 
-/// Run a plan that must fail: exit 2, every needle in stderr, a hint, and no venv changed.
-fn fails(tb: &Testbed, args: &[&str], needles: &[&str]) {
+/// Run a plan that must fail: exit `code`, every needle in stderr, a hint, and no venv changed.
+fn fails(tb: &Testbed, args: &[&str], code: i32, needles: &[&str]) {
     let before = snapshot(tb.host_venv_dir(1));
     let out = tb.overlay(args).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
     for n in needles {
         assert!(err.contains(n), "{args:?}: stderr lacks {n:?}:\n{err}");
     }
@@ -177,26 +177,31 @@ dists = ["no-such-dist"]
     fails(
         &tb,
         &["plan", "src", "ct404"],
+        2,
         &["Unknown host \"ct404\"", "known hosts"],
     );
     fails(
         &tb,
         &["plan", "src", "closed", "--connect-timeout", "2"],
+        4,
         &["closed", "127.0.0.1:1"],
     );
     fails(
         &tb,
         &["plan", "src", "stranger"],
+        4,
         &["stranger", "authenticate"],
     );
     fails(
         &tb,
         &["plan", "src", "novenv"],
+        2,
         &["novenv", "/root/no-such-venv"],
     );
     fails(
         &tb,
         &["plan", "src", "dst", "--set", "absent"],
+        2,
         &["Set absent matches nothing", "src"],
     );
 
@@ -216,6 +221,7 @@ dists = ["no-such-dist"]
     fails(
         &tb,
         &["plan", "src", "dst", "--set", "torch"],
+        8,
         &["dst", "minitorch", "RECORD", "escapes the venv"],
     );
     // A METADATA without a version.
@@ -234,6 +240,7 @@ dists = ["no-such-dist"]
     fails(
         &tb,
         &["plan", "src", "dst", "--set", "torch"],
+        8,
         &["dst", "METADATA"],
     );
     fs::write(&meta, good_meta).unwrap();
@@ -264,6 +271,7 @@ dists = ["no-such-dist"]
     fails(
         &tb,
         &["plan", "src", "dst", "--accept-new-host-key"],
+        5,
         &["dst", "CHANGED"],
     );
     // An unknown host key is refused without --accept-new-host-key, and trusted with it.
@@ -276,6 +284,7 @@ dists = ["no-such-dist"]
     fails(
         &tb,
         &["plan", "src", "dst", "--set", "torch"],
+        5,
         &["dst", "accept-new-host-key"],
     );
     let out = tb

@@ -109,9 +109,9 @@ fn torch_without_its_cuda_libraries_is_predicted_and_rolled_back_on_failure() {
         .overlay(&["plan", "src", "dst", "--set", "torch", "--strict"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(8));
     let out = tb.overlay(&["apply", "--backup"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(8));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
     assert_same(
         &before,
