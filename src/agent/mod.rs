@@ -20,7 +20,7 @@
 //!   ends the session, since nothing after it can be read; a stream cut off
 //!   (the sender went away) ends it without an answer.
 //! - What requests share (the venv's lock, the open generation, the last
-//!   scan, a prefetched walk) lives in one [`serve::Session`].
+//!   scan, a prefetched walk) lives in one `Session` (serve.rs).
 //!
 //! Layout: `serve.rs` is the loop and the dispatch, `handlers/` has one file
 //! per request, `stream_in.rs` reads a data stream into staging (for
