@@ -18,8 +18,8 @@ use super::protocol::{
 };
 use crate::model::{
     Compression, ElfInfo, Endpoint, Entry, GenerationInfo, HashMode, PreflightReport,
-    PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Set,
-    ShebangRewrite, VerifyReport, VerifyRequest, Written,
+    PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Sent, Set,
+    ShebangRewrite, SourceHash, VerifyReport, VerifyRequest, Written,
 };
 
 /// A generation opened on the target ([`Client::prepare`]).
@@ -75,29 +75,18 @@ pub struct DirectTo {
     pub connect_timeout_secs: u64,
 }
 
-/// The end of a source's stream.
-#[derive(Debug, Clone)]
-pub struct Sent {
-    /// Bytes of files read.
-    pub raw_bytes: u64,
-    /// Bytes sent.
-    pub compressed_bytes: u64,
-    /// blake3 of every file sent, computed while reading (by change index).
-    pub hashes: Vec<(usize, String)>,
-    /// With `Compression::Auto`: each measured window's level and its speed.
-    pub windows: Vec<(i32, f64)>,
-    /// On the direct route: what the target wrote.
-    pub written: Vec<Written>,
-}
-
 /// One event of a source's stream ([`Client::stream_event`]).
 #[derive(Debug)]
 pub enum StreamEvent {
     /// Raw stream bytes, to relay to the target.
     Data(Vec<u8>),
     Progress(Progress),
-    /// The stream is complete.
-    Sent(Sent),
+    /// The stream is complete: what the source sent, and on the direct
+    /// route what the target wrote.
+    Sent {
+        sent: Sent,
+        written: Vec<Written>,
+    },
 }
 
 /// Ask `$req` of the agent and take the answer that matches `$pat` as
@@ -481,13 +470,15 @@ impl Client {
                 windows,
                 written,
                 ..
-            }) => Ok(StreamEvent::Sent(Sent {
-                raw_bytes,
-                compressed_bytes,
-                hashes,
-                windows,
+            }) => Ok(StreamEvent::Sent {
+                sent: Sent {
+                    raw_bytes,
+                    packed_bytes: compressed_bytes,
+                    hashes,
+                    windows,
+                },
                 written,
-            })),
+            }),
             Frame::Msg(other) => Err(self.unexpected("a stream", &other)),
         }
     }
@@ -499,7 +490,7 @@ impl Client {
     }
 
     /// End a relayed stream: the hashes the source computed while reading.
-    pub fn end_stage(&mut self, hashes: Vec<(usize, String)>) -> Result<Staged> {
+    pub fn end_stage(&mut self, hashes: Vec<SourceHash>) -> Result<Staged> {
         let req = Request::EndData { hashes };
         answer!(self, &req, "the end of a stream", Response::Staged { files, bytes } => Staged { files, bytes })
     }
@@ -508,7 +499,7 @@ impl Client {
     /// staged against what both ends reported.
     pub fn staged_direct(
         &mut self,
-        hashes: Vec<(usize, String)>,
+        hashes: Vec<SourceHash>,
         written: Vec<Written>,
     ) -> Result<Staged> {
         let req = Request::StagedDirect { hashes, written };
@@ -528,7 +519,7 @@ impl Client {
 
     /// End a direct stream: the hashes the source computed while reading.
     /// Returns what the receiving agent wrote.
-    pub fn end_receive(&mut self, hashes: Vec<(usize, String)>) -> Result<Vec<Written>> {
+    pub fn end_receive(&mut self, hashes: Vec<SourceHash>) -> Result<Vec<Written>> {
         let req = Request::EndData { hashes };
         answer!(self, &req, "the end of a direct stream", Response::Received { written, .. } => written)
     }

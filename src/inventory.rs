@@ -45,12 +45,14 @@ impl Venv {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {
                 return Err(err!(
+                    kind = Usage,
                     hint = "check `venv` in the manifest",
                     "venv {root} is not a directory"
                 ));
             }
             Err(e) => {
                 return Err(err!(
+                    kind = Usage,
                     hint = "check `venv` in the manifest, or create it with `python3 -m venv`",
                     "venv {root} cannot be read: {}",
                     io_cause(&e)
@@ -79,6 +81,7 @@ impl Venv {
         let python = match (candidates.len(), &cfg_version) {
             (0, _) => {
                 return Err(err!(
+                    kind = Usage,
                     hint = "is this a virtualenv? overlay expects lib/pythonX.Y/site-packages inside it",
                     "venv {root} has no lib/python3.*/site-packages"
                 ));
@@ -361,6 +364,7 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
     for g in file_globs {
         if venv_relative(&venv.site_rel, g).is_none_or(|r| !r.starts_with(&venv.site_rel)) {
             return Err(err!(
+                kind = Usage,
                 hint = "file globs are relative to site-packages",
                 "file glob {g:?} escapes site-packages"
             ));
@@ -368,7 +372,7 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
         let matcher = globset::GlobBuilder::new(g)
             .literal_separator(true)
             .build()
-            .map_err(|e| err!("bad glob {g:?}: {e}"))?
+            .map_err(|e| err!(kind = Usage, "bad glob {g:?}: {e}"))?
             .compile_matcher();
         let base = glob_base(g);
         let mut found = Vec::new();

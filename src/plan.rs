@@ -343,6 +343,7 @@ pub fn compute_with<'a>(
     for (set, m) in sets.iter().zip(&src_members) {
         if m.paths.is_empty() {
             return Err(err!(
+                kind = Usage,
                 hint = "check the set's `dists` and `files` against `pip list` on the source; names are compared PEP 503-normalized",
                 "Set {} matches nothing on the source host {} ({})",
                 set.name,

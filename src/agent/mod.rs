@@ -3,6 +3,7 @@
 //! requests on stdin/stdout, doing all file-system work on its own host.
 //! [`client::Client`] is the controller's end of the conversation.
 
+pub mod direct;
 pub mod selfcheck;
 
 use std::io::{Read, Write};
@@ -10,15 +11,18 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::apply::{self, ChannelReader};
 use crate::err;
 use crate::error::{Error, Result};
 use crate::inventory::{self, Counters};
 use crate::journal::{Generation, Record, State};
-use crate::model::{HashMode, Progress, ScanReport, ShebangRewrite, StatEntry, Written};
+use crate::model::{
+    HashMode, Progress, ScanReport, ShebangRewrite, SourceHash, StageCount, StatEntry, Unpacked,
+};
 use crate::protocol::{
     Frame, PROTOCOL_VERSION, Request, Response, read_any, read_frame, write_frame,
 };
+use crate::stream::{self, ChannelReader};
+use direct::FrameSink;
 
 /// What the agent asks for its stdin and stdout pipes
 /// (`/proc/sys/fs/pipe-max-size`, 1 MiB by default, is the unprivileged limit).
@@ -67,9 +71,9 @@ pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
                         }
                         match s.result {
                             _ if s.aborted => Response::Aborted,
-                            Ok((files, bytes, written)) => Response::Received {
-                                files,
-                                bytes,
+                            Ok(Unpacked { count, written }) => Response::Received {
+                                files: count.files,
+                                bytes: count.bytes,
                                 written,
                             },
                             Err(e) => Response::Error(e),
@@ -222,21 +226,24 @@ impl Session {
                 compression,
             } => {
                 // Data frames go straight to the output; progress is implied by them.
-                apply::send(
+                let mut sink = FrameSink {
+                    out: output,
+                    progress: true,
+                };
+                stream::send(
                     &venv,
                     &files,
                     shebang.as_ref(),
                     compression,
-                    output,
-                    true,
+                    &mut sink,
                     &counters,
                 )
-                .map(|(raw, compressed, hashes, windows)| Response::Sent {
+                .map(|sent| Response::Sent {
                     files: files.len() as u64,
-                    raw_bytes: raw,
-                    compressed_bytes: compressed,
-                    hashes,
-                    windows,
+                    raw_bytes: sent.raw_bytes,
+                    compressed_bytes: sent.packed_bytes,
+                    hashes: sent.hashes,
+                    windows: sent.windows,
                     written: Vec::new(),
                 })
             }
@@ -251,7 +258,7 @@ impl Session {
                 generation,
                 connect_timeout_secs,
             } => {
-                let req = apply::Direct {
+                let req = direct::Direct {
                     ssh: &ssh,
                     agent: &agent,
                     target_venv: &target_venv,
@@ -259,7 +266,7 @@ impl Session {
                     timeout: Duration::from_secs(connect_timeout_secs),
                 };
                 with_progress(output, &counters, || {
-                    apply::send_direct(
+                    direct::send_direct(
                         &venv,
                         &files,
                         shebang.as_ref(),
@@ -268,26 +275,24 @@ impl Session {
                         &counters,
                     )
                 })?
-                .map(|(raw, compressed, hashes, windows, written)| {
-                    Response::Sent {
-                        files: files.len() as u64,
-                        raw_bytes: raw,
-                        compressed_bytes: compressed,
-                        hashes,
-                        windows,
-                        written,
-                    }
+                .map(|d| Response::Sent {
+                    files: files.len() as u64,
+                    raw_bytes: d.sent.raw_bytes,
+                    compressed_bytes: d.sent.packed_bytes,
+                    hashes: d.sent.hashes,
+                    windows: d.sent.windows,
+                    written: d.written,
                 })
             }
             Request::StagedDirect { hashes, written } => {
                 let (_, g) = self.opened()?;
-                let r = apply::check_staged(g, &written).and_then(|(files, bytes)| {
+                let r = stream::check_staged(g, &written).and_then(|count| {
                     g.record_hashes(&written, &hashes)?;
                     g.append(Record::Staged)?;
-                    Ok((files, bytes))
+                    Ok(count)
                 });
                 match r {
-                    Ok((files, bytes)) => Ok(Response::Staged { files, bytes }),
+                    Ok(StageCount { files, bytes }) => Ok(Response::Staged { files, bytes }),
                     Err(e) => {
                         self.discard_open();
                         Err(e)
@@ -446,14 +451,14 @@ impl Session {
             return Ok(if ended { None } else { Some(Response::Aborted) });
         }
         // Files the plan had not hashed: what the target wrote must be what the source read.
-        let result = result.and_then(|(files, bytes, written)| {
+        let result = result.and_then(|Unpacked { count, written }| {
             let (_, g) = self.opened()?;
             g.record_hashes(&written, &source_hashes)?;
             g.append(Record::Staged)?;
-            Ok((files, bytes))
+            Ok(count)
         });
         match result {
-            Ok((files, bytes)) => Ok(Some(Response::Staged { files, bytes })),
+            Ok(StageCount { files, bytes }) => Ok(Some(Response::Staged { files, bytes })),
             Err(e) => {
                 self.discard_open();
                 Ok(Some(Response::Error(e)))
@@ -467,9 +472,9 @@ struct Broken(Error);
 
 /// A stream read into staging.
 struct StreamIn {
-    result: Result<(u64, u64, Vec<Written>)>,
+    result: Result<Unpacked>,
     /// The source's hashes from `EndData`.
-    source_hashes: Vec<(usize, String)>,
+    source_hashes: Vec<SourceHash>,
     /// The input ended (the sender went away) before `EndData`.
     ended: bool,
     aborted: bool,
@@ -503,18 +508,18 @@ fn stream_in(input: &mut dyn Read, g: &Generation, host_dir: &std::path::Path) -
     };
     let mut ended = false;
     let mut aborted = false;
-    let mut source_hashes: Vec<(usize, String)> = Vec::new();
+    let mut source_hashes: Vec<SourceHash> = Vec::new();
     let mut bad_block = None;
     let mut broken = None;
     let result = std::thread::scope(|scope| {
-        let worker = scope.spawn(|| apply::unpack(g, host_dir, ChannelReader::new(rx), &counters));
+        let worker = scope.spawn(|| stream::unpack(g, host_dir, ChannelReader::new(rx), &counters));
         let mut tx = Some(tx);
         loop {
             match read_any::<Request>(input) {
                 Ok(Some(Frame::Data(d))) => {
                     // Decoded here, so that decoding runs beside the writing.
                     if let Some(t) = &tx {
-                        match apply::unpack_block(d, &mut unz) {
+                        match stream::unpack_block(d, &mut unz) {
                             Ok(b) => {
                                 if t.send(b).is_err() {
                                     tx = None; // the unpacker failed; keep draining

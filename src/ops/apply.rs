@@ -20,7 +20,8 @@ use crate::client::{Client, DirectTo, SendRequest, StreamEvent};
 use crate::err;
 use crate::error::{Error, Result};
 use crate::model::{
-    Action, Compression, GenChange, PrepareRequest, SendFile, ShebangRewrite, VerifyRequest,
+    Action, Compression, GenChange, LevelWindow, PrepareRequest, SendFile, ShebangRewrite,
+    VerifyRequest,
 };
 use crate::plan::Plan;
 use crate::transport::ConnectOptions;
@@ -635,29 +636,30 @@ fn relay(
                 ));
             }
             StreamEvent::Progress(p) => meter.update(&p),
-            StreamEvent::Sent(sent) => break sent,
+            StreamEvent::Sent { sent, written } => break (sent, written),
         }
     };
+    let (sent, written) = sent;
     show_windows(obs, &sent.windows);
     meter.finish();
     // The relay's end of stream, or the direct route's report of what it staged.
     if relayed {
         dst.end_stage(sent.hashes)?;
     } else {
-        dst.staged_direct(sent.hashes, sent.written)?;
+        dst.staged_direct(sent.hashes, written)?;
     }
     Ok(Moved {
         raw: sent.raw_bytes,
-        sent: sent.compressed_bytes,
+        sent: sent.packed_bytes,
     })
 }
 
 /// For `-vv`: the levels `--compress auto` measured, window by window.
-fn show_windows(obs: &dyn Observer, windows: &[(i32, f64)]) {
+fn show_windows(obs: &dyn Observer, windows: &[LevelWindow]) {
     if !windows.is_empty() {
         let w: Vec<String> = windows
             .iter()
-            .map(|(l, r)| format!("{l}:{:.0}", r / 1e6))
+            .map(|w| format!("{}:{:.0}", w.level, w.bytes_per_sec / 1e6))
             .collect();
         obs.detail(&format!(
             "compression windows (level:MB/s of files): {}",
