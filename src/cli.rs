@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use overlay::model::Compression;
+use overlay::ops::HostChoice;
+use overlay::transport::ConnectOptions;
 
 /// Overlay package sets from a working Python venv on one host onto another
 /// host's venv, over SSH: exact, predictable, reversible.
@@ -46,6 +48,25 @@ pub struct GlobalArgs {
     /// Print only data and errors, no status or progress.
     #[arg(long, short = 'q', global = true)]
     pub quiet: bool,
+}
+
+impl GlobalArgs {
+    /// How to reach hosts, from `--connect-timeout` and `--accept-new-host-key`.
+    pub fn connect_options(&self) -> ConnectOptions {
+        ConnectOptions {
+            timeout: std::time::Duration::from_secs(self.connect_timeout.max(1)),
+            accept_new_host_key: self.accept_new_host_key,
+        }
+    }
+
+    /// The host a one-host command names, or else the target of `plan`.
+    pub fn host_choice(&self, host: &Option<String>, plan: &std::path::Path) -> HostChoice {
+        HostChoice {
+            manifest: self.manifest.clone(),
+            host: host.clone(),
+            plan: plan.to_path_buf(),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

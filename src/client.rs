@@ -1,5 +1,13 @@
-//! The controller's end of an agent connection: typed requests over an
-//! [`AgentPipe`](crate::transport::AgentPipe), with progress callbacks.
+//! The controller's end of an agent connection: one method per request
+//! over an [`AgentPipe`](crate::transport::AgentPipe), each returning its
+//! answer as a named result (progress callbacks where the request streams
+//! [`Progress`]).
+//!
+//! This is the only code outside the agent that reads a [`Response`]: an
+//! answer that does not fit its question is one error, of kind
+//! [`Protocol`](crate::error::ErrorKind::Protocol), made in one place. The
+//! untyped [`Client::request`], [`Client::response`] and [`Client::writer`]
+//! remain for the source agent's direct sender (`crate::apply`).
 
 use crate::err;
 use crate::error::{Error, Result};
@@ -8,7 +16,89 @@ use crate::transport::{self, AgentPipe, ConnectOptions, Watch};
 use super::protocol::{
     Frame, PROTOCOL_VERSION, Request, Response, read_any, read_frame, write_data, write_frame,
 };
-use crate::model::{Endpoint, Entry, HashMode, Progress, ScanReport, Set, ShebangRewrite};
+use crate::model::{
+    Compression, ElfInfo, Endpoint, Entry, GenerationInfo, HashMode, PreflightReport,
+    PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Sent, Set,
+    ShebangRewrite, SourceHash, VerifyReport, VerifyRequest, Written,
+};
+
+/// A generation opened on the target ([`Client::prepare`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    /// The new generation's id.
+    pub generation: String,
+    /// What was done first to an interrupted generation, if there was one.
+    pub recovered: Option<String>,
+}
+
+/// What the target staged ([`Client::end_stage`], [`Client::staged_direct`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Staged {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// A venv's generations ([`Client::history`]).
+#[derive(Debug, Clone)]
+pub struct History {
+    pub generations: Vec<GenerationInfo>,
+    /// What was done first to an interrupted generation, if there was one.
+    pub recovered: Option<String>,
+}
+
+/// The generations [`Client::prune`] removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pruned {
+    pub removed: Vec<String>,
+    /// What was done first to an interrupted generation, if there was one.
+    pub recovered: Option<String>,
+}
+
+/// What a source streams ([`Client::start_send`]).
+#[derive(Debug, Clone)]
+pub struct SendRequest {
+    pub venv: String,
+    pub files: Vec<SendFile>,
+    pub shebang: Option<ShebangRewrite>,
+    pub compression: Compression,
+}
+
+/// Where a direct stream goes ([`Client::start_send_direct`]).
+#[derive(Debug, Clone)]
+pub struct DirectTo {
+    /// The target's ssh destination, as the source host knows it.
+    pub ssh: String,
+    /// The agent executable on the target (its [`Client::agent_exe`]).
+    pub agent: String,
+    pub target_venv: String,
+    pub generation: String,
+    pub connect_timeout_secs: u64,
+}
+
+/// One event of a source's stream ([`Client::stream_event`]).
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// Raw stream bytes, to relay to the target.
+    Data(Vec<u8>),
+    Progress(Progress),
+    /// The stream is complete: what the source sent, and on the direct
+    /// route what the target wrote.
+    Sent {
+        sent: Sent,
+        written: Vec<Written>,
+    },
+}
+
+/// Ask `$req` of the agent and take the answer that matches `$pat` as
+/// `$out`; any other answer is the one "unexpected answer" error.
+macro_rules! answer {
+    ($client:ident, $req:expr, $what:expr, $pat:pat => $out:expr) => {
+        match $client.call($req, &mut |_| {})? {
+            $pat => Ok($out),
+            other => Err($client.unexpected($what, &other)),
+        }
+    };
+}
 
 /// A connected agent on one host.
 pub struct Client {
@@ -77,9 +167,7 @@ impl Client {
                 hint = "the agent binary differs from this controller (is OVERLAY_AGENT_BINARY another build?); use one overlay build on both ends",
                 "The agent on {host} (overlay {version}) speaks protocol {protocol}, this controller {PROTOCOL_VERSION}"
             )),
-            other => Err(err!(
-                "The agent on {host} answered the greeting with {other:?}"
-            )),
+            other => Err(c.unexpected("the greeting", &other)),
         }
     }
 
@@ -173,10 +261,7 @@ impl Client {
         })?;
         match self.recv()? {
             Response::Scan(r) => Ok(r),
-            other => Err(err!(
-                "The agent on {} answered a scan with {other:?}",
-                self.host
-            )),
+            other => Err(self.unexpected("a scan", &other)),
         }
     }
 
@@ -247,6 +332,7 @@ impl Client {
                 Response::Stat { entries } => {
                     if entries.len() != paths.len() {
                         return Err(err!(
+                            kind = Protocol,
                             "The agent on {} answered a stat of {} paths with {} entries",
                             self.host,
                             paths.len(),
@@ -259,6 +345,7 @@ impl Client {
                         .map(|(p, e)| {
                             e.into_entry(p).ok_or_else(|| {
                                 err!(
+                                    kind = Protocol,
                                     "The agent on {} sent a stat entry of an unknown kind",
                                     self.host
                                 )
@@ -266,46 +353,234 @@ impl Client {
                         })
                         .collect();
                 }
-                other => {
-                    return Err(err!(
-                        "The agent on {} answered a stat with {other:?}",
-                        self.host
-                    ));
-                }
+                other => return Err(self.unexpected("a stat", &other)),
             }
         }
     }
 
-    /// Send a request and wait for its answer, passing progress frames to `on_progress`.
-    pub fn call(
-        &mut self,
-        req: &Request,
-        on_progress: &mut dyn FnMut(Progress),
-    ) -> Result<Response> {
+    /// Send a request and wait for its answer, passing progress frames to
+    /// `on_progress`.
+    fn call(&mut self, req: &Request, on_progress: &mut dyn FnMut(Progress)) -> Result<Response> {
         self.send(req)?;
-        loop {
-            match self.recv()? {
-                Response::Progress(p) => on_progress(p),
-                r => return Ok(r),
-            }
+        self.response(on_progress)
+    }
+
+    /// The one error for an answer that does not fit the question.
+    fn unexpected(&self, what: &str, other: &Response) -> Error {
+        err!(
+            kind = Protocol,
+            hint =
+                "controller and agent disagree on the protocol; use one overlay build on both ends",
+            "unexpected answer from {} to {what}: {other:?}",
+            self.host
+        )
+    }
+
+    /// Start listing the target's shared objects in the background, for
+    /// the [`Client::preflight`] that follows.
+    pub fn prefetch_preflight(&mut self, venv: &str) -> Result<()> {
+        let req = Request::PrefetchPreflight {
+            venv: venv.to_string(),
+        };
+        answer!(self, &req, "a preflight prefetch", Response::Prefetching => ())
+    }
+
+    /// ELF facts of `paths` (site-packages relative), one per path.
+    pub fn elf_info(&mut self, venv: &str, paths: Vec<String>) -> Result<Vec<Option<ElfInfo>>> {
+        let req = Request::ElfInfo {
+            venv: venv.to_string(),
+            paths,
+        };
+        answer!(self, &req, "a request for ELF facts", Response::ElfInfo { infos } => infos)
+    }
+
+    /// Predict on the target what fails to load after the overlay.
+    pub fn preflight(&mut self, req: PreflightRequest) -> Result<PreflightReport> {
+        let req = Request::Preflight(Box::new(req));
+        answer!(self, &req, "a preflight", Response::Preflight(r) => r)
+    }
+
+    /// Finish an interrupted generation: roll it back, or with `resume`
+    /// complete it. Returns what was done, if there was one.
+    pub fn recover(&mut self, venv: &str, resume: bool) -> Result<Option<String>> {
+        let req = Request::Recover {
+            venv: venv.to_string(),
+            resume,
+        };
+        answer!(self, &req, "a recovery", Response::Recovered { outcome } => outcome)
+    }
+
+    /// Open a new generation on the target.
+    pub fn prepare(&mut self, req: PrepareRequest) -> Result<Prepared> {
+        let req = Request::Prepare(Box::new(req));
+        answer!(self, &req, "a prepare", Response::Prepared {
+            generation,
+            recovered,
+        } => Prepared {
+            generation,
+            recovered,
+        })
+    }
+
+    /// Have the source stream `files` to this controller as data frames
+    /// (read them with [`Client::stream_event`]).
+    pub fn start_send(&mut self, send: SendRequest) -> Result<()> {
+        self.send(&Request::Send {
+            venv: send.venv,
+            files: send.files,
+            shebang: send.shebang,
+            compression: send.compression,
+        })
+    }
+
+    /// Have the source stream `files` straight to the target over its own
+    /// `ssh` (`apply --direct`); follow it with [`Client::stream_event`].
+    pub fn start_send_direct(&mut self, send: SendRequest, to: DirectTo) -> Result<()> {
+        self.send(&Request::SendDirect {
+            venv: send.venv,
+            files: send.files,
+            shebang: send.shebang,
+            compression: send.compression,
+            ssh: to.ssh,
+            agent: to.agent,
+            target_venv: to.target_venv,
+            generation: to.generation,
+            connect_timeout_secs: to.connect_timeout_secs,
+        })
+    }
+
+    /// The next event of a stream a source was asked for: stream data,
+    /// progress, or the end.
+    pub fn stream_event(&mut self) -> Result<StreamEvent> {
+        let host = self.host.clone();
+        let frame = match read_any::<Response>(&mut self.pipe()?.reader) {
+            Ok(Some(Frame::Msg(Response::Error(e)))) => return Err(on_host(e, &host)),
+            Ok(Some(f)) => f,
+            Ok(None) => return Err(self.died("it stopped in the middle of a stream")),
+            Err(e) if self.gone().is_some() => return Err(self.died(&e.message)),
+            Err(e) => return Err(on_host(e, &host)),
+        };
+        match frame {
+            Frame::Data(d) => Ok(StreamEvent::Data(d)),
+            Frame::Msg(Response::Progress(p)) => Ok(StreamEvent::Progress(p)),
+            Frame::Msg(Response::Sent {
+                raw_bytes,
+                compressed_bytes,
+                hashes,
+                windows,
+                written,
+                ..
+            }) => Ok(StreamEvent::Sent {
+                sent: Sent {
+                    raw_bytes,
+                    packed_bytes: compressed_bytes,
+                    hashes,
+                    windows,
+                },
+                written,
+            }),
+            Frame::Msg(other) => Err(self.unexpected("a stream", &other)),
         }
+    }
+
+    /// Have the target stage the relayed stream (data frames follow, sent
+    /// with [`Client::write_data`], then [`Client::end_stage`]).
+    pub fn start_stage(&mut self) -> Result<()> {
+        self.send(&Request::Stage)
+    }
+
+    /// End a relayed stream: the hashes the source computed while reading.
+    pub fn end_stage(&mut self, hashes: Vec<SourceHash>) -> Result<Staged> {
+        let req = Request::EndData { hashes };
+        answer!(self, &req, "the end of a stream", Response::Staged { files, bytes } => Staged { files, bytes })
+    }
+
+    /// After a direct stream: have the target check what another agent
+    /// staged against what both ends reported.
+    pub fn staged_direct(
+        &mut self,
+        hashes: Vec<SourceHash>,
+        written: Vec<Written>,
+    ) -> Result<Staged> {
+        let req = Request::StagedDirect { hashes, written };
+        answer!(self, &req, "a direct stream's report", Response::Staged { files, bytes } => Staged { files, bytes })
+    }
+
+    /// On the direct route, the source's side: have the target's agent
+    /// unpack the stream that follows (data frames written with
+    /// [`Client::writer`], then [`Client::end_receive`]) into the staging
+    /// folder of `generation`.
+    pub fn start_receive(&mut self, venv: &str, generation: &str) -> Result<()> {
+        self.send(&Request::Receive {
+            venv: venv.to_string(),
+            generation: generation.to_string(),
+        })
+    }
+
+    /// End a direct stream: the hashes the source computed while reading.
+    /// Returns what the receiving agent wrote.
+    pub fn end_receive(&mut self, hashes: Vec<SourceHash>) -> Result<Vec<Written>> {
+        let req = Request::EndData { hashes };
+        answer!(self, &req, "the end of a direct stream", Response::Received { written, .. } => written)
+    }
+
+    /// Give up the prepared generation (nothing was switched).
+    pub fn abort(&mut self) -> Result<()> {
+        answer!(self, &Request::Abort, "an abort", Response::Aborted => ())
+    }
+
+    /// Switch the staged generation into place; returns the paths changed.
+    pub fn switch(&mut self) -> Result<u64> {
+        answer!(self, &Request::Switch, "a switch", Response::Switched { changed } => changed)
+    }
+
+    /// Mark the switched generation complete; returns its id.
+    pub fn commit(&mut self, keep_backup: bool, keep: Option<usize>) -> Result<String> {
+        let req = Request::Commit { keep_backup, keep };
+        answer!(self, &req, "a commit", Response::Committed { generation } => generation)
+    }
+
+    /// Roll back generations down to and including `to` (default: the newest).
+    pub fn rollback(&mut self, venv: &str, to: Option<String>) -> Result<RollbackReport> {
+        let req = Request::Rollback {
+            venv: venv.to_string(),
+            to,
+        };
+        answer!(self, &req, "a rollback", Response::RolledBack(r) => r)
+    }
+
+    /// The venv's generations, oldest first.
+    pub fn history(&mut self, venv: &str) -> Result<History> {
+        let req = Request::History {
+            venv: venv.to_string(),
+        };
+        answer!(self, &req, "a history", Response::History {
+            generations,
+            recovered,
+        } => History {
+            generations,
+            recovered,
+        })
+    }
+
+    /// Remove all but the newest `keep` generations.
+    pub fn prune(&mut self, venv: &str, keep: usize) -> Result<Pruned> {
+        let req = Request::Prune {
+            venv: venv.to_string(),
+            keep,
+        };
+        answer!(self, &req, "a prune", Response::Pruned { removed, recovered } => Pruned { removed, recovered })
+    }
+
+    /// Run the `[verify]` check in the venv.
+    pub fn verify(&mut self, req: VerifyRequest) -> Result<VerifyReport> {
+        let req = Request::Verify(Box::new(req));
+        answer!(self, &req, "a verify", Response::Verified(r) => r)
     }
 
     /// Send a request without waiting (its answer comes later).
     pub fn request(&mut self, req: &Request) -> Result<()> {
         self.send(req)
-    }
-
-    /// Read the next frame: raw stream data or a message.
-    pub fn next_frame(&mut self) -> Result<Frame<Response>> {
-        let host = self.host.clone();
-        match read_any::<Response>(&mut self.pipe()?.reader) {
-            Ok(Some(Frame::Msg(Response::Error(e)))) => Err(on_host(e, &host)),
-            Ok(Some(f)) => Ok(f),
-            Ok(None) => Err(self.died("it stopped in the middle of a stream")),
-            Err(e) if self.gone().is_some() => Err(self.died(&e.message)),
-            Err(e) => Err(on_host(e, &host)),
-        }
     }
 
     /// The agent's own executable on its host.
@@ -340,7 +615,8 @@ impl Client {
         r.map_err(|e| self.died(&e.to_string()))
     }
 
-    /// Wait for the answer to an earlier `request`.
+    /// Wait for the answer to an earlier `request`, passing progress
+    /// frames to `on_progress`.
     pub fn response(&mut self, on_progress: &mut dyn FnMut(Progress)) -> Result<Response> {
         loop {
             match self.recv()? {

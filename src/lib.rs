@@ -12,6 +12,7 @@ pub mod inventory;
 pub mod journal;
 pub mod manifest;
 pub mod model;
+pub mod ops;
 pub mod plan;
 pub mod preflight;
 pub mod protocol;

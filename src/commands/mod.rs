@@ -1,9 +1,12 @@
-//! The commands: each takes the parsed arguments, calls the library and
-//! prints. Each module serves one command family and returns an exit code:
-//! `plan::run`, `apply::run`, `verify::run`, and `rollback::{rollback,
-//! history, prune}` (the generation commands).
+//! The commands: each parses its arguments into an operation's options,
+//! calls that one operation (`overlay::ops`), prints its report (text, or
+//! `--json`) and returns the exit code. One module per command; commands
+//! never import each other (what they share is in `crate::cli` and
+//! `crate::progress`).
 
 pub mod apply;
+pub mod history;
 pub mod plan;
+pub mod prune;
 pub mod rollback;
 pub mod verify;

@@ -1,0 +1,188 @@
+//! The controller's operations: plan, apply, rollback, history, prune and
+//! verify, each as one function that takes an options struct (plain data)
+//! and an [`Observer`], talks to the hosts' agents through the
+//! [`Client`], and returns a typed report. The binary's commands parse
+//! arguments into the options, call one operation and print its report.
+//!
+//! Operations never print: status lines, progress meters, `-vv` details
+//! and the `[verify]` check's output go to the [`Observer`], which the
+//! binary implements (bars on a terminal, plain lines otherwise).
+//!
+//! This module holds what the operations share: which host a one-host
+//! operation works on ([`HostChoice`], [`resolve`]), the saved plan
+//! ([`load_plan`]) and connecting ([`connect`]).
+
+pub mod apply;
+pub mod history;
+pub mod plan;
+pub mod rollback;
+pub mod verify;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::client::Client;
+use crate::err;
+use crate::error::Result;
+use crate::manifest::Manifest;
+use crate::model::{Endpoint, Progress, VerifyReport};
+use crate::plan::Plan;
+use crate::transport::ConnectOptions;
+
+/// Where an operation's progress goes: the binary's terminal or log.
+pub trait Observer {
+    /// A status line (shown on stderr unless `--quiet`).
+    fn status(&self, line: &str);
+    /// A detail shown with `-vv`: timings, measured compression levels.
+    fn detail(&self, line: &str);
+    /// A progress meter named `name` (a host, or the transfer).
+    fn meter(&self, name: &str) -> Box<dyn Meter>;
+    /// The `[verify]` check ran on `host`; `log` is the local copy of its log.
+    fn checked(&self, host: &str, report: &VerifyReport, log: &Path);
+}
+
+/// One progress meter: bytes and files of a hash or a transfer.
+pub trait Meter: Send + Sync {
+    /// Where the work stands.
+    fn update(&self, p: &Progress);
+    /// The work is done: the meter goes away.
+    fn finish(&self);
+}
+
+/// An [`Observer`] that shows nothing (for tests and library callers).
+pub struct Silent;
+
+impl Observer for Silent {
+    fn status(&self, _: &str) {}
+    fn detail(&self, _: &str) {}
+    fn meter(&self, _: &str) -> Box<dyn Meter> {
+        Box::new(Silent)
+    }
+    fn checked(&self, _: &str, _: &VerifyReport, _: &Path) {}
+}
+
+impl Meter for Silent {
+    fn update(&self, _: &Progress) {}
+    fn finish(&self) {}
+}
+
+/// `-vv` timings: how long into the operation each step was done.
+pub(crate) struct Clock<'a> {
+    started: Instant,
+    obs: &'a dyn Observer,
+}
+
+impl<'a> Clock<'a> {
+    pub(crate) fn start(obs: &'a dyn Observer) -> Self {
+        Clock {
+            started: Instant::now(),
+            obs,
+        }
+    }
+
+    /// Say that `what` is done, and when.
+    pub(crate) fn mark(&self, what: &str) {
+        self.obs.detail(&format!(
+            "timing: {what} done at {:.2}s",
+            self.started.elapsed().as_secs_f64()
+        ));
+    }
+
+    /// Seconds since the start.
+    pub(crate) fn seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+}
+
+/// Which host a one-host operation (rollback, history, prune, verify)
+/// works on: a host the manifest names, or else the target of the saved plan.
+#[derive(Debug, Clone)]
+pub struct HostChoice {
+    pub manifest: PathBuf,
+    /// The host's name; `None` for the plan's target.
+    pub host: Option<String>,
+    /// The saved plan.
+    pub plan: PathBuf,
+}
+
+/// A host to connect to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRef {
+    /// The manifest's name for it.
+    pub name: String,
+    pub endpoint: Endpoint,
+    pub venv: String,
+}
+
+/// The host of `choice`: by manifest name, or else the target of the last plan.
+pub fn resolve(choice: &HostChoice) -> Result<HostRef> {
+    let (manifest, plan) = (&choice.manifest, &choice.plan);
+    if (manifest.exists() || !plan.exists())
+        && let Some(name) = &choice.host
+    {
+        let m = Manifest::load(manifest)?;
+        let h = m.host(name)?;
+        return Ok(HostRef {
+            name: h.name.clone(),
+            endpoint: h.endpoint.clone(),
+            venv: h.venv.clone(),
+        });
+    }
+    let p = load_plan(plan).map_err(|e| {
+        e.hint("name the host (e.g. `overlay history HOST`) with a manifest that defines it, or run from where `overlay plan` saved its plan")
+    })?;
+    if let Some(name) = &choice.host
+        && *name != p.target.name
+    {
+        return Err(err!(
+            hint = "pass --manifest with a manifest that defines that host",
+            "Host {name} is not in {} and is not the target of the plan {}",
+            manifest.display(),
+            plan.display()
+        ));
+    }
+    Ok(HostRef {
+        name: p.target.name.clone(),
+        endpoint: endpoint(&p.target.ssh),
+        venv: p.target.venv.clone(),
+    })
+}
+
+/// Start the agent on `host` and shake hands.
+pub fn connect(host: &HostRef, opts: &ConnectOptions) -> Result<Client> {
+    Client::connect(&host.name, &host.endpoint, opts)
+}
+
+/// Read a saved plan, refusing one of another format.
+pub fn load_plan(path: &Path) -> Result<Plan> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        err!(
+            hint = "run `overlay plan SRC DST` first, or name the plan file",
+            "Failed to read the plan {}: {}",
+            path.display(),
+            crate::error::io_cause(&e)
+        )
+    })?;
+    let plan: Plan = serde_json::from_str(&text).map_err(|e| {
+        err!(
+            hint = "run `overlay plan` again to make a fresh plan",
+            "The plan {} is not a valid plan: {e}",
+            path.display()
+        )
+    })?;
+    if plan.format != crate::plan::PLAN_FORMAT {
+        return Err(err!(
+            hint = "run `overlay plan` again with this version of overlay",
+            "The plan {} has format {}, this overlay reads {}",
+            path.display(),
+            plan.format,
+            crate::plan::PLAN_FORMAT
+        ));
+    }
+    Ok(plan)
+}
+
+/// A plan's host as an endpoint: over SSH, or this machine.
+pub fn endpoint(ssh: &Option<String>) -> Endpoint {
+    ssh.clone().map_or(Endpoint::Local, Endpoint::Ssh)
+}

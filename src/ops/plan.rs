@@ -1,0 +1,605 @@
+//! Plan: scan and hash both live hosts, decide what changes on the target,
+//! and predict what would fail after the overlay. Never writes to either
+//! venv; [`save`] writes the plan for `apply`.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+
+use crate::client::Client;
+use crate::err;
+use crate::error::Result;
+use crate::manifest::{Host, Manifest};
+use crate::model::{
+    Action, Check, Dist, Endpoint, Entry, HashMode, Kind, PreflightRequest, Problem, Progress,
+    ScanReport, Set, ShebangRewrite,
+};
+use crate::plan::{self, HostInfo, PLAN_FORMAT, Plan, SetPlan, Side};
+use crate::preflight::{cuda, requirements};
+use crate::transport::ConnectOptions;
+
+use super::{Clock, Meter, Observer};
+
+/// What `overlay plan` is asked.
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    pub manifest: PathBuf,
+    /// The source and target hosts' manifest names.
+    pub source: String,
+    pub target: String,
+    /// The sets to plan (`--set`); empty for all.
+    pub sets: Vec<String>,
+    /// Refuse to apply a plan that predicts problems, whatever the manifest says.
+    pub strict: bool,
+    pub connect: ConnectOptions,
+}
+
+/// A plan made, with the hosts' agents still saying goodbye.
+pub struct Planned {
+    pub plan: Plan,
+    /// The agents' goodbyes, which run while the plan is shown and saved.
+    pub closing: Closing,
+}
+
+/// The goodbyes of a plan's agents, running on their own thread.
+pub struct Closing(std::thread::JoinHandle<()>);
+
+impl Closing {
+    /// Wait for both agents to exit.
+    pub fn wait(self) {
+        let _ = self.0.join();
+    }
+}
+
+/// Make a plan: connect to both hosts, scan, hash, decide and preflight.
+pub fn plan(opts: &PlanOptions, obs: &dyn Observer) -> Result<Planned> {
+    let manifest = Manifest::load(&opts.manifest)?;
+    let src_host = manifest.host(&opts.source)?;
+    let dst_host = manifest.host(&opts.target)?;
+    if src_host.name == dst_host.name {
+        return Err(err!(
+            hint = "name two different hosts",
+            "Source and target are the same host ({})",
+            src_host.name
+        ));
+    }
+    let sets = select_sets(&manifest, &opts.sets)?;
+    let mut planned = make_plan(&manifest, &sets, src_host, dst_host, &opts.connect, obs)?;
+    planned.plan.strict |= opts.strict;
+    Ok(planned)
+}
+
+/// The plan's description of a host.
+pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
+    HostInfo {
+        name: host.name.clone(),
+        ssh: match &host.endpoint {
+            Endpoint::Ssh(s) => Some(s.clone()),
+            Endpoint::Local => None,
+        },
+        venv: host.venv.clone(),
+        direct_ssh: host.direct_ssh.clone(),
+        site_packages: scan.site_packages.clone(),
+        python: scan.python.clone(),
+    }
+}
+
+/// One side of the plan's stat rounds.
+struct StatSide<'a> {
+    venv: &'a str,
+    shebang: Option<ShebangRewrite>,
+    pycache: bool,
+    meter: &'a dyn Meter,
+}
+
+impl StatSide<'_> {
+    /// Stat the members of `sets` on this side's host, plus `extra` paths,
+    /// with the hashes its cache still vouches for; the answer is for
+    /// `order` ([`plan::stat_order`] of the same).
+    fn stat_members(
+        &self,
+        client: &mut Client,
+        sets: &[Set],
+        globs: &[String],
+        extra: &[&str],
+        order: &[&str],
+    ) -> Result<Vec<Entry>> {
+        if order.is_empty() {
+            return Ok(Vec::new());
+        }
+        client.stat_members(
+            self.venv,
+            sets,
+            globs,
+            extra.iter().map(|p| p.to_string()).collect(),
+            order.iter().map(|p| p.to_string()).collect(),
+            plan::order_check(order),
+            HashMode::Cached,
+            self.shebang.clone(),
+            self.pycache,
+            &mut |_| {},
+        )
+    }
+
+    /// Stat `paths` on this side's host (hashing them with `HashMode::All`,
+    /// with progress on the meter). An empty list costs no round trip.
+    fn stat(&self, client: &mut Client, paths: Vec<String>, mode: HashMode) -> Result<Vec<Entry>> {
+        if paths.is_empty() {
+            return Ok(Vec::new());
+        }
+        let meter = self.meter;
+        let mut progress = |p: Progress| {
+            if mode == HashMode::All {
+                meter.update(&p);
+            }
+        };
+        client.stat(
+            self.venv,
+            paths,
+            mode,
+            self.shebang.clone(),
+            self.pycache,
+            &mut progress,
+        )
+    }
+}
+
+/// The sets' members on one host and the order of their stat.
+fn members_and_order<'a>(
+    sets: &[Set],
+    scan: &'a ScanReport,
+    globs: &[String],
+) -> (Vec<plan::Members<'a>>, Vec<&'a str>) {
+    let members = plan::members_of(sets, scan, globs);
+    let order = plan::stat_order(&members, &[]);
+    (members, order)
+}
+
+/// Stat entries by path. (The path moves into the key; the entry's own
+/// `path` is left empty.)
+fn index(v: Vec<Entry>) -> plan::Entries {
+    let mut map = plan::Entries::with_capacity_and_hasher(v.len(), Default::default());
+    for mut e in v {
+        map.insert(std::mem::take(&mut e.path), e);
+    }
+    map
+}
+
+/// Run `f` for the source and the target at the same time.
+fn both<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
+    std::thread::scope(|s| {
+        let ha = s.spawn(a);
+        let rb = b();
+        (ha.join().expect("worker thread panicked"), rb)
+    })
+}
+
+/// The sets to plan: all, or those named with `--set`.
+pub fn select_sets(manifest: &Manifest, names: &[String]) -> Result<Vec<Set>> {
+    if names.is_empty() {
+        if manifest.sets.is_empty() {
+            return Err(err!(
+                hint = "add a [sets.NAME] table with `dists` or `files` (docs/manifest.md)",
+                "{} defines no sets",
+                manifest.path.display()
+            ));
+        }
+        return Ok(manifest.sets.clone());
+    }
+    if let Some(n) = names
+        .iter()
+        .find(|n| !manifest.sets.iter().any(|s| &s.name == *n))
+    {
+        let known: Vec<&str> = manifest.sets.iter().map(|s| s.name.as_str()).collect();
+        return Err(err!(
+            hint = format!("sets in {}: {}", manifest.path.display(), known.join(", ")),
+            "Unknown set {n:?}"
+        ));
+    }
+    // Manifest order, each set once: the order decides which set carries a shared path.
+    Ok(manifest
+        .sets
+        .iter()
+        .filter(|s| names.contains(&s.name))
+        .cloned()
+        .collect())
+}
+
+/// The sets' file globs, each once.
+fn globs_of(sets: &[Set]) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    sets.iter()
+        .flat_map(|s| s.files.iter())
+        .filter(|g| seen.insert(g.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// A host connected and scanned.
+struct Scanned {
+    client: Client,
+    scan: ScanReport,
+}
+
+/// Connect to both hosts and scan them, at the same time.
+fn connect_and_scan(
+    src_host: &Host,
+    dst_host: &Host,
+    globs: &[String],
+    opts: &ConnectOptions,
+) -> Result<(Scanned, Scanned)> {
+    let connect_scan = |host: &Host| -> Result<Scanned> {
+        let mut client = Client::connect(&host.name, &host.endpoint, opts)?;
+        let scan = client.scan(&host.venv, globs)?;
+        Ok(Scanned { client, scan })
+    };
+    let (s, d) = both(|| connect_scan(src_host), || connect_scan(dst_host));
+    Ok((s?, d?))
+}
+
+/// Both sides' members and their stat entries.
+struct Stated<'s> {
+    src_members: Vec<plan::Members<'s>>,
+    dst_members: Vec<plan::Members<'s>>,
+    src_entries: plan::Entries,
+    dst_entries: plan::Entries,
+}
+
+/// Phase 1: stat both sides; no content is read, but hashes the hosts'
+/// caches still vouch for come along.
+fn stat_phase<'s>(
+    sets: &[Set],
+    globs: &[String],
+    (src_side, src, src_scan): (&StatSide, &mut Client, &'s ScanReport),
+    (dst_side, dst, dst_scan): (&StatSide, &mut Client, &'s ScanReport),
+) -> Result<Stated<'s>> {
+    // Which paths each side must describe: the source its members, the
+    // target its own and the source's. Each agent works its members out
+    // from the scan it sent, as this side does, so only the paths the
+    // target lacks travel (a torch stack's 35,000 paths do not).
+    let ((src_members, src_order), (dst_members, dst_own)) = both(
+        || members_and_order(sets, src_scan, globs),
+        || members_and_order(sets, dst_scan, globs),
+    );
+    let extra = plan::sorted_difference(&src_order, &dst_own);
+    // The order the target's agent states them in.
+    let dst_order = plan::stat_order(&dst_members, &extra);
+    let (s, d) = both(
+        || {
+            src_side
+                .stat_members(src, sets, globs, &[], &src_order)
+                .map(index)
+        },
+        || {
+            dst_side
+                .stat_members(dst, sets, globs, &extra, &dst_order)
+                .map(index)
+        },
+    );
+    Ok(Stated {
+        src_entries: s?,
+        dst_entries: d?,
+        src_members,
+        dst_members,
+    })
+}
+
+/// Phase 2: hash only what decides something, as rsync --checksum does:
+/// files on both sides with the same size (a size difference already
+/// means "replace"), and scripts whose shebang is rewritten; and of
+/// those only the sides the cache did not answer.
+fn hash_phase(
+    (src_side, src): (&StatSide, &mut Client),
+    (dst_side, dst): (&StatSide, &mut Client),
+    stated: &mut Stated,
+    clock: &Clock,
+) -> Result<()> {
+    let unhashed =
+        |e: Option<&Entry>| matches!(e.map(|e| &e.kind), Some(Kind::File { blake3: None, .. }));
+    let (mut to_hash, mut src_hash, mut dst_hash) = (0usize, Vec::new(), Vec::new());
+    for (p, s, d) in plan::needs_hash(&stated.src_entries, &stated.dst_entries) {
+        to_hash += 1;
+        if unhashed(Some(s)) {
+            src_hash.push(p.to_string());
+        }
+        if unhashed(d) {
+            dst_hash.push(p.to_string());
+        }
+    }
+    let (n_src, n_dst) = (src_hash.len(), dst_hash.len());
+    let (s, d) = both(
+        || src_side.stat(src, src_hash, HashMode::All),
+        || dst_side.stat(dst, dst_hash, HashMode::All),
+    );
+    src_side.meter.finish();
+    dst_side.meter.finish();
+    stated.src_entries.extend(index(s?));
+    stated.dst_entries.extend(index(d?));
+    clock.mark(&format!(
+        "hash ({} same-size pairs and scripts; read {} + {} files, the rest cached)",
+        to_hash, n_src, n_dst
+    ));
+    Ok(())
+}
+
+/// The sides' stat requests. What differs between them: the source's
+/// `bin/` scripts are hashed as they would read on the target, and only
+/// the target's bytecode matters.
+fn stat_sides<'a>(
+    src_host: &'a Host,
+    dst_host: &'a Host,
+    smeter: &'a dyn Meter,
+    dmeter: &'a dyn Meter,
+) -> (StatSide<'a>, StatSide<'a>) {
+    let src_side = StatSide {
+        venv: &src_host.venv,
+        shebang: Some(ShebangRewrite {
+            from: src_host.venv.clone(),
+            to: dst_host.venv.clone(),
+        }),
+        pycache: false,
+        meter: smeter,
+    };
+    let dst_side = StatSide {
+        venv: &dst_host.venv,
+        shebang: None,
+        pycache: true,
+        meter: dmeter,
+    };
+    (src_side, dst_side)
+}
+
+/// Connect to both hosts, scan, hash, and decide.
+fn make_plan(
+    manifest: &Manifest,
+    sets: &[Set],
+    src_host: &Host,
+    dst_host: &Host,
+    opts: &ConnectOptions,
+    obs: &dyn Observer,
+) -> Result<Planned> {
+    let clock = Clock::start(obs);
+    let globs = globs_of(sets);
+    let (mut src, mut dst) = connect_and_scan(src_host, dst_host, &globs, opts)?;
+    let source = host_info(src_host, &src.scan);
+    let target = host_info(dst_host, &dst.scan);
+    clock.mark("connect and scan");
+    plan::check_python(&source, &target)?;
+
+    let (smeter, dmeter) = (obs.meter(&src_host.name), obs.meter(&dst_host.name));
+    let (src_side, dst_side) = stat_sides(src_host, dst_host, &*smeter, &*dmeter);
+    let mut stated = stat_phase(
+        sets,
+        &globs,
+        (&src_side, &mut src.client, &src.scan),
+        (&dst_side, &mut dst.client, &dst.scan),
+    )?;
+    clock.mark("stat");
+    // The target's preflight walks all of site-packages; it can start now,
+    // while this side hashes and decides.
+    dst.client.prefetch_preflight(&dst_host.venv)?;
+    hash_phase(
+        (&src_side, &mut src.client),
+        (&dst_side, &mut dst.client),
+        &mut stated,
+        &clock,
+    )?;
+    let Stated {
+        src_members,
+        dst_members,
+        src_entries,
+        dst_entries,
+    } = stated;
+    let (set_plans, warnings) = plan::compute_with(
+        sets,
+        &Side {
+            host: &src_host.name,
+            scan: &src.scan,
+            globs: &globs,
+            entries: &src_entries,
+        },
+        &Side {
+            host: &dst_host.name,
+            scan: &dst.scan,
+            globs: &globs,
+            entries: &dst_entries,
+        },
+        src_members,
+        dst_members,
+    )?;
+    clock.mark("decide");
+    let problems = preflight(
+        manifest,
+        sets,
+        (&mut src.client, &src.scan, &src_host.venv),
+        (&mut dst.client, &dst.scan, &dst_host.venv),
+        &set_plans,
+        &clock,
+    )?;
+    clock.mark("preflight");
+    let (src_client, dst_client) = (src.client, dst.client);
+    let closing = std::thread::spawn(move || {
+        let _ = both(|| src_client.close(), || dst_client.close());
+    });
+    // Both hosts' listings (two maps of 35,000 entries for a torch stack)
+    // are not freed one allocation at a time just before the process exits.
+    std::mem::forget((src_entries, dst_entries, src.scan, dst.scan));
+    let plan = Plan {
+        format: PLAN_FORMAT,
+        created: now(),
+        manifest: manifest.path.display().to_string(),
+        source,
+        target,
+        sets: set_plans,
+        warnings,
+        problems,
+        strict: manifest.preflight.strict,
+    };
+    Ok(Planned {
+        plan,
+        closing: Closing(closing),
+    })
+}
+
+/// Seconds since the epoch.
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The paths the plan deletes, and those it places (adds or replaces).
+fn deleted_and_placed(set_plans: &[SetPlan]) -> (HashSet<&str>, Vec<&str>) {
+    let mut deleted: HashSet<&str> = HashSet::new();
+    let mut placed: Vec<&str> = Vec::new();
+    for s in set_plans {
+        for c in &s.changes {
+            match c.action {
+                Action::Delete => {
+                    deleted.insert(c.path.as_str());
+                }
+                _ => placed.push(c.path.as_str()),
+            }
+        }
+    }
+    (deleted, placed)
+}
+
+/// Requirements, for the target's interpreter and platform. Problems the
+/// target already has are marked as such.
+fn requirement_problems(dst_scan: &ScanReport, after: &[&Dist]) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if let Some(env) = requirements::environment(&dst_scan.facts, &dst_scan.python) {
+        let before: Vec<&Dist> = dst_scan.dists.iter().collect();
+        let already: HashSet<String> = requirements::check(&before, &env)
+            .into_iter()
+            .map(|p| p.reason)
+            .collect();
+        for mut p in requirements::check(after, &env) {
+            if already.contains(&p.reason) {
+                p.reason.push_str(" (already so before the overlay)");
+                p.preexisting = true;
+            }
+            problems.push(p);
+        }
+    }
+    problems
+}
+
+/// The `[verify]` check's `LD_LIBRARY_PATH` on the target, as the loader
+/// simulation should see it.
+fn ld_library_path(manifest: &Manifest, dst_scan: &ScanReport, dst_venv: &str) -> Vec<String> {
+    manifest
+        .verify
+        .as_ref()
+        .and_then(|v| v.env.get("LD_LIBRARY_PATH"))
+        .map(|v| {
+            let site = format!(
+                "{}/{}",
+                dst_venv.trim_end_matches('/'),
+                dst_scan.site_packages
+            );
+            v.replace("{site_packages}", &site)
+                .replace("{venv}", dst_venv)
+                .split(':')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Predict what would fail after the overlay: requirements, CUDA majors, ELF loading.
+fn preflight(
+    manifest: &Manifest,
+    sets: &[Set],
+    (src, src_scan, src_venv): (&mut Client, &ScanReport, &str),
+    (dst, dst_scan, dst_venv): (&mut Client, &ScanReport, &str),
+    set_plans: &[SetPlan],
+    clock: &Clock,
+) -> Result<Vec<Problem>> {
+    let (deleted, placed) = deleted_and_placed(set_plans);
+    let after = crate::preflight::dists_after(&dst_scan.dists, &src_scan.dists, sets, &deleted);
+    // 1. Requirements.
+    let mut problems = requirement_problems(dst_scan, &after);
+
+    // 2. ELF: facts of the shared objects the overlay brings, then the target simulates its loader.
+    let shared: Vec<String> = placed
+        .iter()
+        .filter(|p| crate::preflight::looks_shared(p))
+        .map(|p| p.to_string())
+        .collect();
+    let infos = if shared.is_empty() {
+        Vec::new()
+    } else {
+        src.elf_info(src_venv, shared.clone())?
+    };
+    clock.mark(&format!(
+        "preflight: requirements, and ELF facts of {} shared objects",
+        shared.len()
+    ));
+    let req = PreflightRequest {
+        venv: dst_venv.to_string(),
+        placed: placed
+            .iter()
+            .map(|p| p.to_string())
+            .map(|p| {
+                let info = shared
+                    .iter()
+                    .position(|s| *s == p)
+                    .and_then(|i| infos.get(i).cloned().flatten());
+                (p, info)
+            })
+            .collect(),
+        deleted: deleted.iter().map(|p| p.to_string()).collect(),
+        ld_library_path: ld_library_path(manifest, dst_scan, dst_venv),
+        torch_users: crate::preflight::torch_users(&after),
+    };
+    let report = dst.preflight(req)?;
+    for (file, reason) in report.problems {
+        problems.push(Problem {
+            check: Check::Elf,
+            dist: crate::preflight::owner(&after, &file).map(|d| d.name.clone()),
+            file: Some(file),
+            reason,
+            preexisting: false,
+        });
+    }
+
+    // 3. CUDA majors of the packages that link together.
+    problems.extend(cuda::check(
+        &after,
+        &manifest.preflight.cuda_family,
+        &report.cudart,
+    ));
+    problems.sort();
+    problems.dedup();
+    Ok(problems)
+}
+
+/// Write the plan atomically (temp file, then rename).
+pub fn save(plan: &Plan, out: &Path) -> Result<()> {
+    let fail = |e: std::io::Error| {
+        err!(
+            hint = "choose another place with --out",
+            "Failed to save the plan to {}: {}",
+            out.display(),
+            crate::error::io_cause(&e)
+        )
+    };
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(dir)
+        .map_err(fail)?;
+    // Created 0600 (NamedTempFile's mode), whatever the umask.
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
+    // One buffered write: a plan of 35,000 paths is ~10 MB of JSON.
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut tmp);
+    serde_json::to_writer_pretty(&mut w, plan).map_err(|e| fail(std::io::Error::other(e)))?;
+    std::io::Write::flush(&mut w).map_err(fail)?;
+    drop(w);
+    tmp.persist(out).map_err(|e| fail(e.error))?;
+    Ok(())
+}
