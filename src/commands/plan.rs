@@ -37,6 +37,7 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
     planned.closing.wait();
     if plan.strict && plan.new_problems() > 0 {
         return Err(err!(
+            kind = Refused,
             hint = "fix the plan (add the missing sets or packages), or run `overlay apply --force` to apply it anyway",
             "The plan predicts {} problem{} after the overlay (strict); saved to {}, but `overlay apply` will refuse it",
             plan.new_problems(),

@@ -225,6 +225,7 @@ pub fn resume(mut dst: Client, plan: &Plan) -> Result<ApplyReport> {
 fn strict_check(plan: &Plan, force: bool) -> Result<()> {
     if plan.strict && plan.new_problems() > 0 && !force {
         return Err(err!(
+            kind = Refused,
             hint = "fix what `overlay plan` predicts, or pass --force to apply anyway",
             "The plan predicts {} problem{} after the overlay and was made with --strict; {} is unchanged",
             plan.new_problems(),
@@ -531,7 +532,11 @@ fn stream(
     let mut src = Client::connect(&sname, &endpoint(&plan.source.ssh), opts)
         .map_err(|e| StreamFailure::new(e, false))?;
     let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
-        let e = err!("The agent on {} is gone", plan.target.name);
+        let e = err!(
+            kind = Connection,
+            "The agent on {} is gone",
+            plan.target.name
+        );
         return Err(StreamFailure::new(e, dst.lost()));
     };
     let dst_died = std::sync::atomic::AtomicBool::new(false);

@@ -580,6 +580,7 @@ fn preflight(
 pub fn save(plan: &Plan, out: &Path) -> Result<()> {
     let fail = |e: std::io::Error| {
         err!(
+            kind = Host,
             hint = "choose another place with --out",
             "Failed to save the plan to {}: {}",
             out.display(),
