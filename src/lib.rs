@@ -1,7 +1,35 @@
 //! overlay: repair or upgrade a Python virtualenv on one host by overlaying
 //! package sets from a working venv on another host, over SSH.
 //!
-//! The library holds everything; `main.rs` is a thin CLI over it.
+//! The library holds everything; `main.rs` is a thin CLI over it. The
+//! modules sit in layers, lowest first; a module uses only its own layer
+//! and those below (`tests/layers.rs` checks it, docs/design.md#layout
+//! explains it):
+//!
+//! | layer | module | owns |
+//! | ----- | ------ | ---- |
+//! | foundation | [`error`] | the error type: kind (one per exit code), message, cause, hint |
+//! | | [`text`] | terminal-safe quoting and escaping, hex, timestamps |
+//! | | [`beneath`] | fd-relative, no-follow file operations inside one directory |
+//! | model | [`model`] | the data that travels or is stored (entries, dists, sets, generations, reports) |
+//! | pure logic | [`protocol`] | requests, responses and their bounded framing |
+//! | | [`manifest`] | `overlay.toml`: hosts, sets, preflight and verify settings |
+//! | | [`plan`] | the set semantics: what to add, replace and delete |
+//! | | [`report`] | the plan as text for people |
+//! | | [`validate`] | the target's own check of a prepare request |
+//! | host side | [`hashcache`] | BLAKE3 digests remembered by file stamp |
+//! | | [`inventory`] | finding the venv, scanning dists, stat and hash of paths |
+//! | | [`journal`] | generations: prepare, switch, commit, undo, history, prune |
+//! | | [`stream`] | the file stream: the source's send half, the target's receive half |
+//! | | [`verify`] | the smoke test run with the venv's interpreter |
+//! | | [`preflight`] | breakage predicted from requirements, CUDA majors and ELF facts |
+//! | transport | [`transport`] | starting an agent: local child, SSH (libssh2), OpenSSH |
+//! | client | [`client`] | a typed client of one agent |
+//! | agent, operations | [`agent`] | the agent: serve loop and one handler per request |
+//! | | [`ops`] | the controller's workflows: plan, apply, rollback, history, verify |
+//!
+//! The binary adds `cli` (arguments), `progress` (bars and status on
+//! stderr) and `commands` (one thin file per command family).
 
 pub mod agent;
 pub mod beneath;
