@@ -1,5 +1,5 @@
 //! The controller's end of an agent connection: one method per request
-//! over an [`AgentPipe`](crate::transport::AgentPipe), each returning its
+//! over a [`crate::transport::AgentPipe`], each returning its
 //! answer as a named result (progress callbacks where the request streams
 //! [`Progress`]).
 //!

@@ -4,7 +4,7 @@
 //! `[verify]` check and roll back when it fails.
 //!
 //! [`apply`] runs the steps in order, each its own function: the resume
-//! check ([`resume`]), the strict check, prepare, stream ([`transfer`]),
+//! check ([`resume`]), the strict check, prepare, stream (`transfer`),
 //! switch and commit, verify with rollback on failure.
 //!
 //! If an agent or its connection dies on either host, the apply stops at
