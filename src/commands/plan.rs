@@ -381,7 +381,10 @@ pub fn make_plan(
         "hash ({} same-size pairs and scripts; read {} + {} files, the rest cached)",
         to_hash, n_src, n_dst
     ));
-    let (set_plans, warnings) = plan::compute_with(
+    let plan::Computed {
+        sets: set_plans,
+        warnings,
+    } = plan::compute_with(
         sets,
         &Side {
             host: &src_host.name,
