@@ -72,7 +72,7 @@ pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<Computed> {
     )
 }
 
-/// [`compute`] with each set's [`members`](super::members) on both sides
+/// [`compute`] with each set's [`members`](fn@super::members) on both sides
 /// already known (the controller needed them to ask for the stats), in
 /// `sets` order.
 pub fn compute_with<'a>(

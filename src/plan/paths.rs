@@ -1,7 +1,7 @@
 //! The per-path rules of a plan: which paths are never carried, never
 //! written over and never deleted, each with the words of the warning that
 //! says why (docs/plan.md, "What is left out"), and the mode bits that never
-//! travel. Each rule looks at one path; [`compute`](super::compute) applies
+//! travel. Each rule looks at one path; [`compute`](fn@super::compute) applies
 //! them in order.
 
 use crate::model::Kind;
