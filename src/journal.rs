@@ -48,7 +48,7 @@ use crate::error::{Error, Result, io_cause};
 use crate::inventory::{Counters, Venv};
 use crate::model::{
     Action, Entry, GenChange, GenerationInfo, HashMode, Kind, PrepareRequest, RollbackReport,
-    STATE_DIR, Status, Written, venv_relative,
+    STATE_DIR, SourceHash, Status, Written, venv_relative,
 };
 use crate::text::format_time;
 
@@ -1565,9 +1565,11 @@ impl Generation {
     /// against those the source computed while reading, for files the plan
     /// had not hashed, and record them and the staged files' stamps
     /// (meta.json replaced whole, durably) for the checks after the switch.
-    pub fn record_hashes(&mut self, written: &[Written], source: &[(usize, String)]) -> Result<()> {
-        let source: std::collections::HashMap<usize, &str> =
-            source.iter().map(|(i, h)| (*i, h.as_str())).collect();
+    pub fn record_hashes(&mut self, written: &[Written], source: &[SourceHash]) -> Result<()> {
+        let source: std::collections::HashMap<usize, &str> = source
+            .iter()
+            .map(|h| (h.index, h.blake3.as_str()))
+            .collect();
         let mut changed = false;
         for Written {
             index: i,

@@ -4,7 +4,6 @@
 //! The library holds everything; `main.rs` is a thin CLI over it.
 
 pub mod agent;
-pub mod apply;
 pub mod beneath;
 pub mod client;
 pub mod error;
@@ -17,6 +16,7 @@ pub mod plan;
 pub mod preflight;
 pub mod protocol;
 pub mod report;
+pub mod stream;
 pub mod text;
 pub mod transport;
 pub mod validate;

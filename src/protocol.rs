@@ -23,16 +23,18 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::err;
 use crate::error::{Error, Result};
 use crate::model::{
-    BLOCK, Compression, ElfInfo, GenerationInfo, HashMode, PreflightReport, PreflightRequest,
-    PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Set, ShebangRewrite, StatEntry,
-    VerifyReport, VerifyRequest, Written,
+    BLOCK, Compression, ElfInfo, GenerationInfo, HashMode, LevelWindow, PreflightReport,
+    PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Set,
+    ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
 };
 
-/// Bumped whenever a frame changes shape. 8: a written file is a named
+/// Bumped whenever a frame changes shape. 9: a source's hash and a
+/// measured window are named structs ([`SourceHash`], [`LevelWindow`]), not
+/// arrays. 8: a written file is a named
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
@@ -141,14 +143,14 @@ pub enum Request {
     /// generation staged.
     StagedDirect {
         /// What the source read (as in `EndData`).
-        hashes: Vec<(usize, String)>,
+        hashes: Vec<SourceHash>,
         /// What the receiving agent wrote.
         written: Vec<Written>,
     },
     /// The end of the stream, with the blake3 the source computed while
     /// reading each file the plan had not hashed (by change index).
     EndData {
-        hashes: Vec<(usize, String)>,
+        hashes: Vec<SourceHash>,
     },
     /// Target side: switch the staged files into place through the journal,
     /// then re-hash what changed.
@@ -219,11 +221,11 @@ pub enum Response {
         raw_bytes: u64,
         compressed_bytes: u64,
         /// blake3 of every file sent, computed while reading (by change index).
-        hashes: Vec<(usize, String)>,
+        hashes: Vec<SourceHash>,
         /// With `Compression::Auto`: each measured window's level and the
         /// bytes of files per second that got through at it.
         #[serde(default)]
-        windows: Vec<(i32, f64)>,
+        windows: Vec<LevelWindow>,
         /// On the direct route: what the target wrote.
         #[serde(default)]
         written: Vec<Written>,

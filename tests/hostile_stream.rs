@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use overlay::model::Kind;
-use overlay::model::{GenChange, PrepareRequest};
+use overlay::model::{GenChange, PrepareRequest, SourceHash};
 use overlay::protocol::{
     DATA_BIT, PROTOCOL_VERSION, Request, Response, read_frame, write_data, write_frame,
 };
@@ -293,7 +293,10 @@ fn a_well_formed_stream_with_a_300_byte_symlink_target_is_staged() {
         .unwrap();
     stored_frames(agent.input(), &tar.into_inner().unwrap());
     // What the source read, for the file the plan had not hashed.
-    let hashes = vec![(0, blake3::hash(b"0123456789").to_hex().to_string())];
+    let hashes = vec![SourceHash {
+        index: 0,
+        blake3: blake3::hash(b"0123456789").to_hex().to_string(),
+    }];
     agent.send(&Request::EndData { hashes });
     match agent.recv() {
         Some(Response::Staged {

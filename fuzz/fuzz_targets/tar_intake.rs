@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use overlay::apply::testing::Intake;
+use overlay::stream::testing::Intake;
 
 fuzz_target!(|data: &[u8]| {
     static INTAKE: OnceLock<Intake> = OnceLock::new();

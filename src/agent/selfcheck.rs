@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 /// Exit status of an agent that refuses to run from an unsafe place
 /// (`EX_CONFIG` of sysexits.h).
-pub const EXIT_UNSAFE: i32 = 78;
+pub use crate::transport::EXIT_UNSAFE;
 
 /// Why the cache folder or file is unsafe, and what to do about it.
 #[derive(Debug, PartialEq, Eq)]

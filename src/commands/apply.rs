@@ -21,7 +21,7 @@ use crate::commands::plan::connect_options;
 use crate::progress::{HashBars, status};
 use overlay::error::EXIT_OK;
 use overlay::model::{
-    Action, Compression, Endpoint, GenChange, PrepareRequest, SendFile, ShebangRewrite,
+    Action, Compression, Endpoint, GenChange, LevelWindow, PrepareRequest, SendFile, ShebangRewrite,
 };
 
 pub fn load_plan(path: &Path) -> Result<Plan> {
@@ -641,11 +641,11 @@ fn relay(
 }
 
 /// With -vv: the levels `--compress auto` measured, window by window.
-fn print_windows(global: &GlobalArgs, windows: &[(i32, f64)]) {
+fn print_windows(global: &GlobalArgs, windows: &[LevelWindow]) {
     if global.verbose >= 2 && !windows.is_empty() {
         let w: Vec<String> = windows
             .iter()
-            .map(|(l, r)| format!("{l}:{:.0}", r / 1e6))
+            .map(|w| format!("{}:{:.0}", w.level, w.bytes_per_sec / 1e6))
             .collect();
         eprintln!("compression windows (level:MB/s of files): {}", w.join(" "));
     }

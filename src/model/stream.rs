@@ -1,6 +1,8 @@
 //! The file stream of an apply: which files the source sends, how the
-//! blocks are packed, the progress both ends report, the shebang rewrite, and
-//! what the target wrote ([`Written`]).
+//! blocks are packed, the progress both ends report, the shebang rewrite,
+//! what the target wrote ([`Written`]), and what each end reports of a
+//! stream ([`Sent`] with its [`SourceHash`]es and [`LevelWindow`]s,
+//! [`Unpacked`], [`StageCount`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -71,4 +73,54 @@ pub struct Written {
     pub blake3: String,
     /// The staged file's identity, so the switch can prove it unchanged.
     pub stamp: super::FileStamp,
+}
+
+/// The blake3 the source computed of a file while sending it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceHash {
+    /// The file's index in the generation's change list.
+    pub index: usize,
+    pub blake3: String,
+}
+
+/// One window `--compress auto` measured: the level it packed at and the
+/// bytes of files per second that got through at it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LevelWindow {
+    /// The zstd level (0: stored).
+    pub level: i32,
+    pub bytes_per_sec: f64,
+}
+
+/// What the source sent: the bytes of files read, the bytes put on the
+/// connection (packed, with each block's tag), the hash of every regular
+/// file read, and with `--compress auto` the windows the tuner measured.
+#[derive(Debug, Clone, Default)]
+pub struct Sent {
+    pub raw_bytes: u64,
+    pub packed_bytes: u64,
+    pub hashes: Vec<SourceHash>,
+    pub windows: Vec<LevelWindow>,
+}
+
+/// What the source sent on the direct route, and what the target wrote.
+#[derive(Debug, Clone, Default)]
+pub struct SentDirect {
+    pub sent: Sent,
+    pub written: Vec<Written>,
+}
+
+/// Files and bytes in a generation's staging folder.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageCount {
+    pub files: u64,
+    /// Bytes of regular files (symlinks count none).
+    pub bytes: u64,
+}
+
+/// What the target unpacked into staging, and each regular file it wrote.
+#[derive(Debug, Clone, Default)]
+pub struct Unpacked {
+    pub count: StageCount,
+    pub written: Vec<Written>,
 }

@@ -103,17 +103,58 @@ pub fn run_on_target(
 ) -> Result<PreflightReport> {
     let venv = Venv::open(&req.venv)?;
     let site = venv.site();
-    let abs = |rel: &str| -> Result<PathBuf> { Ok(venv.resolve(rel)?.0) };
-
-    // Before the overlay: the sonames and file names that go away or change.
-    let mut disturbed: HashSet<String> = HashSet::new();
     let cache = std::sync::Arc::new(crate::hashcache::StampCache::<Option<ElfInfo>>::open_kind(
         &venv.root, "elf",
     ));
-    let mut view = OverlayView::with_cache(cache.clone());
+    let mut overlaid = overlay(req, &venv, OverlayView::with_cache(cache.clone()))?;
+    let mut report = PreflightReport::default();
+    let staying = listed.unwrap_or_else(|| walk_shared_objects(&site));
+    let mut roots = std::mem::take(&mut overlaid.placed_objects);
+    roots.extend(staying_roots(req, staying, &mut overlaid, &mut report));
+    for (rel, info) in &req.placed {
+        if let Some(info) = info {
+            let majors = cudart_majors(info);
+            if !majors.is_empty() {
+                report.cudart.insert(rel.clone(), majors);
+            }
+        }
+    }
+
+    let mut cfg = LoaderConfig::system();
+    cfg.ld_library_path = req.ld_library_path.iter().map(PathBuf::from).collect();
+    let preloaded = Preloaded::of(&venv, &site, &mut overlaid.view);
+    let site_str = site.to_string_lossy().into_owned();
+    for (rel, path) in &roots {
+        let c = preloaded.config_for(&cfg, rel, &req.torch_users);
+        report.checked += 1;
+        for reason in root_problems(rel, path, &mut overlaid.view, &c, &site_str) {
+            report.problems.push((rel.clone(), reason));
+        }
+    }
+    report.problems.sort();
+    report.problems.dedup();
+    cache.save();
+    Ok(report)
+}
+
+/// The venv as it will be after the overlay, and what the overlay disturbs.
+struct Overlaid {
+    /// The disk with the placed and deleted files laid over it.
+    view: OverlayView,
+    /// Sonames and file names of shared objects the overlay replaces or
+    /// deletes: staying objects that need one of them are checked.
+    disturbed: HashSet<String>,
+    /// The placed files that are ELF objects.
+    placed_objects: SharedObjects,
+}
+
+/// Lay the request's placed and deleted files over `view`, noting what each
+/// placed or deleted shared object was before (read through the cache): its
+/// soname and file name are what staying objects may need.
+fn overlay(req: &PreflightRequest, venv: &Venv, mut view: OverlayView) -> Result<Overlaid> {
+    let abs = |rel: &str| -> Result<PathBuf> { Ok(venv.resolve(rel)?.0) };
+    let mut disturbed: HashSet<String> = HashSet::new();
     let mut placed_objects = Vec::new();
-    // What a placed or deleted shared object was (read through the cache):
-    // its soname and file name are what staying objects may need.
     let mut was = |p: &Path, rel: &str, view: &mut OverlayView| {
         if looks_shared(rel)
             && let Some(old) = view.elf(p)
@@ -135,21 +176,30 @@ pub fn run_on_target(
         was(&p, rel, &mut view);
         view.set(p, None);
     }
+    Ok(Overlaid {
+        view,
+        disturbed,
+        placed_objects,
+    })
+}
 
-    // Every shared object in site-packages after the overlay.
+/// The shared objects that stay (neither placed nor deleted) and link to
+/// something the overlay disturbs; the CUDA runtime majors of every staying
+/// object go to `report`.
+fn staying_roots(
+    req: &PreflightRequest,
+    listed: SharedObjects,
+    overlaid: &mut Overlaid,
+    report: &mut PreflightReport,
+) -> SharedObjects {
     let placed_set: HashSet<&str> = req.placed.iter().map(|(r, _)| r.as_str()).collect();
     let deleted_set: HashSet<&str> = req.deleted.iter().map(String::as_str).collect();
-    let mut report = PreflightReport::default();
-    let mut roots: Vec<(String, PathBuf)> = placed_objects;
-    // The shared objects that stay: neither placed nor deleted.
-    let staying = listed
-        .unwrap_or_else(|| walk_shared_objects(&site))
-        .into_iter()
-        .filter(|(rel, _)| {
-            !placed_set.contains(rel.as_str()) && !deleted_set.contains(rel.as_str())
-        });
+    let staying = listed.into_iter().filter(|(rel, _)| {
+        !placed_set.contains(rel.as_str()) && !deleted_set.contains(rel.as_str())
+    });
+    let mut roots = Vec::new();
     for (rel, path) in staying {
-        let Some(info) = view.elf(&path) else {
+        let Some(info) = overlaid.view.elf(&path) else {
             continue;
         };
         let majors = cudart_majors(&info);
@@ -157,78 +207,92 @@ pub fn run_on_target(
             report.cudart.insert(rel.clone(), majors);
         }
         // A staying object is checked when it links to something the overlay disturbs.
-        if info.needed.iter().any(|n| disturbed.contains(n)) {
+        if info.needed.iter().any(|n| overlaid.disturbed.contains(n)) {
             roots.push((rel, path));
         }
     }
-    for (rel, info) in &req.placed {
-        if let Some(info) = info {
-            let majors = cudart_majors(info);
-            if !majors.is_empty() {
-                report.cudart.insert(rel.clone(), majors);
-            }
-        }
+    roots
+}
+
+/// What is in the global scope before an extension of the venv is loaded.
+struct Preloaded {
+    /// The venv's interpreter (its real path), for every object.
+    interpreter: Option<PathBuf>,
+    /// What `import torch` loads first, for objects of torch users.
+    torch: Vec<PathBuf>,
+}
+
+impl Preloaded {
+    fn of(venv: &Venv, site: &Path, view: &mut OverlayView) -> Self {
+        let interpreter = std::fs::canonicalize(venv.root.join("bin/python")).ok();
+        let torch: Vec<PathBuf> = ["torch/lib/libtorch_global_deps.so"]
+            .iter()
+            .map(|r| site.join(r))
+            .chain(
+                std::fs::read_dir(site.join("torch"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with("_C.") && n.ends_with(".so"))
+                    }),
+            )
+            .filter(|p| view.elf(p).is_some())
+            .collect();
+        Preloaded { interpreter, torch }
     }
 
-    let mut cfg = LoaderConfig::system();
-    cfg.ld_library_path = req.ld_library_path.iter().map(PathBuf::from).collect();
-    let interpreter = std::fs::canonicalize(venv.root.join("bin/python")).ok();
-    let torch_preload: Vec<PathBuf> = ["torch/lib/libtorch_global_deps.so"]
-        .iter()
-        .map(|r| site.join(r))
-        .chain(
-            std::fs::read_dir(site.join("torch"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("_C.") && n.ends_with(".so"))
-                }),
-        )
-        .filter(|p| view.elf(p).is_some())
-        .collect();
-    let site_str = site.to_string_lossy().into_owned();
-    for (rel, path) in &roots {
+    /// `cfg` with the global scope of the object at `rel`.
+    fn config_for(&self, cfg: &LoaderConfig, rel: &str, torch_users: &[String]) -> LoaderConfig {
         let mut c = LoaderConfig {
             global: Vec::new(),
             ..cfg.clone()
         };
-        c.global.extend(interpreter.clone());
-        if req
-            .torch_users
+        c.global.extend(self.interpreter.clone());
+        if torch_users
             .iter()
             .any(|t| rel.starts_with(&format!("{t}/")))
         {
-            c.global.extend(torch_preload.iter().cloned());
+            c.global.extend(self.torch.iter().cloned());
         }
-        report.checked += 1;
-        for p in elf::check_object(path, &mut view, &c) {
-            if DRIVER_LIBS
-                .iter()
-                .any(|d| p.reason.contains(&format!("needs {d},")))
-            {
-                continue;
-            }
-            let file = p.file.to_string_lossy();
-            let shown = file
-                .strip_prefix(&format!("{site_str}/"))
-                .map(str::to_string)
-                .unwrap_or_else(|| file.into_owned());
-            let reason = if shown == *rel {
-                p.reason
-            } else {
-                format!("{shown} (loaded by {rel}): {}", p.reason)
-            };
-            report.problems.push((rel.clone(), reason));
-        }
+        c
     }
-    report.problems.sort();
-    report.problems.dedup();
-    cache.save();
-    Ok(report)
+}
+
+/// The problems of the root at `rel` (`path`), each worded for the report:
+/// an object it loads is named relative to site-packages (`site_str`).
+/// Missing GPU driver libraries are not problems.
+fn root_problems(
+    rel: &str,
+    path: &Path,
+    view: &mut OverlayView,
+    cfg: &LoaderConfig,
+    site_str: &str,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in elf::check_object(path, view, cfg) {
+        if DRIVER_LIBS
+            .iter()
+            .any(|d| p.reason.contains(&format!("needs {d},")))
+        {
+            continue;
+        }
+        let file = p.file.to_string_lossy();
+        let shown = file
+            .strip_prefix(&format!("{site_str}/"))
+            .map(str::to_string)
+            .unwrap_or_else(|| file.into_owned());
+        let reason = if shown == *rel {
+            p.reason
+        } else {
+            format!("{shown} (loaded by {rel}): {}", p.reason)
+        };
+        out.push(reason);
+    }
+    out
 }
 
 /// Distributions installed after the plan: those of the target that stay,

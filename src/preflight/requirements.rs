@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::str::FromStr;
 
 use crate::model::{Check, Dist, Facts, Problem, normalize_name};
-use pep508_rs::pep440_rs::Version;
+use pep508_rs::pep440_rs::{Version, VersionSpecifiers};
 use pep508_rs::{
     ExtraName, MarkerEnvironment, MarkerEnvironmentBuilder, Requirement, VersionOrUrl,
 };
@@ -47,108 +47,170 @@ pub fn check(dists: &[&Dist], env: &MarkerEnvironment) -> Vec<Problem> {
     let by_name: BTreeMap<&str, &Dist> =
         dists.iter().map(|d| (d.normalized.as_str(), *d)).collect();
     let mut problems = BTreeSet::new();
-    // (dist, extras requested of it, who asked): start with every installed dist, no extras.
-    let mut queue: VecDeque<(&Dist, Vec<ExtraName>, String)> = dists
+    // Start with every installed dist, no extras.
+    let mut queue: VecDeque<Asked> = dists
         .iter()
-        .map(|d| (*d, Vec::new(), String::new()))
+        .map(|d| Asked {
+            dist: d,
+            extras: Vec::new(),
+            via: String::new(),
+        })
         .collect();
     let mut seen: BTreeSet<(String, Vec<String>)> = BTreeSet::new();
-    while let Some((dist, extras, via)) = queue.pop_front() {
+    while let Some(asked) = queue.pop_front() {
         let key = (
-            dist.normalized.clone(),
-            extras.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            asked.dist.normalized.clone(),
+            asked
+                .extras
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>(),
         );
         if !seen.insert(key) {
             continue;
         }
-        for line in &dist.requires_dist {
-            let req = match Requirement::<pep508_rs::VerbatimUrl>::from_str(line) {
-                Ok(r) => r,
-                Err(e) => {
-                    problems.insert(Problem {
-                        check: Check::Requirements,
-                        dist: Some(dist.name.clone()),
-                        file: Some(format!("{}/METADATA", dist.dist_info)),
-                        reason: format!("cannot parse Requires-Dist {line:?}: {e}"),
-                        preexisting: false,
-                    });
-                    continue;
-                }
-            };
-            if !req.evaluate_markers(env, &extras) {
-                continue;
-            }
-            let who = if extras.is_empty() {
-                format!("{} {}", dist.name, dist.version)
-            } else {
-                let ex: Vec<String> = extras.iter().map(|e| e.to_string()).collect();
-                format!("{}[{}] {}{via}", dist.name, ex.join(","), dist.version)
-            };
-            let name = req.name.to_string();
-            let Some(target) = by_name.get(name.as_str()) else {
-                problems.insert(Problem {
-                    check: Check::Requirements,
-                    dist: Some(dist.name.clone()),
-                    file: None,
-                    reason: format!("{who} requires {line}, but {name} is not installed"),
-                    preexisting: false,
-                });
-                continue;
-            };
-            if let Some(VersionOrUrl::VersionSpecifier(spec)) = &req.version_or_url {
-                match Version::from_str(&target.version) {
-                    Ok(v) if spec.contains(&v) => {}
-                    Ok(_) => {
-                        problems.insert(Problem {
-                            check: Check::Requirements,
-                            dist: Some(dist.name.clone()),
-                            file: None,
-                            reason: format!(
-                                "{who} requires {line}, but {} {} is installed",
-                                target.name, target.version
-                            ),
-                            preexisting: false,
-                        });
-                    }
-                    Err(_) => {
-                        problems.insert(Problem {
-                            check: Check::Requirements,
-                            dist: Some(target.name.clone()),
-                            file: Some(format!("{}/METADATA", target.dist_info)),
-                            reason: format!(
-                                "{} has a version that is not PEP 440: {:?}",
-                                target.name, target.version
-                            ),
-                            preexisting: false,
-                        });
-                    }
-                }
-            }
-            if !req.extras.is_empty() {
-                let declared: BTreeSet<String> = target
-                    .provides_extra
-                    .iter()
-                    .map(|e| normalize_name(e))
-                    .collect();
-                for e in &req.extras {
-                    if !declared.contains(&e.to_string()) {
-                        problems.insert(Problem {
-                            check: Check::Requirements,
-                            dist: Some(dist.name.clone()),
-                            file: None,
-                            reason: format!(
-                                "{who} requires {line}, but {} {} has no extra {e:?}",
-                                target.name, target.version
-                            ),
-                            preexisting: false,
-                        });
-                    }
-                }
-                queue.push_back((target, req.extras.clone(), format!(" (required by {who})")));
+        for line in &asked.dist.requires_dist {
+            if let Some(next) = check_line(&asked, line, &by_name, env, &mut problems) {
+                queue.push_back(next);
             }
         }
     }
     problems.into_iter().collect()
+}
+
+/// A distribution whose requirements are to be checked, with the extras
+/// requested of it.
+struct Asked<'a> {
+    dist: &'a Dist,
+    extras: Vec<ExtraName>,
+    /// Who asked, worded for messages: " (required by …)", or empty.
+    via: String,
+}
+
+/// Check one `Requires-Dist` `line` of `asked.dist` into `problems`. A
+/// requirement with extras returns its target, to be checked with them.
+fn check_line<'a>(
+    asked: &Asked<'_>,
+    line: &str,
+    by_name: &BTreeMap<&str, &'a Dist>,
+    env: &MarkerEnvironment,
+    problems: &mut BTreeSet<Problem>,
+) -> Option<Asked<'a>> {
+    let dist = asked.dist;
+    let req = match Requirement::<pep508_rs::VerbatimUrl>::from_str(line) {
+        Ok(r) => r,
+        Err(e) => {
+            problems.insert(problem(
+                &dist.name,
+                Some(format!("{}/METADATA", dist.dist_info)),
+                format!("cannot parse Requires-Dist {line:?}: {e}"),
+            ));
+            return None;
+        }
+    };
+    if !req.evaluate_markers(env, &asked.extras) {
+        return None;
+    }
+    let who = if asked.extras.is_empty() {
+        format!("{} {}", dist.name, dist.version)
+    } else {
+        let ex: Vec<String> = asked.extras.iter().map(|e| e.to_string()).collect();
+        format!(
+            "{}[{}] {}{}",
+            dist.name,
+            ex.join(","),
+            dist.version,
+            asked.via
+        )
+    };
+    let name = req.name.to_string();
+    let Some(target) = by_name.get(name.as_str()).copied() else {
+        problems.insert(problem(
+            &dist.name,
+            None,
+            format!("{who} requires {line}, but {name} is not installed"),
+        ));
+        return None;
+    };
+    if let Some(VersionOrUrl::VersionSpecifier(spec)) = &req.version_or_url {
+        check_version(
+            spec,
+            target,
+            dist,
+            &format!("{who} requires {line}"),
+            problems,
+        );
+    }
+    if req.extras.is_empty() {
+        return None;
+    }
+    let declared: BTreeSet<String> = target
+        .provides_extra
+        .iter()
+        .map(|e| normalize_name(e))
+        .collect();
+    for e in &req.extras {
+        if !declared.contains(&e.to_string()) {
+            problems.insert(problem(
+                &dist.name,
+                None,
+                format!(
+                    "{who} requires {line}, but {} {} has no extra {e:?}",
+                    target.name, target.version
+                ),
+            ));
+        }
+    }
+    Some(Asked {
+        dist: target,
+        extras: req.extras.clone(),
+        via: format!(" (required by {who})"),
+    })
+}
+
+/// Does the installed `target` satisfy `spec`, which `dist` asks for (`asks`:
+/// "who requires what", for the message)?
+fn check_version(
+    spec: &VersionSpecifiers,
+    target: &Dist,
+    dist: &Dist,
+    asks: &str,
+    problems: &mut BTreeSet<Problem>,
+) {
+    match Version::from_str(&target.version) {
+        Ok(v) if spec.contains(&v) => {}
+        Ok(_) => {
+            problems.insert(problem(
+                &dist.name,
+                None,
+                format!(
+                    "{asks}, but {} {} is installed",
+                    target.name, target.version
+                ),
+            ));
+        }
+        Err(_) => {
+            problems.insert(problem(
+                &target.name,
+                Some(format!("{}/METADATA", target.dist_info)),
+                format!(
+                    "{} has a version that is not PEP 440: {:?}",
+                    target.name, target.version
+                ),
+            ));
+        }
+    }
+}
+
+/// A problem of the requirements check.
+fn problem(dist: &str, file: Option<String>, reason: String) -> Problem {
+    Problem {
+        check: Check::Requirements,
+        dist: Some(dist.to_owned()),
+        file,
+        reason,
+        preexisting: false,
+    }
 }
 
 #[cfg(test)]

@@ -32,9 +32,9 @@ pub fn spawn(host: &str, mut cmd: Command) -> Result<super::AgentPipe> {
         })?;
     let writer = child.stdin.take().expect("piped stdin");
     let reader = child.stdout.take().expect("piped stdout");
-    // A stream moves in 1 MiB frames (see `agent::PIPE_SIZE`).
-    let _ = rustix::pipe::fcntl_setpipe_size(&writer, crate::agent::PIPE_SIZE);
-    let _ = rustix::pipe::fcntl_setpipe_size(&reader, crate::agent::PIPE_SIZE);
+    // A stream moves in 1 MiB frames (see `PIPE_SIZE`).
+    let _ = rustix::pipe::fcntl_setpipe_size(&writer, super::PIPE_SIZE);
+    let _ = rustix::pipe::fcntl_setpipe_size(&reader, super::PIPE_SIZE);
     let mut stderr = child.stderr.take().expect("piped stderr");
     // Drain stderr on its own thread so a chatty agent can never block.
     let drain = std::thread::spawn(move || {

@@ -20,6 +20,17 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::model::Endpoint;
 
+/// What each end of an agent pipe asks for its pipe buffers (the agent for
+/// its stdin and stdout, the local transport for the child's): a stream
+/// moves in 1 MiB frames (`/proc/sys/fs/pipe-max-size`, 1 MiB by default,
+/// is the unprivileged limit).
+pub const PIPE_SIZE: usize = 1 << 20;
+
+/// Exit status of an agent that refuses to run from an unsafe place
+/// (`EX_CONFIG` of sysexits.h; `agent::selfcheck` exits with it): the ssh
+/// transport then reports its message and hint instead of a bare status.
+pub const EXIT_UNSAFE: i32 = 78;
+
 /// Options that apply to every connection.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {

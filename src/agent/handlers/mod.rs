@@ -1,0 +1,53 @@
+//! One file per request: each handler takes the [`Session`](super::serve::Session)
+//! (when the request needs what requests share) and the request's fields,
+//! and returns the answer. Handlers that run long write `Progress` frames to
+//! the controller's pipe while they work
+//! ([`with_progress`](super::serve::with_progress)); `Send` writes its data
+//! frames there. An error a handler returns is answered as an error by the
+//! dispatch that calls them, in [`super::serve`].
+//!
+//! `Hello`, `Receive` and `Stage` also decide whether the session goes on
+//! (they answer with [`Next`](super::serve::Next)); `Bye` and a stray
+//! `EndData` are answered by the dispatch itself.
+
+mod abort;
+mod commit;
+mod elf_info;
+mod hello;
+mod history;
+mod preflight;
+mod prepare;
+mod prune;
+mod receive;
+mod recover;
+mod rollback;
+mod scan;
+mod send;
+mod send_direct;
+mod stage;
+mod staged_direct;
+mod stat;
+mod stat_members;
+mod switch;
+mod verify;
+
+pub(super) use abort::abort;
+pub(super) use commit::commit;
+pub(super) use elf_info::elf_info;
+pub(super) use hello::hello;
+pub(super) use history::history;
+pub(super) use preflight::{prefetch_preflight, preflight};
+pub(super) use prepare::prepare;
+pub(super) use prune::prune;
+pub(super) use receive::receive;
+pub(super) use recover::recover;
+pub(super) use rollback::rollback;
+pub(super) use scan::scan;
+pub(super) use send::{Sending, send};
+pub(super) use send_direct::{Peer, send_direct};
+pub(super) use stage::stage;
+pub(super) use staged_direct::staged_direct;
+pub(super) use stat::{StatHow, stat};
+pub(super) use stat_members::{Members, stat_members};
+pub(super) use switch::switch;
+pub(super) use verify::verify;

@@ -1,0 +1,32 @@
+//! `Prepare`: target side. Check the plan, take the venv's lock, recover an
+//! unfinished generation, check the plan's preconditions and free space,
+//! and open a new generation (held in the session for `Stage`, `Switch`,
+//! `Commit` or `Abort`).
+
+use std::io::Write;
+
+use crate::agent::serve::{Session, with_progress};
+use crate::error::Result;
+use crate::inventory::{self, Counters};
+use crate::model::PrepareRequest;
+use crate::protocol::Response;
+
+pub fn prepare(
+    session: &mut Session,
+    output: &mut dyn Write,
+    req: &PrepareRequest,
+) -> Result<Response> {
+    let counters = Counters::default();
+    // The plan is checked before anything is recovered, locked or written.
+    let venv = inventory::Venv::open(&req.venv)?;
+    crate::validate::check_prepare(req, &venv.site_rel)?;
+    let state = session.state(&req.venv)?;
+    let recovered = state.recover(req.resume, &counters)?.map(|(_, msg)| msg);
+    let g = with_progress(output, &counters, || state.prepare(req, &counters))??;
+    let generation = g.meta.id.clone();
+    session.generation = Some(g);
+    Ok(Response::Prepared {
+        generation,
+        recovered,
+    })
+}

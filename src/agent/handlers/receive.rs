@@ -1,0 +1,39 @@
+//! `Receive`: target side of `apply --direct`. A source agent streams into
+//! the staging folder of a generation that the controller's own agent on
+//! this host prepared and holds the lock for
+//! ([`open_for_receive`](crate::journal::open_for_receive) finds it).
+
+use std::io::Read;
+
+use crate::agent::serve::Next;
+use crate::agent::stream_in::{drain, stream_in};
+use crate::error::Result;
+use crate::model::Unpacked;
+use crate::protocol::Response;
+
+/// Unpack the stream that follows into `generation`'s staging folder.
+/// `Err`: the input could not be skipped after a refusal.
+pub fn receive(input: &mut dyn Read, venv: &str, generation: &str) -> Result<Next> {
+    match crate::journal::open_for_receive(venv, generation) {
+        Ok((host_dir, g)) => {
+            let s = stream_in(input, &g, &host_dir);
+            if s.ended {
+                // A frame that broke the stream is answered before the agent goes.
+                return Ok(Next::Last(s.broken.map(Response::Error)));
+            }
+            Ok(Next::Answer(match s.result {
+                _ if s.aborted => Response::Aborted,
+                Ok(Unpacked { count, written }) => Response::Received {
+                    files: count.files,
+                    bytes: count.bytes,
+                    written,
+                },
+                Err(e) => Response::Error(e),
+            }))
+        }
+        Err(e) => {
+            drain(input)?;
+            Ok(Next::Answer(Response::Error(e)))
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! `Rollback`: target side. Roll back generations down to and including
+//! `to` (default: the newest), with progress frames while it runs.
+
+use std::io::Write;
+
+use crate::agent::serve::{Session, with_progress};
+use crate::error::Result;
+use crate::inventory::Counters;
+use crate::protocol::Response;
+
+pub fn rollback(
+    session: &mut Session,
+    output: &mut dyn Write,
+    venv: &str,
+    to: Option<&str>,
+) -> Result<Response> {
+    let counters = Counters::default();
+    let state = session.state(venv)?;
+    with_progress(output, &counters, || state.rollback(to, &counters))?.map(Response::RolledBack)
+}

@@ -1,0 +1,44 @@
+//! `Send`: source side. Stream the files to the controller as data frames,
+//! checking each against the hash the plan saw while it is read.
+
+use std::io::Write;
+
+use crate::agent::direct::FrameSink;
+use crate::error::Result;
+use crate::inventory::Counters;
+use crate::model::{Compression, SendFile, ShebangRewrite};
+use crate::protocol::Response;
+use crate::stream;
+
+/// What to send, from `Send` or `SendDirect`.
+pub struct Sending {
+    pub venv: String,
+    pub files: Vec<SendFile>,
+    pub shebang: Option<ShebangRewrite>,
+    pub compression: Compression,
+}
+
+pub fn send(output: &mut dyn Write, s: &Sending) -> Result<Response> {
+    let counters = Counters::default();
+    // Data frames go straight to the output; progress is implied by them.
+    let mut sink = FrameSink {
+        out: output,
+        progress: true,
+    };
+    stream::send(
+        &s.venv,
+        &s.files,
+        s.shebang.as_ref(),
+        s.compression,
+        &mut sink,
+        &counters,
+    )
+    .map(|sent| Response::Sent {
+        files: s.files.len() as u64,
+        raw_bytes: sent.raw_bytes,
+        compressed_bytes: sent.packed_bytes,
+        hashes: sent.hashes,
+        windows: sent.windows,
+        written: Vec::new(),
+    })
+}

@@ -1,0 +1,30 @@
+//! `StagedDirect`: target side, after a direct stream. Another agent filled
+//! the staging folder; check it against what both ends reported and mark
+//! the generation staged (or discard it).
+
+use crate::agent::serve::Session;
+use crate::error::Result;
+use crate::journal::Record;
+use crate::model::{SourceHash, StageCount, Written};
+use crate::protocol::Response;
+use crate::stream;
+
+pub fn staged_direct(
+    session: &mut Session,
+    hashes: &[SourceHash],
+    written: &[Written],
+) -> Result<Response> {
+    let (_, g) = session.opened()?;
+    let r = stream::check_staged(g, written).and_then(|count| {
+        g.record_hashes(written, hashes)?;
+        g.append(Record::Staged)?;
+        Ok(count)
+    });
+    match r {
+        Ok(StageCount { files, bytes }) => Ok(Response::Staged { files, bytes }),
+        Err(e) => {
+            session.discard_open();
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! The serve loop: read a request, dispatch it to its handler, write the
+//! answer; and the [`Session`] the requests of one connection share. The
+//! loop's rules are in the [module doc of the agent](super).
+
+use std::io::{Read, Write};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::handlers::{self, Members, Peer, Sending, StatHow};
+use crate::err;
+use crate::error::{Error, Result};
+use crate::inventory::Counters;
+use crate::journal::{Generation, State};
+use crate::model::{Progress, ScanReport};
+use crate::protocol::{Request, Response, read_frame, write_frame};
+
+/// Serve requests until `Bye` or end of input.
+pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
+    let mut session = Session::default();
+    loop {
+        let Some(req) = read_frame::<Request>(input)? else {
+            return Ok(());
+        };
+        match session.dispatch(req, input, output)? {
+            Next::Answer(response) => {
+                send(output, &response)?;
+                if let Response::Scan(report) = response {
+                    session.scan = Some(report);
+                }
+            }
+            Next::Last(response) => {
+                if let Some(r) = response {
+                    send(output, &r)?;
+                }
+                return Ok(());
+            }
+            Next::Refuse(response, why) => {
+                send(output, &response)?;
+                return Err(why);
+            }
+        }
+    }
+}
+
+/// What the loop does after a request.
+pub(super) enum Next {
+    /// Send this answer and read the next request.
+    Answer(Response),
+    /// Send this answer, if any, and stop serving: the input ended, or
+    /// cannot be read past a broken frame.
+    Last(Option<Response>),
+    /// Send this answer, then stop serving with this error.
+    Refuse(Response, Error),
+}
+
+/// What the agent holds between requests: the venv's lock and the open generation.
+#[derive(Default)]
+pub(super) struct Session {
+    pub(super) state: Option<State>,
+    pub(super) generation: Option<Generation>,
+    /// The scan this agent answered last (for `StatMembers`).
+    pub(super) scan: Option<ScanReport>,
+    /// A `PrefetchPreflight` walk: its venv and the thread listing the
+    /// shared objects of site-packages.
+    pub(super) prefetch: Option<(
+        String,
+        std::thread::JoinHandle<Option<crate::preflight::SharedObjects>>,
+    )>,
+}
+
+impl Session {
+    /// Pass one request to its handler. A handler's error becomes an error
+    /// answer; only reading or writing the controller's pipe fails here.
+    fn dispatch(
+        &mut self,
+        req: Request,
+        input: &mut dyn Read,
+        output: &mut dyn Write,
+    ) -> Result<Next> {
+        use handlers as h;
+        // One arm per request (unformatted: rustfmt would spread each
+        // request's fields over a line apiece).
+        #[rustfmt::skip]
+        let answer = match req {
+            Request::Hello { protocol } => return Ok(h::hello(protocol)),
+            Request::Bye => return Ok(Next::Last(Some(Response::Bye))),
+            Request::Receive { venv, generation } => return h::receive(input, &venv, &generation),
+            Request::Stage => return Ok(h::stage(self, input)),
+            Request::EndData { .. } => Err(err!("EndData without Stage")),
+            Request::Scan { venv, file_globs } => h::scan(&venv, &file_globs),
+            Request::Stat { venv, paths, hash, shebang, pycache } =>
+                h::stat(output, &venv, &paths, &StatHow { hash, shebang, pycache }),
+            Request::StatMembers {
+                venv, sets, globs, extra, count, check, hash, shebang, pycache,
+            } =>
+                h::stat_members(self, output, &Members { venv, sets, globs, extra, count, check },
+                    &StatHow { hash, shebang, pycache }),
+            Request::Send { venv, files, shebang, compression } =>
+                h::send(output, &Sending { venv, files, shebang, compression }),
+            Request::SendDirect {
+                venv, files, shebang, compression,
+                ssh, agent, target_venv, generation, connect_timeout_secs,
+            } =>
+                h::send_direct(output, &Sending { venv, files, shebang, compression },
+                    &Peer { ssh, agent, target_venv, generation, connect_timeout_secs }),
+            Request::StagedDirect { hashes, written } => h::staged_direct(self, &hashes, &written),
+            Request::Prepare(req) => h::prepare(self, output, &req),
+            Request::Switch => h::switch(self, output),
+            Request::Commit { keep_backup, keep } => h::commit(self, keep_backup, keep),
+            Request::Abort => h::abort(self),
+            Request::Rollback { venv, to } => h::rollback(self, output, &venv, to.as_deref()),
+            Request::History { venv } => h::history(self, &venv),
+            Request::Prune { venv, keep } => h::prune(self, &venv, keep),
+            Request::Recover { venv, resume } => h::recover(self, output, &venv, resume),
+            Request::Verify(req) => h::verify(&req),
+            Request::ElfInfo { venv, paths } => h::elf_info(output, &venv, &paths),
+            Request::PrefetchPreflight { venv } => h::prefetch_preflight(self, venv),
+            Request::Preflight(req) => h::preflight(self, output, &req),
+        };
+        Ok(Next::Answer(answer.unwrap_or_else(Response::Error)))
+    }
+
+    /// The venv's journal state, opened (and locked) on first use.
+    pub(super) fn state(&mut self, venv: &str) -> Result<&State> {
+        if self
+            .state
+            .as_ref()
+            .is_none_or(|s| s.venv.root != std::path::Path::new(venv))
+        {
+            self.state = Some(State::open(venv)?);
+        }
+        Ok(self.state.as_ref().expect("just set"))
+    }
+
+    /// The state and the generation `Prepare` opened.
+    pub(super) fn opened(&mut self) -> Result<(&State, &mut Generation)> {
+        match (&self.state, &mut self.generation) {
+            (Some(s), Some(g)) => Ok((s, g)),
+            _ => Err(err!("no generation is open: send Prepare first")),
+        }
+    }
+
+    /// Delete the open generation after a failed or abandoned stage (best
+    /// effort: the next run recovers whatever is left).
+    pub(super) fn discard_open(&mut self) {
+        if let (Some(g), Some(s)) = (self.generation.take(), &self.state) {
+            let _ = s.discard(g);
+        }
+    }
+}
+
+fn send(out: &mut dyn Write, r: &Response) -> Result<()> {
+    write_frame(out, r).map_err(|e| err!("agent: cannot write to the controller: {e}"))
+}
+
+/// Run `work` on a worker thread while sending progress frames every 200 ms.
+pub(super) fn with_progress<T: Send>(
+    output: &mut dyn Write,
+    counters: &Counters,
+    work: impl FnOnce() -> T + Send,
+) -> Result<T> {
+    std::thread::scope(|scope| {
+        // The worker says when it is done, so the answer goes out at once
+        // (not at the next poll); until then, progress every 200 ms.
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let handle = scope.spawn(move || {
+            let out = work();
+            let _ = done_tx.send(());
+            out
+        });
+        while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            done_rx.recv_timeout(Duration::from_millis(200))
+        {
+            let p = Progress {
+                files: counters.files.load(Ordering::Relaxed),
+                bytes: counters.bytes.load(Ordering::Relaxed),
+                total_files: counters.total_files.load(Ordering::Relaxed),
+                total_bytes: counters.total_bytes.load(Ordering::Relaxed),
+            };
+            if let Err(e) = write_frame(output, &Response::Progress(p)) {
+                // The controller is gone: a stream it asked for stops (the
+                // scope still waits for the worker to return).
+                counters.cancel.store(true, Ordering::Relaxed);
+                return Err(err!("agent: cannot write to the controller: {e}"));
+            }
+        }
+        handle
+            .join()
+            .map_err(|_| Error::new("agent: a worker thread panicked"))
+    })
+}

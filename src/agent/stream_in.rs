@@ -1,0 +1,126 @@
+//! Reading a data stream into staging, for `Stage` (the controller's stream)
+//! and `Receive` (a source agent's, on the direct route): data frames up to
+//! `EndData` or `Abort`, decoded on this thread while another unpacks them.
+
+use std::io::Read;
+
+use crate::err;
+use crate::error::{Error, Result};
+use crate::inventory::Counters;
+use crate::journal::Generation;
+use crate::model::{SourceHash, Unpacked};
+use crate::protocol::{Frame, Request, read_any};
+use crate::stream::{self, ChannelReader};
+
+/// A stream read into staging.
+pub(super) struct StreamIn {
+    pub(super) result: Result<Unpacked>,
+    /// The source's hashes from `EndData`.
+    pub(super) source_hashes: Vec<SourceHash>,
+    /// The input ended (the sender went away) before `EndData`.
+    pub(super) ended: bool,
+    pub(super) aborted: bool,
+    /// Why the input ended, when a frame was refused (too large, cut short).
+    pub(super) broken: Option<Error>,
+}
+
+/// Decoded blocks queued for the unpacker. A data frame is at most
+/// [`crate::protocol::MAX_DATA`] bytes and decodes to at most one block
+/// ([`BLOCK`](crate::model::BLOCK)), so the queue holds at most this many MiB (plus the
+/// frame being read and the block being unpacked), whatever the sender does.
+const DECODED_BLOCKS: usize = 8;
+
+/// Read data frames until `EndData` (or `Abort`), decoding them on this
+/// thread while another unpacks them into `g`'s staging folder.
+pub(super) fn stream_in(
+    input: &mut dyn Read,
+    g: &Generation,
+    host_dir: &std::path::Path,
+) -> StreamIn {
+    let counters = Counters::default();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(DECODED_BLOCKS);
+    let mut unz = match zstd::bulk::Decompressor::new() {
+        Ok(z) => z,
+        Err(e) => {
+            let _ = drain(input);
+            return StreamIn {
+                result: Err(err!("zstd: {e}")),
+                source_hashes: Vec::new(),
+                ended: false,
+                aborted: false,
+                broken: None,
+            };
+        }
+    };
+    let mut ended = false;
+    let mut aborted = false;
+    let mut source_hashes: Vec<SourceHash> = Vec::new();
+    let mut bad_block = None;
+    let mut broken = None;
+    let result = std::thread::scope(|scope| {
+        let worker = scope.spawn(|| stream::unpack(g, host_dir, ChannelReader::new(rx), &counters));
+        let mut tx = Some(tx);
+        loop {
+            match read_any::<Request>(input) {
+                Ok(Some(Frame::Data(d))) => {
+                    // Decoded here, so that decoding runs beside the writing.
+                    if let Some(t) = &tx {
+                        match stream::unpack_block(d, &mut unz) {
+                            Ok(b) => {
+                                if t.send(b).is_err() {
+                                    tx = None; // the unpacker failed; keep draining
+                                }
+                            }
+                            Err(e) => {
+                                tx = None;
+                                bad_block = Some(e);
+                            }
+                        }
+                    }
+                }
+                Ok(Some(Frame::Msg(Request::EndData { hashes }))) => {
+                    source_hashes = hashes;
+                    break;
+                }
+                Ok(Some(Frame::Msg(Request::Abort))) => {
+                    aborted = true;
+                    break;
+                }
+                Ok(Some(Frame::Msg(_))) | Ok(None) => {
+                    ended = true;
+                    break;
+                }
+                Err(e) => {
+                    ended = true;
+                    broken = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let r = worker
+            .join()
+            .unwrap_or_else(|_| Err(err!("the unpacking thread panicked")));
+        match bad_block.take() {
+            Some(e) => Err(e),
+            None => r,
+        }
+    });
+    StreamIn {
+        result,
+        source_hashes,
+        ended,
+        aborted,
+        broken,
+    }
+}
+
+/// Skip data frames until the end of a stream.
+pub(super) fn drain(input: &mut dyn Read) -> Result<()> {
+    while let Some(f) = read_any::<Request>(input)? {
+        if matches!(f, Frame::Msg(Request::EndData { .. } | Request::Abort)) {
+            break;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! The ELF check proper: [`check_object`] simulates loading one root (dlopen
+//! by the interpreter, `RTLD_NOW`) on top of the global scope and turns what
+//! resolution and the symbol analysis find into [`ElfProblem`]s, which
+//! [`ElfProblem::to_problem`] turns into preflight [`Problem`]s.
+
+use std::path::{Path, PathBuf};
+
+use super::config::LoaderConfig;
+use super::search::Session;
+use super::symbols::{check_undefined_symbols, check_version_needs};
+use super::view::{LoaderView, normalize};
+use crate::model::{Check, Problem};
+
+/// One predicted load failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElfProblem {
+    /// The object that cannot be loaded (the one with the unmet need).
+    pub file: PathBuf,
+    pub reason: String,
+}
+
+impl ElfProblem {
+    /// As a preflight [`Problem`] of the ELF check, the file relative to
+    /// `site_packages` when it lies under it.
+    pub fn to_problem(&self, site_packages: &Path, dist: Option<String>) -> Problem {
+        let file = self.file.strip_prefix(site_packages).unwrap_or(&self.file);
+        Problem {
+            check: Check::Elf,
+            dist,
+            file: Some(file.to_string_lossy().into_owned()),
+            reason: self.reason.clone(),
+            preexisting: false,
+        }
+    }
+}
+
+/// Simulate loading `root` (dlopen by the interpreter, `RTLD_NOW`) and
+/// report every problem: unresolvable `DT_NEEDED`, unmet version needs and
+/// non-weak undefined symbols defined nowhere in scope.
+pub fn check_object(root: &Path, view: &mut dyn LoaderView, cfg: &LoaderConfig) -> Vec<ElfProblem> {
+    let mut problems = Vec::new();
+    let mut s = Session::new(view, cfg);
+    s.load_global();
+
+    // The root, loaded by path, and its closure.
+    let root = normalize(root);
+    let Some(info) = s.view.elf(&root) else {
+        return vec![ElfProblem {
+            file: root,
+            reason: "is missing or is not a 64-bit little-endian ELF object".to_owned(),
+        }];
+    };
+    let r = s.add(root, info, None, true);
+    s.closure(r, true, Some(&mut problems));
+
+    let missing_versions = check_version_needs(&s, &mut problems);
+    check_undefined_symbols(&s, &missing_versions, &mut problems);
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::elf::OverlayView;
+    use crate::preflight::elf::testutil::{BaseAndUser, base_and_user, cc, reasons};
+
+    #[test]
+    fn consistent_object_has_no_problem() {
+        let t = tempfile::tempdir().unwrap();
+        let BaseAndUser { user, .. } = base_and_user(t.path());
+        let cfg = LoaderConfig::system();
+        assert!(
+            cfg.ld_cache.contains_key("libc.so.6"),
+            "ld cache: {:?}",
+            cfg.ld_cache.len()
+        );
+        let problems = check_object(&user, &mut OverlayView::new(), &cfg);
+        assert!(problems.is_empty(), "{:#?}", reasons(&problems));
+    }
+
+    #[test]
+    fn global_scope_defines_interpreter_symbols() {
+        let t = tempfile::tempdir().unwrap();
+        let ext = cc(
+            t.path(),
+            "ext.so",
+            "extern int PyFake_Create(int);\nint PyInit_ext(void) { return PyFake_Create(3); }\n",
+            false,
+            &[],
+        );
+        let interp = cc(
+            t.path(),
+            "libfakepython.so",
+            "int PyFake_Create(int x) { return x; }\n",
+            false,
+            &[],
+        );
+        let mut cfg = LoaderConfig::system();
+        let problems = check_object(&ext, &mut OverlayView::new(), &cfg);
+        assert_eq!(
+            reasons(&problems),
+            vec![format!(
+                "{}: undefined symbol: PyFake_Create",
+                ext.display()
+            )]
+        );
+        cfg.global = vec![interp];
+        assert!(check_object(&ext, &mut OverlayView::new(), &cfg).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod system_tests {
+    use super::*;
+    use crate::preflight::elf::OverlayView;
+    use std::path::PathBuf;
+    use std::time::Instant;
+
+    /// Every shared library of this host's system directories should load:
+    /// a false-positive hunt (run with `--ignored`).
+    #[test]
+    #[ignore]
+    fn system_libraries_load() {
+        let dir =
+            std::env::var("ELF_SCAN_DIR").unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu".into());
+        let depth = std::env::var("ELF_SCAN_DEPTH")
+            .ok()
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(1);
+        let mut cfg = LoaderConfig::system();
+        if let Ok(g) = std::env::var("ELF_GLOBAL") {
+            cfg.global = g.split(':').map(PathBuf::from).collect();
+        }
+        let mut view = OverlayView::new();
+        let start = Instant::now();
+        let mut n = 0;
+        let mut bad = Vec::new();
+        for e in walkdir::WalkDir::new(&dir).max_depth(depth) {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !e.file_type().is_file() || !name.contains(".so") {
+                continue;
+            }
+            if view.elf(e.path()).is_none() {
+                continue;
+            }
+            n += 1;
+            let p = check_object(e.path(), &mut view, &cfg);
+            bad.extend(p);
+        }
+        eprintln!("{n} objects in {:?}", start.elapsed());
+        for p in &bad {
+            eprintln!("{}: {}", p.file.display(), p.reason);
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! Reading the dynamic facts ([`ElfInfo`]) of one 64-bit little-endian ELF
+//! file with the `object` crate. Only the ELF header, the section headers and
+//! the dynamic sections (`.dynamic`, `.dynsym`, the GNU version sections and
+//! the string tables they link to) are read from disk, through [`Sparse`], so
+//! a 1 GB `libtorch_cuda.so` costs a few megabytes.
+
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use object::LittleEndian;
+use object::elf as oelf;
+use object::read::elf::{FileHeader, SectionHeader as _, SectionTable, Sym as _};
+use object::read::{ReadRef, StringTable, SymbolIndex};
+
+use super::{ElfInfo, Symbol};
+
+type Header = oelf::FileHeader64<LittleEndian>;
+type Sections<'a> = SectionTable<'a, Header, &'a Sparse>;
+const ENDIAN: LittleEndian = LittleEndian;
+
+/// Parse `path`; `Ok(None)` if it is not a 64-bit little-endian ELF (or not
+/// ELF at all, or not a regular file). A malformed ELF is an
+/// `io::ErrorKind::InvalidData` error.
+pub fn read_elf(path: &Path) -> io::Result<Option<ElfInfo>> {
+    let file = File::open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.len() < 64 {
+        return Ok(None);
+    }
+    let mut header = vec![0u8; 64];
+    file.read_exact_at(&mut header, 0)?;
+    if header[..4] != oelf::ELFMAG
+        || header[4] != oelf::ELFCLASS64.0
+        || header[5] != oelf::ELFDATA2LSB.0
+    {
+        return Ok(None);
+    }
+    let data = Sparse {
+        len: meta.len(),
+        regions: vec![Region {
+            offset: 0,
+            bytes: header,
+        }],
+    };
+    parse_elf(&file, data).map(Some).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {e}", path.display()),
+        )
+    })
+}
+
+/// Bytes read from a file at an offset.
+struct Region {
+    offset: u64,
+    bytes: Vec<u8>,
+}
+
+/// A range of a file still to be read.
+struct Extent {
+    offset: u64,
+    size: u64,
+}
+
+/// The parts of a file that were read, at their offsets. Implements
+/// `object`'s `ReadRef` so that its ELF parsers work on a file of which only
+/// the headers and the dynamic sections are in memory.
+struct Sparse {
+    len: u64,
+    regions: Vec<Region>,
+}
+
+impl Sparse {
+    /// Read `size` bytes at `offset` from `file` unless already present.
+    fn add(&mut self, file: &File, offset: u64, size: u64) -> Result<(), String> {
+        if size == 0 || (&*self).read_bytes_at(offset, size).is_ok() {
+            return Ok(());
+        }
+        match offset.checked_add(size) {
+            Some(end) if end <= self.len => {}
+            _ => return Err(format!("range {offset:#x}+{size:#x} beyond end of file")),
+        }
+        let mut buf = vec![0u8; size as usize];
+        file.read_exact_at(&mut buf, offset)
+            .map_err(|e| e.to_string())?;
+        self.regions.push(Region { offset, bytes: buf });
+        Ok(())
+    }
+}
+
+impl<'a> ReadRef<'a> for &'a Sparse {
+    fn len(self) -> Result<u64, ()> {
+        Ok(self.len)
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'a [u8], ()> {
+        if size == 0 {
+            return Ok(&[]);
+        }
+        let end = offset.checked_add(size).ok_or(())?;
+        self.regions
+            .iter()
+            .find_map(|r| {
+                let rel = offset.checked_sub(r.offset)? as usize;
+                let rel_end = (end - r.offset) as usize;
+                r.bytes.get(rel..rel_end)
+            })
+            .ok_or(())
+    }
+
+    fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
+        let r = self
+            .regions
+            .iter()
+            .find(|r| range.start >= r.offset && range.start - r.offset < r.bytes.len() as u64)
+            .ok_or(())?;
+        let rel = (range.start - r.offset) as usize;
+        let stop = (range.end.saturating_sub(r.offset) as usize).min(r.bytes.len());
+        let hay = r.bytes.get(rel..stop).ok_or(())?;
+        let n = hay.iter().position(|&b| b == delimiter).ok_or(())?;
+        Ok(&hay[..n])
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn err(e: object::read::Error) -> String {
+    e.to_string()
+}
+
+fn parse_elf(file: &File, mut data: Sparse) -> Result<ElfInfo, String> {
+    if !read_section_headers(file, &mut data)? {
+        return Ok(ElfInfo::default());
+    }
+    for extent in dynamic_extents(&data)? {
+        data.add(file, extent.offset, extent.size)?;
+    }
+
+    let h = Header::parse(&data).map_err(err)?;
+    let headers = h.section_headers(ENDIAN, &data).map_err(err)?;
+    let sections: Sections<'_> = SectionTable::new(headers, StringTable::default());
+    let mut info = ElfInfo::default();
+    read_dynamic(&sections, &data, &mut info)?;
+    read_version_needs(&sections, &data, &mut info)?;
+    read_version_defs(&sections, &data, &mut info)?;
+    read_symbols(&sections, &data, &mut info)?;
+    Ok(info)
+}
+
+/// Read the section headers into `data` (the first one may carry an
+/// extended `e_shnum`); `false` if the file has none.
+fn read_section_headers(file: &File, data: &mut Sparse) -> Result<bool, String> {
+    let (shoff, shentsize) = {
+        let h = Header::parse(&*data).map_err(err)?;
+        (h.e_shoff(ENDIAN), h.e_shentsize(ENDIAN))
+    };
+    if shoff == 0 {
+        return Ok(false);
+    }
+    if shentsize as usize != std::mem::size_of::<oelf::SectionHeader64<LittleEndian>>() {
+        return Err("unexpected section header size".into());
+    }
+    data.add(file, shoff, shentsize.into())?;
+    let shnum = Header::parse(&*data)
+        .map_err(err)?
+        .shnum(ENDIAN, &*data)
+        .map_err(err)?;
+    data.add(file, shoff, u64::from(shnum) * u64::from(shentsize))?;
+    Ok(true)
+}
+
+/// Where the dynamic sections and the string tables they link to lie.
+fn dynamic_extents(data: &Sparse) -> Result<Vec<Extent>, String> {
+    let h = Header::parse(data).map_err(err)?;
+    let headers = h.section_headers(ENDIAN, data).map_err(err)?;
+    let extent = |s: &oelf::SectionHeader64<LittleEndian>| Extent {
+        offset: s.sh_offset(ENDIAN),
+        size: s.sh_size(ENDIAN),
+    };
+    let mut wanted = Vec::new();
+    for s in headers {
+        let t = s.sh_type(ENDIAN);
+        if [
+            oelf::SHT_DYNAMIC,
+            oelf::SHT_DYNSYM,
+            oelf::SHT_GNU_VERSYM,
+            oelf::SHT_GNU_VERDEF,
+            oelf::SHT_GNU_VERNEED,
+        ]
+        .contains(&t)
+        {
+            wanted.push(extent(s));
+            if let Some(linked) = headers.get(s.sh_link(ENDIAN) as usize)
+                && linked.sh_type(ENDIAN) != oelf::SHT_NOBITS
+            {
+                wanted.push(extent(linked));
+            }
+        }
+    }
+    Ok(wanted)
+}
+
+/// `DT_NEEDED`, `DT_SONAME`, `DT_RPATH` and `DT_RUNPATH`.
+fn read_dynamic<'a>(
+    sections: &Sections<'a>,
+    data: &'a Sparse,
+    info: &mut ElfInfo,
+) -> Result<(), String> {
+    let dynamic = sections.dynamic_table(ENDIAN, data).map_err(err)?;
+    for d in dynamic.iter() {
+        let split = |v: &[u8]| -> Vec<String> {
+            text(v)
+                .split(':')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        match d.tag {
+            oelf::DT_NEEDED => info.needed.push(text(dynamic.string(d).map_err(err)?)),
+            oelf::DT_SONAME => info.soname = Some(text(dynamic.string(d).map_err(err)?)),
+            oelf::DT_RPATH => info.rpath.extend(split(dynamic.string(d).map_err(err)?)),
+            oelf::DT_RUNPATH => info.runpath.extend(split(dynamic.string(d).map_err(err)?)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// `.gnu.version_r`: the (file, version) needs, weak ones excluded.
+fn read_version_needs<'a>(
+    sections: &Sections<'a>,
+    data: &'a Sparse,
+    info: &mut ElfInfo,
+) -> Result<(), String> {
+    let Some((mut needs, link)) = sections.gnu_verneed(ENDIAN, data).map_err(err)? else {
+        return Ok(());
+    };
+    let strings = sections.strings(ENDIAN, data, link).map_err(err)?;
+    while let Some((need, mut auxs)) = needs.next().map_err(err)? {
+        let file = text(need.file(ENDIAN, strings).map_err(err)?);
+        while let Some(aux) = auxs.next().map_err(err)? {
+            if aux.vna_flags.get(ENDIAN).contains(oelf::VER_FLG_WEAK) {
+                continue;
+            }
+            info.version_needs
+                .push((file.clone(), text(aux.name(ENDIAN, strings).map_err(err)?)));
+        }
+    }
+    Ok(())
+}
+
+/// `.gnu.version_d`: the versions defined, the base (file name) excluded.
+fn read_version_defs<'a>(
+    sections: &Sections<'a>,
+    data: &'a Sparse,
+    info: &mut ElfInfo,
+) -> Result<(), String> {
+    let Some((mut defs, link)) = sections.gnu_verdef(ENDIAN, data).map_err(err)? else {
+        return Ok(());
+    };
+    let strings = sections.strings(ENDIAN, data, link).map_err(err)?;
+    while let Some((def, mut auxs)) = defs.next().map_err(err)? {
+        if def.vd_flags.get(ENDIAN).contains(oelf::VER_FLG_BASE) {
+            continue;
+        }
+        if let Some(aux) = auxs.next().map_err(err)? {
+            info.version_defs
+                .push(text(aux.name(ENDIAN, strings).map_err(err)?));
+        }
+    }
+    Ok(())
+}
+
+/// `.dynsym`: the global and weak symbols, defined or undefined, with their
+/// versions.
+fn read_symbols<'a>(
+    sections: &Sections<'a>,
+    data: &'a Sparse,
+    info: &mut ElfInfo,
+) -> Result<(), String> {
+    let symbols = sections
+        .symbols(ENDIAN, data, oelf::SHT_DYNSYM)
+        .map_err(err)?;
+    let versions = sections.versions(ENDIAN, data).map_err(err)?;
+    for (i, sym) in symbols.symbols().iter().enumerate().skip(1) {
+        let bind = sym.st_bind();
+        let kind = sym.st_type();
+        if bind == oelf::STB_LOCAL || kind == oelf::STT_SECTION || kind == oelf::STT_FILE {
+            continue;
+        }
+        let name = sym.name(ENDIAN, symbols.strings()).map_err(err)?;
+        if name.is_empty() {
+            continue;
+        }
+        let version = versions.as_ref().and_then(|v| {
+            let index = v.version_index(ENDIAN, SymbolIndex(i)).index();
+            v.version(index).ok().flatten().map(|v| text(v.name()))
+        });
+        let symbol = Symbol {
+            name: text(name),
+            version,
+            weak: bind == oelf::STB_WEAK,
+        };
+        if sym.is_undefined(ENDIAN) {
+            info.undefined.push(symbol);
+        } else {
+            info.defined.push(symbol);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::elf::testutil::{BaseAndUser, base_and_user};
+    use std::fs;
+
+    #[test]
+    fn read_elf_facts() {
+        let t = tempfile::tempdir().unwrap();
+        let BaseAndUser { base, user } = base_and_user(t.path());
+        let b = read_elf(&base).unwrap().unwrap();
+        assert_eq!(b.soname.as_deref(), Some("libbase.so.1"));
+        assert!(
+            b.defined
+                .iter()
+                .any(|s| s.name == "base" && s.version.is_none())
+        );
+        let u = read_elf(&user).unwrap().unwrap();
+        assert_eq!(u.rpath, vec!["$ORIGIN/deps".to_owned()]);
+        assert!(u.runpath.is_empty());
+        assert!(u.needed.contains(&"libbase.so.1".to_owned()));
+        assert!(u.needed.contains(&"libc.so.6".to_owned()));
+        assert!(
+            u.version_needs
+                .iter()
+                .any(|(f, v)| f == "libc.so.6" && v.starts_with("GLIBC_2."))
+        );
+        assert!(u.undefined.iter().any(|s| s.name == "base" && !s.weak));
+        assert!(
+            u.undefined
+                .iter()
+                .any(|s| s.name == "printf" && s.version.as_deref().is_some())
+        );
+        // gcc's weak references (__cxa_finalize, _ITM_*, __gmon_start__).
+        assert!(u.undefined.iter().any(|s| s.weak));
+        let libc = read_elf(Path::new("/lib/x86_64-linux-gnu/libc.so.6"))
+            .unwrap()
+            .unwrap();
+        assert!(libc.version_defs.contains(&"GLIBC_2.34".to_owned()));
+        assert!(
+            libc.defined
+                .iter()
+                .any(|s| s.name == "printf" && s.version.as_deref() == Some("GLIBC_2.2.5"))
+        );
+    }
+
+    #[test]
+    fn non_elf_is_none() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("notes.txt");
+        fs::write(
+            &p,
+            "just some text, long enough to pass the 64 byte header length check....",
+        )
+        .unwrap();
+        assert_eq!(read_elf(&p).unwrap(), None);
+        let short = t.path().join("short");
+        fs::write(&short, "\x7fELF").unwrap();
+        assert_eq!(read_elf(&short).unwrap(), None);
+        assert_eq!(read_elf(t.path()).unwrap(), None);
+    }
+}

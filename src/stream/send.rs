@@ -1,0 +1,505 @@
+//! The source's side of the stream: read, check and hash the files the
+//! plan sends into one tar stream ([`read_files`]), cut it into blocks
+//! ([`BlockCutter`]), pack the blocks on every core ([`packer`]: zstd at the
+//! level of the moment, or stored when that is not smaller), and hand them
+//! to the [`BlockSink`] in order ([`write_blocks`], which also feeds the
+//! level tuner). [`send`] runs the three on their own threads.
+//!
+//! Every file is reached from the venv root's fd without following a
+//! symlink ([`Walker`]); one that changed since the plan (type, size,
+//! symlink target, hash or stamp) stops the stream with an error that says
+//! to plan again.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Mutex, mpsc};
+
+use rustix::fs::FileType;
+
+use super::tune::Tuner;
+use super::{BlockSink, TAG_STORED, TAG_ZSTD};
+use crate::err;
+use crate::error::{Error, Result, io_cause};
+use crate::inventory::{
+    Blocked, ContentHasher, Counters, Venv, Walker, content_hex, rewrite_shebang, stamp_of,
+};
+use crate::model::{
+    BLOCK, Compression, Kind, LevelWindow, Progress, SendFile, Sent, ShebangRewrite, SourceHash,
+};
+
+/// A block of the tar stream, to be packed at `level` (0: stored).
+struct Block {
+    seq: u64,
+    level: i32,
+    data: Vec<u8>,
+}
+
+/// A packed block: `tag` says how `payload` holds `raw` bytes of the stream.
+struct Packed {
+    seq: u64,
+    raw: usize,
+    tag: u8,
+    payload: Vec<u8>,
+}
+
+/// Cuts the tar stream into blocks for the packers.
+struct BlockCutter<'a> {
+    buf: Vec<u8>,
+    seq: u64,
+    tx: mpsc::SyncSender<Block>,
+    level: &'a AtomicI32,
+    /// Set when the writer failed: no more blocks are wanted.
+    stop: &'a AtomicBool,
+}
+
+impl Write for BlockCutter<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        // Blocks are at most BLOCK bytes: the target decodes into that much.
+        let n = (BLOCK - self.buf.len()).min(data.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() >= BLOCK {
+            self.emit()?;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl BlockCutter<'_> {
+    /// Read from `file` straight into the block being cut, hashing what
+    /// arrives. Returns the bytes read: 0 at the end of the file.
+    fn read_from(&mut self, file: &File, hasher: &mut ContentHasher) -> std::io::Result<usize> {
+        // A full block was emitted by whoever filled it (here or `write`);
+        // the block's capacity is exactly BLOCK, so a read never overfills.
+        debug_assert!(self.buf.len() < BLOCK && self.buf.capacity() == BLOCK);
+        let start = self.buf.len();
+        let n = loop {
+            match rustix::io::read(file, rustix::buffer::spare_capacity(&mut self.buf)) {
+                Ok(n) => break n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        };
+        hasher.update(&self.buf[start..]);
+        if self.buf.len() >= BLOCK {
+            self.emit()?;
+        }
+        Ok(n)
+    }
+
+    fn emit(&mut self) -> std::io::Result<()> {
+        let broken = || {
+            std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the stream's writer stopped",
+            )
+        };
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(broken());
+        }
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(BLOCK));
+        let block = Block {
+            seq: self.seq,
+            level: self.level.load(Ordering::Relaxed),
+            data,
+        };
+        self.seq += 1;
+        self.tx.send(block).map_err(|_| broken())
+    }
+}
+
+/// Empty the block queue after the writer failed, until the reader (told to
+/// stop) lets go of it.
+fn drain_blocks(rx: &mpsc::Receiver<Block>) {
+    while rx.recv().is_ok() {}
+}
+
+/// Pack blocks until the cutter is done: zstd at the block's level, or
+/// stored when that is not smaller.
+fn packer(rx: &Mutex<mpsc::Receiver<Block>>, tx: mpsc::SyncSender<Packed>) {
+    let mut z: Option<zstd::bulk::Compressor<'static>> = None;
+    let mut z_level = i32::MIN;
+    loop {
+        let block = match rx.lock() {
+            Ok(r) => match r.recv() {
+                Ok(b) => b,
+                Err(_) => return,
+            },
+            Err(_) => return,
+        };
+        let raw = block.data.len();
+        let mut packed = None;
+        if block.level != 0 {
+            if z.is_none() || z_level != block.level {
+                z = zstd::bulk::Compressor::new(block.level).ok();
+                z_level = block.level;
+            }
+            if let Some(c) = z.as_mut()
+                && let Ok(out) = c.compress(&block.data)
+                && out.len() < raw
+            {
+                packed = Some((TAG_ZSTD, out));
+            }
+        }
+        let (tag, payload) = packed.unwrap_or((TAG_STORED, block.data));
+        let p = Packed {
+            seq: block.seq,
+            raw,
+            tag,
+            payload,
+        };
+        if tx.send(p).is_err() {
+            return;
+        }
+    }
+}
+
+/// Hand packed blocks to `sink` in order, with progress every 8 blocks;
+/// tune the level. Returns the bytes handed over (tags included) and the
+/// tuner's windows.
+fn write_blocks(
+    rx: mpsc::Receiver<Packed>,
+    sink: &mut dyn BlockSink,
+    counters: &Counters,
+    level: &AtomicI32,
+    mut tuner: Option<Tuner>,
+) -> std::io::Result<(u64, Vec<LevelWindow>)> {
+    let mut waiting: std::collections::BTreeMap<u64, Packed> = std::collections::BTreeMap::new();
+    let (mut next, mut sent) = (0u64, 0u64);
+    for p in rx {
+        waiting.insert(p.seq, p);
+        while let Some(p) = waiting.remove(&next) {
+            if counters.cancel.load(Ordering::Relaxed) {
+                return Err(std::io::Error::other("the controller went away"));
+            }
+            sink.block(p.tag, &p.payload)?;
+            sent += p.payload.len() as u64 + 1;
+            next += 1;
+            if let Some(t) = tuner.as_mut()
+                && let Some(l) = t.wrote(p.raw as u64)
+            {
+                level.store(l, Ordering::Relaxed);
+            }
+            if next % 8 == 0 {
+                sink.progress(&Progress {
+                    files: counters.files.load(Ordering::Relaxed),
+                    bytes: counters.bytes.load(Ordering::Relaxed),
+                    total_files: counters.total_files.load(Ordering::Relaxed),
+                    total_bytes: counters.total_bytes.load(Ordering::Relaxed),
+                })?;
+            }
+        }
+    }
+    sink.flush()?;
+    Ok((sent, tuner.map(Tuner::into_log).unwrap_or_default()))
+}
+
+/// Source side: read the files into a tar stream and hand its packed
+/// blocks to `sink`, in order. Returns the bytes of files and of blocks,
+/// the blake3 of each regular file, and with `Auto` the tuner's windows.
+pub fn send(
+    venv_root: &str,
+    files: &[SendFile],
+    shebang: Option<&ShebangRewrite>,
+    compression: Compression,
+    sink: &mut dyn BlockSink,
+    counters: &Counters,
+) -> Result<Sent> {
+    let venv = Venv::open(venv_root)?;
+    counters
+        .total_files
+        .store(files.len() as u64, Ordering::Relaxed);
+    counters
+        .total_bytes
+        .store(files.iter().map(|f| f.kind.size()).sum(), Ordering::Relaxed);
+    let (tuner, start) = match compression {
+        Compression::Auto => {
+            let t = Tuner::new();
+            let l = t.level();
+            (Some(t), l)
+        }
+        Compression::None => (None, 0),
+        Compression::Zstd(l) => (None, l),
+    };
+    let level = AtomicI32::new(start);
+    let stop = AtomicBool::new(false);
+    let packers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (block_tx, block_rx) = mpsc::sync_channel::<Block>(packers);
+    let block_rx = Mutex::new(block_rx);
+    let (packed_tx, packed_rx) = mpsc::sync_channel::<Packed>(packers * 2);
+    std::thread::scope(|scope| {
+        for _ in 0..packers {
+            let tx = packed_tx.clone();
+            let rx = &block_rx;
+            scope.spawn(move || packer(rx, tx));
+        }
+        drop(packed_tx);
+        let level = &level;
+        let cutter = BlockCutter {
+            buf: Vec::with_capacity(BLOCK),
+            seq: 0,
+            tx: block_tx,
+            level,
+            stop: &stop,
+        };
+        let venv = &venv;
+        let reader = scope.spawn(move || read_files(venv, files, shebang, cutter, counters));
+        // Once the reader drops the cutter, the packers finish, then the writer.
+        let sent = write_blocks(packed_rx, sink, counters, level, tuner);
+        if sent.is_err() {
+            // The packers stop with the writer gone; stop the reader, and
+            // unblock it if it waits on a full queue.
+            stop.store(true, Ordering::Relaxed);
+            drop(block_rx.lock().map(|r| drain_blocks(&r)));
+        }
+        let read = reader
+            .join()
+            .unwrap_or_else(|_| Err(err!("the stream's reader panicked")));
+        match (read, sent) {
+            (Ok((raw_bytes, hashes)), Ok((packed_bytes, windows))) => Ok(Sent {
+                raw_bytes,
+                packed_bytes,
+                hashes,
+                windows,
+            }),
+            // A read error explains a writer that stopped for it, not the reverse.
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(e)) => Err(err!("Failed to send: {e}")),
+        }
+    })
+}
+
+/// Read, check and hash the files into the tar stream. Every file is
+/// reached from the venv root's fd without following a symlink in its
+/// parent chain ([`Walker`]), so nothing outside the venv is ever read.
+fn read_files(
+    venv: &Venv,
+    files: &[SendFile],
+    shebang: Option<&ShebangRewrite>,
+    cutter: BlockCutter<'_>,
+    counters: &Counters,
+) -> Result<(u64, Vec<SourceHash>)> {
+    let mut hashes = Vec::with_capacity(files.len());
+    let mut tar = tar::Builder::new(cutter);
+    let mut raw = 0u64;
+    let root = venv.beneath()?;
+    let mut walker = Walker::new(std::os::fd::AsFd::as_fd(&root));
+    for f in files {
+        let (abs, rel) = venv.resolve(&f.path)?;
+        let src = Source {
+            venv,
+            abs: &abs,
+            rel: &rel,
+        };
+        let meta = walker
+            .lstat(&rel)
+            .map_err(|b| src.blocked(b))?
+            .ok_or_else(|| src.changed())?;
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(meta.st_uid as u64);
+        h.set_gid(meta.st_gid as u64);
+        h.set_mtime(meta.st_mtime.max(0) as u64);
+        let name = f.index.to_string();
+        match &f.kind {
+            Kind::Symlink { target } => {
+                let now = walker.read_link(&rel).map_err(|_| src.changed())?;
+                if now != *target {
+                    return Err(src.changed());
+                }
+                // The target travels as the entry's data (as long as the
+                // plan says), never in a GNU long-link record.
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(target.len() as u64);
+                h.set_mode(0o777);
+                tar.append_data(&mut h, &name, target.as_bytes())
+                    .map_err(|e| err!("Failed to stream {}: {e}", abs.display()))?;
+            }
+            Kind::File { size, .. } => {
+                let file = FileToSend {
+                    src: &src,
+                    kind: &f.kind,
+                    meta: &meta,
+                    name: &name,
+                };
+                let blake3 = file.append(&mut tar, &mut walker, h, shebang)?;
+                hashes.push(SourceHash {
+                    index: f.index,
+                    blake3,
+                });
+                raw += size;
+                counters.bytes.fetch_add(*size, Ordering::Relaxed);
+            }
+            other => {
+                return Err(err!(
+                    "Cannot send {}: it is {other:?} in the plan",
+                    abs.display()
+                ));
+            }
+        }
+        counters.files.fetch_add(1, Ordering::Relaxed);
+    }
+    let mut cutter = tar
+        .into_inner()
+        .map_err(|e| err!("Failed to finish the stream: {e}"))?;
+    cutter
+        .emit()
+        .map_err(|e| err!("Failed to finish the stream: {e}"))?;
+    Ok((raw, hashes))
+}
+
+/// A file of the source being sent: where it is, for the errors.
+struct Source<'a> {
+    venv: &'a Venv,
+    abs: &'a Path,
+    /// Relative to the venv root.
+    rel: &'a str,
+}
+
+impl Source<'_> {
+    fn changed(&self) -> Error {
+        err!(
+            hint = "the source changed since the plan; run `overlay plan` again",
+            "Source file {} changed since the plan; nothing was applied",
+            self.abs.display()
+        )
+    }
+
+    fn blocked(&self, b: Blocked) -> Error {
+        match b {
+            Blocked::Link(link) => err!(
+                hint = "the source changed since the plan; run `overlay plan` again",
+                "Source file {}: its parent {} is a symlink; overlay never reads through one; nothing was applied",
+                self.abs.display(),
+                self.venv.root.join(link).display()
+            ),
+            Blocked::Missing => self.changed(),
+            Blocked::Error(m) => err!("Failed to read {}: {m}", self.abs.display()),
+        }
+    }
+
+    fn stream_error(&self, e: impl std::fmt::Display) -> Error {
+        err!("Failed to stream {}: {e}", self.abs.display())
+    }
+}
+
+/// A regular file to append to the stream, as the plan and `lstat` saw it.
+struct FileToSend<'a> {
+    src: &'a Source<'a>,
+    /// The plan's `Kind::File`.
+    kind: &'a Kind,
+    meta: &'a rustix::fs::Stat,
+    /// The tar entry's name: the change index.
+    name: &'a str,
+}
+
+impl FileToSend<'_> {
+    /// Check the file against the plan, append it to the stream, and
+    /// return its blake3 as read.
+    fn append(
+        &self,
+        tar: &mut tar::Builder<BlockCutter<'_>>,
+        walker: &mut Walker<'_>,
+        mut h: tar::Header,
+        shebang: Option<&ShebangRewrite>,
+    ) -> Result<String> {
+        let Kind::File {
+            size,
+            mode,
+            blake3,
+            stamp,
+        } = self.kind
+        else {
+            unreachable!("called for regular files only");
+        };
+        let src = self.src;
+        let is_file = FileType::from_raw_mode(self.meta.st_mode) == FileType::RegularFile;
+        // Unhashed in the plan: the stamp must be as the plan saw it.
+        if !is_file || (blake3.is_none() && *stamp != Some(stamp_of(self.meta))) {
+            return Err(src.changed());
+        }
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(*mode);
+        h.set_size(*size);
+        let file = walker.open(src.rel).map_err(|b| src.blocked(b))?;
+        let len = self.meta.st_size as u64;
+        let digest = if src.rel.starts_with("bin/") && len < (1 << 20) && shebang.is_some() {
+            self.append_rewritten(tar, &file, h, shebang, *size)?
+        } else {
+            if len != *size {
+                return Err(src.changed());
+            }
+            self.append_read_through(tar.get_mut(), &file, h, *size)?
+        };
+        match blake3 {
+            Some(want) if *want != digest => return Err(src.changed()),
+            // Read while something wrote to it: the stamp moved.
+            None if rustix::fs::fstat(&file).map(|m| stamp_of(&m)).ok() != *stamp => {
+                return Err(src.changed());
+            }
+            _ => {}
+        }
+        Ok(digest)
+    }
+
+    /// A script under `bin/`: read whole, its shebang rewritten for the
+    /// target, appended through tar.
+    fn append_rewritten(
+        &self,
+        tar: &mut tar::Builder<BlockCutter<'_>>,
+        file: &File,
+        mut h: tar::Header,
+        shebang: Option<&ShebangRewrite>,
+        size: u64,
+    ) -> Result<String> {
+        let src = self.src;
+        let mut content = Vec::new();
+        (&*file)
+            .read_to_end(&mut content)
+            .map_err(|e| err!("Failed to read {}: {}", src.abs.display(), io_cause(&e)))?;
+        let content = shebang
+            .and_then(|rw| rewrite_shebang(&content, rw))
+            .unwrap_or(content);
+        if content.len() as u64 != size {
+            return Err(src.changed());
+        }
+        tar.append_data(&mut h, self.name, &content[..])
+            .map_err(|e| src.stream_error(e))?;
+        Ok(content_hex(ContentHasher::new().update(&content)))
+    }
+
+    /// Any other file: read straight into the stream's block and hashed
+    /// there, with no copy through tar's 8 KiB buffer.
+    fn append_read_through(
+        &self,
+        cutter: &mut BlockCutter<'_>,
+        file: &File,
+        mut h: tar::Header,
+        size: u64,
+    ) -> Result<String> {
+        let src = self.src;
+        let failed = |e: std::io::Error| src.stream_error(io_cause(&e));
+        h.set_path(self.name).map_err(failed)?;
+        h.set_cksum();
+        cutter.write_all(h.as_bytes()).map_err(failed)?;
+        let mut hasher = ContentHasher::new();
+        let mut left = size;
+        while left > 0 {
+            let n = cutter.read_from(file, &mut hasher).map_err(failed)?;
+            if n == 0 || n as u64 > left {
+                // Shorter or longer than the plan said.
+                return Err(src.changed());
+            }
+            left -= n as u64;
+        }
+        let pad = (512 - (size % 512) as usize) % 512;
+        cutter.write_all(&[0u8; 512][..pad]).map_err(failed)?;
+        Ok(content_hex(&hasher))
+    }
+}

@@ -1,0 +1,192 @@
+//! The ssh transport: libssh2 (the `ssh2` crate) connects to the host named by
+//! the manifest's `ssh = "..."` value, checks its host key against
+//! known_hosts, authenticates with ssh-agent or identity files, uploads this
+//! exact agent build over SFTP when the host lacks it, and runs it on an exec
+//! channel.
+//!
+//! The only command ever sent to the remote shell is
+//! `'<home>/.cache/overlay/overlay-<hash>' agent`, built from the server's home
+//! directory and a hex digest; no manifest value or file name goes into it.
+//! Before the upload path runs that file it checks over SFTP that no other
+//! user could have replaced it (OpenSSH's `StrictModes` rule for the file
+//! and its folders up to the home directory): an unsafe file is uploaded
+//! again, an unsafe folder refused. On the fast path, which runs it without
+//! SFTP, the agent makes the same check itself ([`crate::agent::selfcheck`]).
+//!
+//! The reader and the writer of the returned [`AgentPipe`] share one libssh2
+//! session. Neither holds the session while it waits for the network, so one
+//! thread may block in `read` while another writes.
+//!
+//! A dead agent is noticed without waiting: a read ends at the channel's
+//! EOF, a write that finds no room asks whether sshd reported the agent's
+//! exit (libssh2 would otherwise wait for ever on the window of a closed
+//! channel), and the pipe's [`super::Watch`] lets another thread ask the
+//! same, or cut the connection. A silent network ends the connection
+//! through TCP keepalive and `TCP_USER_TIMEOUT` (about 30 s).
+//!
+//! The steps, one file each, in the order a start runs them:
+//!
+//! - `mod.rs` (this file): the public API ([`start_agent`],
+//!   [`start_cached_agent`]), how messages name a host (`Who`) and small
+//!   shared helpers;
+//! - `config.rs`: the target (`[user@]host[:port]` or an alias) resolved
+//!   through ~/.ssh/config ([`resolve`]), and the local environment read;
+//! - `connect.rs`: TCP connect, socket options, the SSH handshake and
+//!   algorithm preferences, then host key check and authentication;
+//! - `known_hosts.rs`: known_hosts files, host patterns, the host key
+//!   check and recording a new key, fingerprints;
+//! - `auth.rs`: public-key authentication through ssh-agent and key files;
+//! - `upload.rs`: the agent's digest and its upload over SFTP, with the
+//!   `StrictModes` check of its folder;
+//! - `pipe.rs`: the running agent's channel as an [`AgentPipe`] (reader,
+//!   writer, watch, finish);
+//! - `real_sshd.rs`: the end-to-end test against a real sshd.
+
+mod auth;
+mod config;
+mod connect;
+mod known_hosts;
+mod pipe;
+#[cfg(test)]
+mod real_sshd;
+mod upload;
+
+use std::fmt;
+use std::time::Duration;
+
+use ssh2::ErrorCode;
+
+use super::{AgentPipe, ConnectOptions, EXIT_UNSAFE, Watch, agent_binary_path, signal_name};
+use crate::error::{Error, Result};
+
+pub(crate) use config::LocalEnv;
+pub use config::{AgentSocket, LocalUser, Resolved, Target, parse_target, resolve};
+pub use known_hosts::sha256_fingerprint;
+
+use config::resolve_target;
+use connect::connect;
+use pipe::exec_agent;
+use upload::{agent_digest, agent_name, upload_agent};
+
+/// Where agents are kept, relative to the home directory.
+pub const AGENT_DIR: &str = ".cache/overlay";
+
+/// Connect to `target` (an alias from ~/.ssh/config or `[user@]host[:port]`),
+/// make sure this agent build is on the host, and start `overlay agent` there.
+/// `host` is the manifest's host name, used in every message.
+pub fn start_agent(host: &str, target: &str, opts: &ConnectOptions) -> Result<AgentPipe> {
+    let env = LocalEnv::from_process().map_err(|e| e.context(format_args!("on {host}")))?;
+    start_agent_with(host, target, opts, &env)
+}
+
+/// Connect to `target` and start the agent this build would have uploaded
+/// (`~/.cache/overlay/overlay-<digest>` there) without checking that it is
+/// there: no SFTP session, which costs ~50 ms per host. When the agent then
+/// does not answer, the caller falls back to [`start_agent`]. Connection
+/// and host-key errors are returned as they are.
+pub fn start_cached_agent(host: &str, target: &str, opts: &ConnectOptions) -> Result<AgentPipe> {
+    let env = LocalEnv::from_process().map_err(|e| e.context(format_args!("on {host}")))?;
+    let who = Who { host, target };
+    let r = resolve_target(who, &env)?;
+    // The binary's digest (~10 ms for 15 MB) is taken while the handshake runs.
+    let (digest, conn) = std::thread::scope(|s| {
+        let digest = s.spawn(|| agent_digest(&env.agent_binary));
+        let conn = connect(who, &r, opts, &env);
+        (digest.join().expect("the digest thread panicked"), conn)
+    });
+    let digest = digest.map_err(|e| Error {
+        message: format!("{} (to start the agent on {who})", e.message),
+        ..e
+    })?;
+    let conn = conn?;
+    // Relative to the login directory, where sshd starts the command (and
+    // where SFTP's "." is): the same file `upload_agent` would name.
+    exec_agent(who, conn, &format!("{AGENT_DIR}/{}", agent_name(&digest)))
+}
+
+/// [`start_agent`] with the local environment given (tests build their own).
+pub(crate) fn start_agent_with(
+    host: &str,
+    target: &str,
+    opts: &ConnectOptions,
+    env: &LocalEnv,
+) -> Result<AgentPipe> {
+    let who = Who { host, target };
+    let r = resolve_target(who, env)?;
+    let conn = connect(who, &r, opts, env)?;
+    let remote = upload_agent(who, &conn, opts, env)?;
+    exec_agent(who, conn, &remote)
+}
+
+/// How messages name the host: the manifest name and, if different, the ssh target.
+#[derive(Clone, Copy)]
+struct Who<'a> {
+    host: &'a str,
+    target: &'a str,
+}
+
+impl fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host == self.target {
+            write!(f, "{}", self.host)
+        } else {
+            write!(f, "{} (ssh {})", self.host, self.target)
+        }
+    }
+}
+
+/// libssh2 error codes used here (the `ssh2` crate only exposes raw numbers).
+mod libssh2_sys_codes {
+    pub const SOCKET_SEND: i32 = -7;
+    pub const TIMEOUT: i32 = -9;
+    pub const SOCKET_DISCONNECT: i32 = -13;
+    pub const FILE: i32 = -16;
+    pub const AUTHENTICATION_FAILED: i32 = -18;
+    pub const PUBLICKEY_UNVERIFIED: i32 = -19;
+    pub const SOCKET_RECV: i32 = -43;
+    pub const EAGAIN: i32 = -37;
+}
+
+fn is_timeout(e: &ssh2::Error) -> bool {
+    matches!(e.code(), ErrorCode::Session(libssh2_sys_codes::TIMEOUT))
+}
+
+// ---------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------
+
+/// Quote for a POSIX shell: `'...'`, with `'` written as `'\''`.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn duration_ms(d: Duration) -> u32 {
+    d.as_millis().clamp(1, u32::MAX as u128) as u32
+}
+
+fn fmt_secs(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers() {
+        assert_eq!(sh_quote("/home/o'brien/x"), r"'/home/o'\''brien/x'");
+        let weird = "/tmp/a b'c\"$(x)`y`\\n";
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf %s {}", sh_quote(weird)))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), weird);
+        assert_eq!(fmt_secs(Duration::from_secs(10)), "10 s");
+        assert_eq!(fmt_secs(Duration::from_millis(1500)), "1.5 s");
+    }
+}
