@@ -67,6 +67,7 @@ pub fn send_direct(
         .into_owned();
     let unreachable = |why: String| {
         err!(
+            kind = Connection,
             hint = "the direct route uses the source host's own ssh (its ~/.ssh/config, keys and known_hosts) without prompting: check `ssh -o BatchMode=yes DEST true` on the source, set `direct_ssh` for the target in the manifest, or apply without --direct",
             "The source ({here}) could not reach the target as {:?} over SSH: {}",
             to.ssh,
@@ -102,7 +103,13 @@ pub fn send_direct(
     })?;
     let written = match target.response(&mut |_| {})? {
         Response::Received { written, .. } => written,
-        other => return Err(err!("unexpected answer from {}: {other:?}", to.ssh)),
+        other => {
+            return Err(err!(
+                kind = Protocol,
+                "unexpected answer from {}: {other:?}",
+                to.ssh
+            ));
+        }
     };
     target.close()?;
     Ok(SentDirect { sent, written })

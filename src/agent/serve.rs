@@ -86,7 +86,7 @@ impl Session {
             Request::Bye => return Ok(Next::Last(Some(Response::Bye))),
             Request::Receive { venv, generation } => return h::receive(input, &venv, &generation),
             Request::Stage => return Ok(h::stage(self, input)),
-            Request::EndData { .. } => Err(err!("EndData without Stage")),
+            Request::EndData { .. } => Err(err!(kind = Protocol, "EndData without Stage")),
             Request::Scan { venv, file_globs } => h::scan(&venv, &file_globs),
             Request::Stat { venv, paths, hash, shebang, pycache } =>
                 h::stat(output, &venv, &paths, &StatHow { hash, shebang, pycache }),
@@ -136,7 +136,10 @@ impl Session {
     pub(super) fn opened(&mut self) -> Result<(&State, &mut Generation)> {
         match (&self.state, &mut self.generation) {
             (Some(s), Some(g)) => Ok((s, g)),
-            _ => Err(err!("no generation is open: send Prepare first")),
+            _ => Err(err!(
+                kind = Protocol,
+                "no generation is open: send Prepare first"
+            )),
         }
     }
 
@@ -150,7 +153,12 @@ impl Session {
 }
 
 fn send(out: &mut dyn Write, r: &Response) -> Result<()> {
-    write_frame(out, r).map_err(|e| err!("agent: cannot write to the controller: {e}"))
+    write_frame(out, r).map_err(|e| {
+        err!(
+            kind = Connection,
+            "agent: cannot write to the controller: {e}"
+        )
+    })
 }
 
 /// Run `work` on a worker thread while sending progress frames every 200 ms.
@@ -181,7 +189,10 @@ pub(super) fn with_progress<T: Send>(
                 // The controller is gone: a stream it asked for stops (the
                 // scope still waits for the worker to return).
                 counters.cancel.store(true, Ordering::Relaxed);
-                return Err(err!("agent: cannot write to the controller: {e}"));
+                return Err(err!(
+                    kind = Connection,
+                    "agent: cannot write to the controller: {e}"
+                ));
             }
         }
         handle

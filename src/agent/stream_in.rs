@@ -44,7 +44,7 @@ pub(super) fn stream_in(
         Err(e) => {
             let _ = drain(input);
             return StreamIn {
-                result: Err(err!("zstd: {e}")),
+                result: Err(err!(kind = Protocol, "zstd: {e}")),
                 source_hashes: Vec::new(),
                 ended: false,
                 aborted: false,
@@ -100,7 +100,7 @@ pub(super) fn stream_in(
         drop(tx);
         let r = worker
             .join()
-            .unwrap_or_else(|_| Err(err!("the unpacking thread panicked")));
+            .unwrap_or_else(|_| Err(err!(kind = Internal, "the unpacking thread panicked")));
         match bad_block.take() {
             Some(e) => Err(e),
             None => r,

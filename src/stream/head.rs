@@ -52,6 +52,7 @@ pub(super) fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
     }
     let bad = |what: String| {
         err!(
+            kind = Protocol,
             hint = "the stream did not come from a compatible overlay source; nothing was switched, run `overlay apply` again",
             "Refused an entry of the stream: {what}"
         )

@@ -45,11 +45,12 @@ pub fn unpack_block(
             .map(|v| (v, 0))
             .map_err(|e| {
                 err!(
+kind = Protocol,
                     hint = "the source is not a compatible overlay agent (or is hostile); nothing was switched",
                     "a block of the stream does not decompress to at most {BLOCK} bytes: {e}"
                 )
             }),
-        _ => Err(err!("a block of the stream has an unknown packing")),
+        _ => Err(err!(kind = Protocol, "a block of the stream has an unknown packing")),
     }
 }
 
@@ -68,6 +69,7 @@ pub fn check_staged(g: &Generation, written: &[Written]) -> Result<StageCount> {
         let p = staging.join(i.to_string());
         let meta = fs::symlink_metadata(&p).map_err(|e| {
             err!(
+                kind = Protocol,
                 "After the direct stream, {} is missing from staging: {}",
                 c.path,
                 io_cause(&e)
@@ -81,6 +83,7 @@ pub fn check_staged(g: &Generation, written: &[Written]) -> Result<StageCount> {
             (Some(Kind::Symlink { .. }), None) if meta.file_type().is_symlink() => {}
             _ => {
                 return Err(err!(
+                    kind = Protocol,
                     "After the direct stream, staging/{i} ({}) is not what the receiving agent reported",
                     c.path
                 ));
@@ -161,12 +164,12 @@ pub fn unpack(
             .and_then(|s| s.unpack(input));
         let written = writer
             .join()
-            .unwrap_or_else(|_| Err(err!("the staging writer panicked")));
+            .unwrap_or_else(|_| Err(err!(kind = Internal, "the staging writer panicked")));
         let mut synced = Ok(());
         for s in syncers {
             let r = s
                 .join()
-                .unwrap_or_else(|_| Err(err!("an fsync thread panicked")));
+                .unwrap_or_else(|_| Err(err!(kind = Internal, "an fsync thread panicked")));
             if synced.is_ok() {
                 synced = r;
             }
@@ -187,11 +190,12 @@ fn read_exact_stream(input: &mut dyn Read, buf: &mut [u8], what: &str) -> Result
     input.read_exact(buf).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             err!(
+kind = Connection,
                 hint = "run `overlay apply` again; if it repeats, check the source host and the network",
                 "The stream ended in the middle of {what}"
             )
         } else {
-            err!("Failed to read the stream: {e}")
+            err!(kind = Connection, "Failed to read the stream: {e}")
         }
     })
 }
@@ -271,7 +275,7 @@ impl<'a> Stager<'a> {
             match input.read(&mut block[..1]) {
                 Ok(0) => break,
                 Ok(_) => read_exact_stream(input, &mut block[1..], "a header")?,
-                Err(e) => return Err(err!("Failed to read the stream: {e}")),
+                Err(e) => return Err(err!(kind = Connection, "Failed to read the stream: {e}")),
             }
             let Some(head) = parse_head(&block)? else {
                 break;
@@ -283,9 +287,12 @@ impl<'a> Stager<'a> {
                 .changes
                 .get(i)
                 .filter(|c| c.action != Action::Delete)
-                .ok_or_else(|| err!("unexpected entry {i} in the stream"))?;
+                .ok_or_else(|| err!(kind = Protocol, "unexpected entry {i} in the stream"))?;
             if std::mem::replace(&mut seen[i], true) {
-                return Err(err!("entry {i} appears twice in the stream"));
+                return Err(err!(
+                    kind = Protocol,
+                    "entry {i} appears twice in the stream"
+                ));
             }
             let want = planned_size(c, &head)?;
             let owner = match &self.owners {
@@ -324,6 +331,7 @@ impl<'a> Stager<'a> {
             .collect();
         if !missing.is_empty() {
             return Err(err!(
+                kind = Protocol,
                 "The stream ended without {} file(s), e.g. {}",
                 missing.len(),
                 missing[0]
@@ -346,6 +354,7 @@ impl<'a> Stager<'a> {
         read_exact_stream(input, &mut link, &c.path)?;
         if link != target.as_bytes() {
             return Err(err!(
+                kind = Protocol,
                 "{} arrived with link target {:?}, the plan says {target:?}",
                 c.path,
                 String::from_utf8_lossy(&link)
@@ -397,9 +406,10 @@ impl<'a> Stager<'a> {
             let space = &mut self.buf.get()[fill..fill + room];
             let n = input
                 .read(space)
-                .map_err(|e| err!("Failed to read the stream: {e}"))?;
+                .map_err(|e| err!(kind = Connection, "Failed to read the stream: {e}"))?;
             if n == 0 {
                 return Err(err!(
+                    kind = Connection,
                     hint = "run `overlay apply` again; if it repeats, check the source host and the network",
                     "The stream ended in the middle of {} ({} of {size} bytes)",
                     c.path,
@@ -414,6 +424,7 @@ impl<'a> Stager<'a> {
         let digest = content_hex(&hasher);
         if f.blake3.is_some_and(|want| want != digest) {
             return Err(err!(
+                kind = Protocol,
                 hint = "run `overlay apply` again; if it repeats, check the source file and the network",
                 "{} arrived damaged (blake3 {digest}, {size} bytes; the plan says {})",
                 c.path,
@@ -466,6 +477,7 @@ fn planned_size(c: &GenChange, head: &EntryHead) -> Result<u64> {
         Some(Kind::File { size, .. }) if !head.symlink => *size,
         expected => {
             return Err(err!(
+                kind = Protocol,
                 "{} arrived as a {}, the plan expects {expected:?}",
                 c.path,
                 if head.symlink {
@@ -478,6 +490,7 @@ fn planned_size(c: &GenChange, head: &EntryHead) -> Result<u64> {
     };
     if head.size != want {
         return Err(err!(
+            kind = Protocol,
             hint = "the source sent something other than the plan; nothing was switched, run `overlay plan` and `overlay apply` again",
             "{} arrived declaring {} bytes, the plan says {want}; refused before writing",
             c.path,

@@ -261,7 +261,7 @@ pub fn send(
         }
         let read = reader
             .join()
-            .unwrap_or_else(|_| Err(err!("the stream's reader panicked")));
+            .unwrap_or_else(|_| Err(err!(kind = Internal, "the stream's reader panicked")));
         match (read, sent) {
             (Ok((raw_bytes, hashes)), Ok((packed_bytes, windows))) => Ok(Sent {
                 raw_bytes,
@@ -338,6 +338,7 @@ fn read_files(
             }
             other => {
                 return Err(err!(
+                    kind = Protocol,
                     "Cannot send {}: it is {other:?} in the plan",
                     abs.display()
                 ));
@@ -365,6 +366,7 @@ struct Source<'a> {
 impl Source<'_> {
     fn changed(&self) -> Error {
         err!(
+            kind = Drift,
             hint = "the source changed since the plan; run `overlay plan` again",
             "Source file {} changed since the plan; nothing was applied",
             self.abs.display()
@@ -374,6 +376,7 @@ impl Source<'_> {
     fn blocked(&self, b: Blocked) -> Error {
         match b {
             Blocked::Link(link) => err!(
+                kind = Drift,
                 hint = "the source changed since the plan; run `overlay plan` again",
                 "Source file {}: its parent {} is a symlink; overlay never reads through one; nothing was applied",
                 self.abs.display(),

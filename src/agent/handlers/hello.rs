@@ -15,7 +15,10 @@ pub fn hello(protocol: u32) -> Next {
             .unwrap_or_default(),
     };
     if protocol != PROTOCOL_VERSION {
-        let why = err!("agent speaks protocol {PROTOCOL_VERSION}, the controller {protocol}");
+        let why = err!(
+            kind = Protocol,
+            "agent speaks protocol {PROTOCOL_VERSION}, the controller {protocol}"
+        );
         return Next::Refuse(answer, why);
     }
     Next::Answer(answer)

@@ -15,8 +15,8 @@ use crate::protocol::Response;
 /// `Err`: the input could not be skipped after a refusal.
 pub fn receive(input: &mut dyn Read, venv: &str, generation: &str) -> Result<Next> {
     match crate::journal::open_for_receive(venv, generation) {
-        Ok((host_dir, g)) => {
-            let s = stream_in(input, &g, &host_dir);
+        Ok(g) => {
+            let s = stream_in(input, &g, &g.root);
             if s.ended {
                 // A frame that broke the stream is answered before the agent goes.
                 return Ok(Next::Last(s.broken.map(Response::Error)));

@@ -34,12 +34,18 @@ pub fn stat_members(
         .scan
         .as_ref()
         .filter(|s| s.venv == *venv)
-        .ok_or_else(|| err!("StatMembers of {venv} without a Scan of it first"))?;
+        .ok_or_else(|| {
+            err!(
+                kind = Protocol,
+                "StatMembers of {venv} without a Scan of it first"
+            )
+        })?;
     let members = crate::plan::members_of(&m.sets, scan, &m.globs);
     let extra: Vec<&str> = m.extra.iter().map(String::as_str).collect();
     let order = crate::plan::stat_order(&members, &extra);
     if order.len() as u64 != m.count || crate::plan::order_check(&order) != m.check {
         return Err(err!(
+            kind = Protocol,
             hint = "use one overlay build on both ends",
             "the agent found {} member paths in {venv}, the controller {} (or in another order)",
             order.len(),

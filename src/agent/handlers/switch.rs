@@ -20,7 +20,8 @@ pub fn switch(session: &mut Session, output: &mut dyn Write) -> Result<Response>
             hint = "the generation was rolled back; run `overlay plan` and `overlay apply` again",
             "{}; rolled back ({n} paths match the listing from before the apply)",
             e.message
-        ));
+        )
+        .kind(e.kind));
     }
     Ok(Response::Switched { changed })
 }

@@ -389,6 +389,7 @@ pub(super) fn resolve_target(who: Who<'_>, env: &LocalEnv) -> Result<Resolved> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
         Err(e) => {
             return Err(err!(
+                kind = Usage,
                 hint = "fix the permissions of that file, or move it away",
                 "Failed to read {} for {who}: {}",
                 env.config_path.display(),
@@ -402,7 +403,7 @@ pub(super) fn resolve_target(who: Who<'_>, env: &LocalEnv) -> Result<Resolved> {
         } else {
             "write the host's ssh value as an alias from ~/.ssh/config or as [user@]host[:port]"
         };
-        err!(hint = hint, "Failed to resolve the ssh target of {who}: {cause}")
+        err!(kind = Usage, hint = hint, "Failed to resolve the ssh target of {who}: {cause}")
     })
 }
 

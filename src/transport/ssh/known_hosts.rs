@@ -257,6 +257,7 @@ pub(super) fn verify_host_key(
 ) -> Result<()> {
     let (blob, _) = session.host_key().ok_or_else(|| {
         err!(
+            kind = HostKey,
             hint = "check the server's sshd logs",
             "Failed to check the host key of {who} at {addr}: the server sent none"
         )
@@ -269,6 +270,7 @@ pub(super) fn verify_host_key(
 
     if let Some(e) = found.revoked {
         return Err(err!(
+            kind = HostKey,
             hint = "ask the host's administrator; never remove a @revoked line to get past this",
             "Refusing to connect to {who} at {addr}: its {label} host key {fp} is marked @revoked in {}:{}",
             e.file.display(),
@@ -287,6 +289,7 @@ pub(super) fn verify_host_key(
     };
     if let Some(e) = found.changed {
         return Err(err!(
+            kind = HostKey,
             hint = format!(
                 "someone may be intercepting the connection. Only if you know {} was reinstalled or re-keyed, remove the old key with `{}` and run again",
                 r.hostname,
@@ -299,6 +302,7 @@ pub(super) fn verify_host_key(
     }
     if let Some(e) = found.other_type {
         return Err(err!(
+            kind = HostKey,
             hint = format!(
                 "if {} was re-keyed, remove the old entry with `{}` and run again (with --accept-new-host-key to record the new key)",
                 r.hostname,
@@ -332,6 +336,7 @@ fn unknown_host_key(
     let name = r.known_hosts_name();
     let Some(file) = r.known_hosts_files.first() else {
         return Err(err!(
+            kind = HostKey,
             hint = "set UserKnownHostsFile in ~/.ssh/config to a file overlay can read and write",
             "Refusing to connect to {who} at {addr}: its host key {fp} is unknown and UserKnownHostsFile is none"
         ));
@@ -350,6 +355,7 @@ fn unknown_host_key(
             )
         };
         return Err(err!(
+            kind = HostKey,
             hint = format!(
                 "verify that {fp} is the host's key (connect once with `{}`, or run `ssh-keygen -lf /etc/ssh/ssh_host_{}_key.pub` on the host), then run again with --accept-new-host-key",
                 ssh_command_for(who.target, r),
@@ -360,6 +366,7 @@ fn unknown_host_key(
     }
     append_known_host(file, &name, keytype, key64).map_err(|e| {
         err!(
+            kind = Host,
             hint = "fix the permissions of that file or of ~/.ssh",
             "Failed to record the host key of {who} in {}: {}",
             file.display(),

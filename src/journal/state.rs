@@ -1,0 +1,238 @@
+//! The state folder of one venv, `<venv>/.overlay/`: opening it (the venv
+//! root once, as a [`Beneath`]) and taking its lock, generation ids,
+//! loading a generation, history, prune and discard. Also the receiving
+//! end of a direct stream, which opens one prepared generation without
+//! the lock.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::format::{Generation, read_journal, status_of};
+use super::space::du;
+use super::{GENERATIONS, State, fs_err, io, valid_id};
+use crate::beneath::Beneath;
+use crate::err;
+use crate::error::Result;
+use crate::inventory::Venv;
+use crate::model::{GenerationInfo, STATE_DIR, Status};
+
+/// A venv opened for its state: the venv, its canonical root, and the root
+/// opened once for every path operation.
+struct OpenedRoot {
+    venv: Venv,
+    root: PathBuf,
+    fs: Beneath,
+}
+
+/// Open the venv at `venv_root` and its root directory.
+fn open_root(venv_root: &str) -> Result<OpenedRoot> {
+    let venv = Venv::open(venv_root)?;
+    let root =
+        std::fs::canonicalize(&venv.root).map_err(io(format_args!("resolve {venv_root}")))?;
+    let fs = Beneath::open(&root).map_err(io(format_args!("open {}", root.display())))?;
+    Ok(OpenedRoot { venv, root, fs })
+}
+
+/// Take the exclusive lock on `lock` (the state folder `dir`'s lock
+/// file), waiting up to ten seconds for another overlay operation.
+fn take_lock(lock: &File, dir: &Path) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match rustix::fs::flock(lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(100))
+            }
+            Err(_) => {
+                return Err(err!(
+                    hint = "wait for the other overlay apply or rollback to finish, then run again",
+                    "Another overlay operation holds the lock on {}",
+                    dir.display()
+                ));
+            }
+        }
+    }
+}
+
+/// The receiving end of a direct stream (`Request::Receive`): the prepared
+/// generation `id` of the venv at `venv_root` (its `root` is the venv's). The lock
+/// is held by the controller's own agent, which waits for this stream; this
+/// side takes no lock but accepts only a generation that is prepared and
+/// not yet staged into, so it never writes anywhere but an empty staging
+/// folder of the venv's own state directory.
+pub fn open_for_receive(venv_root: &str, id: &str) -> Result<Generation> {
+    let bad = || {
+        err!(
+            hint =
+                "this request comes only from overlay's own source agent during `apply --direct`",
+            "No prepared generation {id:?} to receive into in {venv_root}"
+        )
+    };
+    if !valid_id(id) {
+        return Err(bad());
+    }
+    let OpenedRoot { venv, root, fs } = open_root(venv_root)?;
+    let g = Generation::open(&venv, &fs, &root, id).map_err(|_| bad())?;
+    let empty = g.fs.is_empty_dir("staging").unwrap_or(false);
+    if g.status() != Status::Prepared || !empty {
+        return Err(bad());
+    }
+    Ok(g)
+}
+
+impl State {
+    /// Open (creating) the state directory and take its lock.
+    pub fn open(venv_root: &str) -> Result<State> {
+        let OpenedRoot { venv, root, fs } = open_root(venv_root)?;
+        let dir = root.join(STATE_DIR);
+        fs.create_dir_all(GENERATIONS, 0o700).map_err(|e| {
+            fs_err("create", &dir.join("generations"), &e).hint(format!(
+                "{} must be overlay's own directory; move whatever is there aside",
+                dir.display()
+            ))
+        })?;
+        let lock = fs
+            .open_append(".overlay/lock", 0o600)
+            .map_err(|e| fs_err("open", &dir.join("lock"), &e))?;
+        take_lock(&lock, &dir)?;
+        Ok(State {
+            venv,
+            root,
+            fs,
+            dir,
+            _lock: lock,
+            stop_after: AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// Test hook: the switch and undo stop with an error after `n` more steps.
+    #[cfg(test)]
+    pub(crate) fn stop_after(&self, n: u64) {
+        self.stop_after.store(n, Ordering::SeqCst);
+    }
+
+    /// Count one switch or undo step against the test hook.
+    pub(super) fn step_hook(&self) -> Result<()> {
+        let left = self.stop_after.load(Ordering::SeqCst);
+        if left == u64::MAX {
+            return Ok(());
+        }
+        if left == 0 {
+            return Err(err!("stopped by the test hook"));
+        }
+        self.stop_after.store(left - 1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// A venv-relative path as shown in messages.
+    pub(super) fn shown(&self, rel: &str) -> PathBuf {
+        self.fs.shown(rel)
+    }
+
+    /// Generation `id`'s folder, for messages.
+    pub(super) fn gen_dir(&self, id: &str) -> PathBuf {
+        self.dir.join("generations").join(id)
+    }
+
+    /// Generation ids (directories with a meta.json or a journal), oldest first.
+    pub fn generation_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .fs
+            .list(GENERATIONS)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|id| valid_id(id))
+            .filter(|id| {
+                self.fs.exists(&format!("{GENERATIONS}/{id}/meta.json"))
+                    || self.fs.exists(&format!("{GENERATIONS}/{id}/journal"))
+            })
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Open generation `id` (validated); an id this agent never makes is
+    /// refused before any path is built from it.
+    pub fn load(&self, id: &str) -> Result<Generation> {
+        if !valid_id(id) {
+            return Err(err!(
+                hint = "run `overlay history HOST` to list generations",
+                "No generation {id:?} in {}",
+                self.dir.display()
+            ));
+        }
+        Generation::open(&self.venv, &self.fs, &self.root, id)
+    }
+
+    /// The status the journal alone gives (for a generation whose meta.json
+    /// is damaged); `None` if the journal cannot be read either.
+    pub(super) fn journal_status(&self, id: &str) -> Option<Status> {
+        let fs = self.fs.dir(&format!("{GENERATIONS}/{id}")).ok()?;
+        let records = read_journal(&fs).ok()?;
+        Some(status_of(&records))
+    }
+
+    /// Every generation, oldest first; one whose state cannot be read is
+    /// listed as damaged, with why.
+    pub fn history(&self) -> Result<Vec<GenerationInfo>> {
+        Ok(self
+            .generation_ids()
+            .iter()
+            .map(|id| match self.load(id) {
+                Ok(g) => g.info(),
+                Err(e) => GenerationInfo {
+                    id: id.clone(),
+                    created: 0,
+                    source: String::new(),
+                    adds: 0,
+                    replaces: 0,
+                    deletes: 0,
+                    bytes: 0,
+                    backup_bytes: du(&self.gen_dir(id).join("backup"))
+                        + du(&self.gen_dir(id).join("whole")),
+                    backup: false,
+                    status: Status::Damaged,
+                    damaged: Some(format!(
+                        "{}{}",
+                        e.message,
+                        e.hint.map(|h| format!(" ({h})")).unwrap_or_default()
+                    )),
+                },
+            })
+            .collect())
+    }
+
+    /// Keep the newest `keep` generations (of those not unfinished; a
+    /// damaged one counts as finished when its journal says so).
+    pub fn prune(&self, keep: usize) -> Result<Vec<String>> {
+        let ids: Vec<String> = self
+            .generation_ids()
+            .into_iter()
+            .filter(|id| {
+                let status = match self.load(id) {
+                    Ok(g) => Some(g.status()),
+                    Err(_) => self.journal_status(id),
+                };
+                matches!(status, Some(Status::Complete | Status::RolledBack))
+            })
+            .collect();
+        let mut removed = Vec::new();
+        if ids.len() > keep {
+            for id in &ids[..ids.len() - keep] {
+                self.fs
+                    .remove_all(&format!("{GENERATIONS}/{id}"))
+                    .map_err(|e| fs_err("remove", &self.gen_dir(id), &e))?;
+                removed.push(id.clone());
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Discard a prepared generation (nothing switched).
+    pub fn discard(&self, g: Generation) -> Result<()> {
+        self.fs
+            .remove_all(&format!("{GENERATIONS}/{}", g.meta.id))
+            .map_err(|e| fs_err("remove", &g.dir, &e))
+    }
+}

@@ -1,0 +1,374 @@
+//! The switch and what follows it: the staged entries are switched into
+//! place in the journalled order (asides first, directories replaced or
+//! deleted whole last), the journal written ahead of each batch of steps;
+//! then every changed path is checked against the plan, and the generation
+//! is committed (its backup dropped unless kept, old generations pruned).
+
+use std::collections::{BTreeSet, HashSet};
+
+use super::format::{Generation, Record};
+use super::{State, ancestors, crash_hook, fs_err, parent_of, stat_mixed};
+use crate::err;
+use crate::error::Result;
+use crate::inventory::Counters;
+use crate::model::{Action, Kind};
+
+/// Switch steps whose journal records share one fsync.
+pub const SWITCH_BATCH: usize = 256;
+
+/// One step of the switch, journalled before it is taken.
+enum Step {
+    /// Change `i`'s old entry to the backup.
+    Move(usize),
+    /// A missing parent directory.
+    Mkdir(String),
+    /// Change `i`'s staged entry into place.
+    Place(usize),
+}
+
+/// A batch of the switch, planned: its journal records, made durable
+/// together, then the steps they name.
+struct Batch {
+    records: Vec<Record>,
+    steps: Vec<Step>,
+}
+
+impl State {
+    /// The order of the switch: asides (files where a directory comes)
+    /// first, then the ordinary changes in list order, then directories
+    /// replaced or deleted whole, deepest first — after every planned
+    /// change below them.
+    fn switch_order(g: &Generation) -> Vec<usize> {
+        let group = |i: usize| {
+            let c = &g.meta.changes[i];
+            if g.meta.asides.contains(&i) {
+                0
+            } else if c.action != Action::Add && matches!(c.target, Some(Kind::Dir { .. })) {
+                2
+            } else {
+                1
+            }
+        };
+        let mut order: Vec<usize> = (0..g.meta.changes.len()).collect();
+        order.sort_by_key(|&i| {
+            let depth = if group(i) == 2 {
+                usize::MAX - g.rels[i].matches('/').count()
+            } else {
+                0
+            };
+            (group(i), depth, i)
+        });
+        order
+    }
+
+    /// Switch the staged files into place (or continue an interrupted switch).
+    ///
+    /// The journal is written ahead in batches: the records of up to
+    /// [`SWITCH_BATCH`] steps are made durable with one fsync, then the steps
+    /// are taken. Undo and redo look at the file system to tell a recorded
+    /// step that was taken from one that was not, so a crash anywhere in a
+    /// batch is recovered like a crash between two single steps. Every step
+    /// is made relative to the venv's fd when it happens: a symlink in a
+    /// parent chain fails the step, it is never followed.
+    pub fn switch(&self, g: &mut Generation) -> Result<u64> {
+        let order = Self::switch_order(g);
+        for batch in order.chunks(SWITCH_BATCH) {
+            let Batch { records, steps } = self.plan_batch(g, batch);
+            g.append_all(records)?;
+            for step in steps {
+                self.take_step(g, step)?;
+                crash_hook();
+                self.step_hook()?;
+            }
+        }
+        self.remove_emptied_dirs(g)?;
+        self.sync_changed_dirs(g);
+        g.append(Record::Switched)?;
+        Ok(order.len() as u64)
+    }
+
+    /// The steps a batch of changes still needs, judged from the file
+    /// system and what the batch's earlier steps will have done: move the
+    /// old entry to the backup (unless it is there, or the new one was
+    /// already placed), create missing parents (journalled, so that
+    /// rollback removes them), place the staged entry.
+    fn plan_batch(&self, g: &Generation, batch: &[usize]) -> Batch {
+        // What this batch's steps will have done, before they run.
+        let mut made: HashSet<String> = HashSet::new();
+        let mut gone: HashSet<String> = HashSet::new();
+        let mut records = Vec::new();
+        let mut steps = Vec::new();
+        for &i in batch {
+            let c = &g.meta.changes[i];
+            let rel = g.rels[i].clone();
+            let staged = format!("staging/{i}");
+            let present = |r: &str, made: &HashSet<String>, gone: &HashSet<String>| {
+                made.contains(r) || (!gone.contains(r) && self.fs.exists(r))
+            };
+            if c.action != Action::Add
+                && present(&rel, &made, &gone)
+                && !g.fs.exists(&g.backup_rel(i))
+                && !(c.action == Action::Replace && !g.fs.exists(&staged) && g.placed(i))
+            {
+                records.push(Record::Move { i });
+                steps.push(Step::Move(i));
+                made.remove(&rel);
+                gone.insert(rel.clone());
+            }
+            if c.action != Action::Delete && g.fs.exists(&staged) {
+                // Create missing parents, journalled so that rollback removes them.
+                // Upward from the parent, to the first that is there.
+                let up: Vec<&str> = ancestors(&rel).collect();
+                let mut missing: Vec<&str> = up
+                    .into_iter()
+                    .rev()
+                    .take_while(|a| !present(a, &made, &gone))
+                    .collect();
+                missing.reverse();
+                for dir in missing {
+                    records.push(Record::Mkdir {
+                        dir: dir.to_string(),
+                    });
+                    gone.remove(dir);
+                    made.insert(dir.to_string());
+                    steps.push(Step::Mkdir(dir.to_string()));
+                }
+                records.push(Record::Place { i });
+                steps.push(Step::Place(i));
+                gone.remove(&rel);
+                made.insert(rel);
+            }
+        }
+        Batch { records, steps }
+    }
+
+    /// Take one journalled step, relative to the venv's and the
+    /// generation's fds.
+    fn take_step(&self, g: &Generation, step: Step) -> Result<()> {
+        match step {
+            Step::Move(i) => {
+                let rel = &g.rels[i];
+                let backup = g.backup_rel(i);
+                let parent = parent_of(&backup);
+                g.fs.create_dir_all(parent, 0o700)
+                    .map_err(|e| fs_err("create", &g.fs.shown(parent), &e))?;
+                self.fs
+                    .rename_noreplace(rel, &g.fs, &backup)
+                    .map_err(|e| fs_err("move to the backup", &self.shown(rel), &e))?;
+            }
+            Step::Mkdir(dir) => {
+                self.fs
+                    .create_dir(&dir, 0o755)
+                    .map_err(|e| fs_err("create", &self.shown(&dir), &e))?;
+            }
+            Step::Place(i) => {
+                let rel = &g.rels[i];
+                g.fs.rename_noreplace(&format!("staging/{i}"), &self.fs, rel)
+                    .map_err(|e| fs_err("put in place", &self.shown(rel), &e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove directories the deletes left empty, deepest first, each
+    /// journalled (`Rmdir`, with its mode) before it goes.
+    fn remove_emptied_dirs(&self, g: &mut Generation) -> Result<()> {
+        let site = &self.venv.site_rel;
+        let mut dirs: BTreeSet<String> = BTreeSet::new();
+        for (i, (c, rel)) in g.meta.changes.iter().zip(&g.rels).enumerate() {
+            if c.action == Action::Delete && !g.meta.asides.contains(&i) {
+                for a in ancestors(rel) {
+                    if a.len() > site.len() && a.starts_with(&format!("{site}/")) {
+                        dirs.insert(a.to_string());
+                    } else if !site.starts_with(&format!("{a}/")) && a != site {
+                        // A `bin/`-side path outside site-packages.
+                        dirs.insert(a.to_string());
+                    }
+                }
+            }
+        }
+        let mut dirs: Vec<String> = dirs.into_iter().collect();
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.matches('/').count()));
+        for dir in dirs {
+            let Ok(Some(st)) = self.fs.lstat(&dir) else {
+                continue;
+            };
+            if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir()
+                || !self.fs.is_empty_dir(&dir).unwrap_or(false)
+            {
+                continue;
+            }
+            g.append(Record::Rmdir {
+                dir: dir.clone(),
+                mode: st.st_mode & 0o7777,
+            })?;
+            self.fs
+                .remove_dir(&dir)
+                .map_err(|e| fs_err("remove the empty directory", &self.shown(&dir), &e))?;
+            self.step_hook()?;
+        }
+        Ok(())
+    }
+
+    /// Make the renames durable: every directory that gained or lost an entry.
+    fn sync_changed_dirs(&self, g: &Generation) {
+        let mut parents: BTreeSet<&str> = g.rels.iter().map(|r| parent_of(r)).collect();
+        parents.insert(&self.venv.site_rel);
+        for p in parents {
+            if let Ok(d) = self.fs.dir(p) {
+                let _ = d.sync();
+            }
+        }
+        let _ = g.fs.sync();
+    }
+
+    /// Check every changed path against the plan: a file switched in from
+    /// staging must be the very inode that was written and hashed there,
+    /// unchanged since (its stamp); anything else is re-hashed.
+    pub fn check(&self, g: &mut Generation, counters: &Counters) -> Result<()> {
+        let paths: Vec<String> = g.meta.changes.iter().map(|c| c.path.clone()).collect();
+        let hash: Vec<bool> = g
+            .meta
+            .changes
+            .iter()
+            .map(|c| c.action != Action::Delete && c.staged.is_none())
+            .collect();
+        let now = stat_mixed(&self.venv.root.to_string_lossy(), &paths, &hash, counters)?;
+        let bad: Vec<&str> = g
+            .meta
+            .changes
+            .iter()
+            .zip(&now)
+            .enumerate()
+            .filter(
+                |(i, (c, e))| match (c.action, &c.staged, &c.source, &e.kind) {
+                    // A file moved aside for a directory: the directory is there.
+                    (Action::Delete, ..) if g.meta.asides.contains(i) => {
+                        !matches!(e.kind, Kind::Dir { .. })
+                    }
+                    // Gone, or beyond a symlink the list placed (no longer in the venv).
+                    (Action::Delete, ..) => e.kind.exists() && self.fs.exists(&g.rels[*i]),
+                    (
+                        _,
+                        Some(st),
+                        Some(Kind::File { size, mode, .. }),
+                        Kind::File {
+                            size: s2,
+                            mode: m2,
+                            stamp: Some(now),
+                            ..
+                        },
+                    ) => !(size == s2 && mode == m2 && st.same_inode_unchanged(now)),
+                    _ => !c.source.as_ref().is_some_and(|s| s.same_as(&e.kind)),
+                },
+            )
+            .map(|(_, (c, _))| c.path.as_str())
+            .collect();
+        if !bad.is_empty() {
+            return Err(err!(
+                "After the switch, {} path{} not match the plan: {}",
+                bad.len(),
+                if bad.len() == 1 { " does" } else { "s do" },
+                bad.iter().take(5).copied().collect::<Vec<_>>().join(", ")
+            ));
+        }
+        g.append(Record::Checked)
+    }
+
+    /// Mark complete; drop the backup unless asked to keep it; prune.
+    pub fn commit(&self, g: &mut Generation, keep: Option<usize>) -> Result<Vec<String>> {
+        g.append(Record::Complete)?;
+        let _ = g.fs.remove_all("staging");
+        if !g.meta.backup {
+            let _ = g.fs.remove_all("backup");
+            let _ = g.fs.remove_all("whole");
+        }
+        match keep {
+            // Never prune the generation just made.
+            Some(n) => self.prune(n.max(1)),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests_support::{Fx, New, apply, history, rollback};
+    use crate::model::{Action, Status};
+
+    /// A directory replaced by a symlink: its planned children go to the
+    /// backup first, then the directory whole (with unplanned `__pycache__`),
+    /// then the link is placed; rollback puts the directory back whole.
+    #[test]
+    fn a_directory_replaced_by_a_symlink_moves_whole_and_comes_back_whole() {
+        let fx = Fx::new();
+        let sub = fx.site().join("pkg/sub");
+        std::fs::create_dir_all(sub.join("__pycache__")).unwrap();
+        std::fs::write(sub.join("mod.py"), b"old").unwrap();
+        std::fs::write(sub.join("__pycache__/mod.cpython-311.pyc"), b"pyc").unwrap();
+        let (before, beside) = (fx.tree(), fx.beside());
+        apply(
+            &fx,
+            &[
+                ("pkg/sub/mod.py", Action::Delete, None),
+                (
+                    "pkg/sub",
+                    Action::Replace,
+                    Some(New::Link("../../../../../payload".into())),
+                ),
+            ],
+        )
+        .unwrap();
+        assert!(sub.symlink_metadata().unwrap().file_type().is_symlink());
+        assert_eq!(fx.beside(), beside);
+        let h = history(&fx).unwrap();
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0].status, Status::Complete);
+        rollback(&fx).unwrap();
+        assert_eq!(fx.tree(), before);
+        assert_eq!(fx.beside(), beside);
+        assert_eq!(history(&fx).unwrap()[0].status, Status::RolledBack);
+    }
+
+    /// A file where the source has a directory (it lists files below it):
+    /// the file goes to the backup, the directory is made; rollback undoes both.
+    #[test]
+    fn a_file_where_the_source_has_a_directory_goes_to_the_backup() {
+        let fx = Fx::new();
+        std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
+        std::fs::write(fx.site().join("pkg/data"), b"a file").unwrap();
+        let (before, beside) = (fx.tree(), fx.beside());
+        apply(
+            &fx,
+            &[
+                (
+                    "pkg/data/x.py",
+                    Action::Add,
+                    Some(New::File(b"new x".to_vec())),
+                ),
+                (
+                    "pkg/data/y/z.py",
+                    Action::Add,
+                    Some(New::File(b"new z".to_vec())),
+                ),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read(fx.site().join("pkg/data/y/z.py")).unwrap(),
+            b"new z"
+        );
+        // Python ran meanwhile.
+        std::fs::create_dir_all(fx.site().join("pkg/data/__pycache__")).unwrap();
+        std::fs::write(
+            fx.site().join("pkg/data/__pycache__/x.cpython-311.pyc"),
+            b"c",
+        )
+        .unwrap();
+        rollback(&fx).unwrap();
+        assert_eq!(fx.tree(), before);
+        assert_eq!(fx.beside(), beside);
+        let h = history(&fx).unwrap();
+        assert_eq!((h[0].adds, h[0].deletes), (2, 0), "{h:?}");
+    }
+}
