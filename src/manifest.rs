@@ -102,6 +102,109 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
+/// The manifest's text, to turn a span of it into an error that names the
+/// file, line and column.
+struct Locator<'t> {
+    path: &'t Path,
+    text: &'t str,
+}
+
+impl Locator<'_> {
+    /// `msg` at `span`, as `file:line:col: msg`.
+    fn at(&self, span: std::ops::Range<usize>, msg: String) -> Error {
+        let (line, col) = line_col(self.text, span.start);
+        err!(
+            hint = "fix the manifest; its format is described in docs/manifest.md",
+            "{}:{line}:{col}: {msg}",
+            self.path.display()
+        )
+    }
+
+    /// Check one `[hosts.NAME]` table.
+    fn host(&self, name: String, host: RawHost) -> Result<Host> {
+        let venv = host.venv.get_ref().trim_end_matches('/').to_string();
+        if !venv.starts_with('/') {
+            return Err(self.at(
+                host.venv.span(),
+                format!(
+                    "host {name}: venv must be an absolute path, not {:?}",
+                    host.venv.get_ref()
+                ),
+            ));
+        }
+        let endpoint = match host.ssh {
+            Some(s) if s.get_ref().trim().is_empty() => {
+                return Err(self.at(s.span(), format!("host {name}: ssh must not be empty")));
+            }
+            Some(s) => Endpoint::Ssh(s.into_inner()),
+            None => Endpoint::Local,
+        };
+        let direct_ssh = match host.direct_ssh {
+            Some(s) if s.get_ref().trim().is_empty() || s.get_ref().starts_with('-') => {
+                return Err(self.at(
+                    s.span(),
+                    format!(
+                        "host {name}: direct_ssh must be an ssh destination ([user@]host or an alias), not {:?}",
+                        s.get_ref()
+                    ),
+                ));
+            }
+            Some(s) => Some(s.into_inner()),
+            None => None,
+        };
+        Ok(Host {
+            name,
+            endpoint,
+            venv: if venv.is_empty() { "/".into() } else { venv },
+            direct_ssh,
+        })
+    }
+
+    /// Check one `[sets.NAME]` table: it names something, its distribution
+    /// patterns are names or globs (kept normalized), its file globs are valid.
+    fn set(&self, name: String, set: Spanned<RawSet>) -> Result<Set> {
+        let set_span = set.span();
+        let set = set.into_inner();
+        if set.dists.is_empty() && set.files.is_empty() {
+            return Err(self.at(
+                set_span,
+                format!("set {name} names nothing: give it `dists = [...]` or `files = [...]`"),
+            ));
+        }
+        let mut dists = Vec::new();
+        for d in &set.dists {
+            let pattern = d.get_ref().trim();
+            if pattern.is_empty()
+                || !pattern.chars().all(|c| {
+                    c.is_ascii_alphanumeric()
+                        || matches!(c, '-' | '_' | '.' | '*' | '?' | '[' | ']')
+                })
+            {
+                return Err(self.at(
+                    d.span(),
+                    format!("set {name}: {pattern:?} is not a distribution name or glob"),
+                ));
+            }
+            if let Err(e) = globset::Glob::new(&normalize_glob(pattern)) {
+                return Err(self.at(d.span(), format!("set {name}: bad glob {pattern:?}: {e}")));
+            }
+            dists.push(normalize_glob(pattern));
+        }
+        let mut files = Vec::new();
+        for f in &set.files {
+            let pattern = f.get_ref();
+            if let Some(why) = bad_file_glob(pattern) {
+                return Err(self.at(f.span(), format!("set {name}: file glob {pattern:?} {why}")));
+            }
+            if let Err(e) = globset::Glob::new(pattern) {
+                return Err(self.at(f.span(), format!("set {name}: bad glob {pattern:?}: {e}")));
+            }
+            files.push(pattern.clone());
+        }
+        Ok(Set { name, dists, files })
+    }
+}
+
 impl Manifest {
     /// Read and validate the manifest at `path`.
     pub fn load(path: &Path) -> Result<Manifest> {
@@ -118,123 +221,24 @@ impl Manifest {
 
     /// Parse manifest text; `path` is only used in messages.
     pub fn parse(path: &Path, text: &str) -> Result<Manifest> {
-        let at = |span: std::ops::Range<usize>, msg: String| -> Error {
-            let (line, col) = line_col(text, span.start);
-            err!(
-                hint = "fix the manifest; its format is described in docs/manifest.md",
-                "{}:{line}:{col}: {msg}",
-                path.display()
-            )
-        };
+        let loc = Locator { path, text };
         let raw: RawManifest = toml::from_str(text).map_err(|e| {
             let msg = e.message().trim().to_string();
             match e.span() {
-                Some(span) => at(span, msg),
+                Some(span) => loc.at(span, msg),
                 None => err!("{}: {msg}", path.display()),
             }
         })?;
-
         let mut hosts = BTreeMap::new();
         for (name, host) in raw.hosts {
-            let span = host.span();
-            let host = host.into_inner();
-            let venv = host.venv.get_ref().trim_end_matches('/').to_string();
-            if !venv.starts_with('/') {
-                return Err(at(
-                    host.venv.span(),
-                    format!(
-                        "host {name}: venv must be an absolute path, not {:?}",
-                        host.venv.get_ref()
-                    ),
-                ));
-            }
-            let endpoint = match host.ssh {
-                Some(s) if s.get_ref().trim().is_empty() => {
-                    return Err(at(s.span(), format!("host {name}: ssh must not be empty")));
-                }
-                Some(s) => Endpoint::Ssh(s.into_inner()),
-                None => Endpoint::Local,
-            };
-            let _ = span;
-            let direct_ssh = match host.direct_ssh {
-                Some(s) if s.get_ref().trim().is_empty() || s.get_ref().starts_with('-') => {
-                    return Err(at(
-                        s.span(),
-                        format!(
-                            "host {name}: direct_ssh must be an ssh destination ([user@]host or an alias), not {:?}",
-                            s.get_ref()
-                        ),
-                    ));
-                }
-                Some(s) => Some(s.into_inner()),
-                None => None,
-            };
-            hosts.insert(
-                name.clone(),
-                Host {
-                    name,
-                    endpoint,
-                    venv: if venv.is_empty() { "/".into() } else { venv },
-                    direct_ssh,
-                },
-            );
+            let host = loc.host(name, host.into_inner())?;
+            hosts.insert(host.name.clone(), host);
         }
-
         let mut sets: Vec<(usize, Set)> = Vec::new();
         for (name, set) in raw.sets {
-            let name_span = name.span();
-            let set_span = set.span();
-            let set = set.into_inner();
-            let name = name.into_inner();
-            if set.dists.is_empty() && set.files.is_empty() {
-                return Err(at(
-                    set_span,
-                    format!("set {name} names nothing: give it `dists = [...]` or `files = [...]`"),
-                ));
-            }
-            let mut dists = Vec::new();
-            for d in &set.dists {
-                let pattern = d.get_ref().trim();
-                if pattern.is_empty()
-                    || !pattern.chars().all(|c| {
-                        c.is_ascii_alphanumeric()
-                            || matches!(c, '-' | '_' | '.' | '*' | '?' | '[' | ']')
-                    })
-                {
-                    return Err(at(
-                        d.span(),
-                        format!("set {name}: {pattern:?} is not a distribution name or glob"),
-                    ));
-                }
-                if let Err(e) = globset::Glob::new(&normalize_glob(pattern)) {
-                    return Err(at(
-                        d.span(),
-                        format!("set {name}: bad glob {pattern:?}: {e}"),
-                    ));
-                }
-                dists.push(normalize_glob(pattern));
-            }
-            let mut files = Vec::new();
-            for f in &set.files {
-                let pattern = f.get_ref();
-                if let Some(why) = bad_file_glob(pattern) {
-                    return Err(at(
-                        f.span(),
-                        format!("set {name}: file glob {pattern:?} {why}"),
-                    ));
-                }
-                if let Err(e) = globset::Glob::new(pattern) {
-                    return Err(at(
-                        f.span(),
-                        format!("set {name}: bad glob {pattern:?}: {e}"),
-                    ));
-                }
-                files.push(pattern.clone());
-            }
-            sets.push((name_span.start, Set { name, dists, files }));
+            sets.push((name.span().start, loc.set(name.into_inner(), set)?));
         }
         sets.sort_by_key(|(pos, _)| *pos);
-
         let verify = raw.verify.map(|v| Verify {
             env: v.env,
             python: v.python,

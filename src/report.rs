@@ -1,11 +1,13 @@
 //! Rendering of plans for people (text) and programs (JSON). Pure functions
 //! that return strings, so tests can read them back.
 
+use std::fmt::Write;
+
 use indicatif::HumanBytes;
 use serde::Serialize;
 
 use crate::model::{Action, Problem};
-use crate::plan::{Plan, Warning, totals};
+use crate::plan::{Plan, SetPlan, Totals, Warning, totals};
 use crate::text::quote;
 
 /// The `--json` document of `overlay plan`.
@@ -69,14 +71,7 @@ pub fn plan_json(plan: &Plan) -> String {
 /// `verbose` every changed path. Names, versions and paths are shown with
 /// [`quote`]: control characters in them are escaped, git style.
 pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
-    use std::fmt::Write;
-    let paint = |code: &str, s: &str| {
-        if color {
-            format!("\x1b[{code}m{s}\x1b[0m")
-        } else {
-            s.to_string()
-        }
-    };
+    let paint = Paint { color };
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -89,77 +84,110 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
         quote(&plan.target.python)
     );
     for set in &plan.sets {
-        let _ = writeln!(
-            out,
-            "\n{}",
-            paint("1", &format!("set {}", quote(&set.name)))
-        );
-        for v in &set.versions {
-            let from = v.from.as_deref().map_or("(absent)".into(), quote);
-            let to = v.to.as_deref().map_or("(removed)".into(), quote);
-            let note = if v.from == v.to {
-                "  (same version)"
-            } else {
-                ""
-            };
-            let _ = writeln!(out, "  {} {from} -> {to}{note}", quote(&v.name));
-        }
-        let t = totals(set);
-        for (action, label, code) in [
-            (Action::Add, "add", "32"),
-            (Action::Replace, "replace", "33"),
-            (Action::Delete, "delete", "31"),
-        ] {
-            let (n, bytes) = t[&action];
-            let _ = writeln!(
-                out,
-                "  {} {:>7} {}  {:>10}",
-                paint(code, &format!("{label:<9}")),
-                n,
-                files(n),
-                HumanBytes(bytes).to_string()
-            );
-        }
-        let _ = writeln!(
-            out,
-            "  {:<9} {:>7} {}  {:>10}",
-            "unchanged",
-            set.unchanged,
-            files(set.unchanged),
-            HumanBytes(set.unchanged_bytes).to_string()
-        );
-        if !set.stale_bytecode.is_empty() {
-            let _ = writeln!(
-                out,
-                "  stale bytecode to delete: {} .pyc",
-                set.stale_bytecode.len()
-            );
-        }
+        set_text(&mut out, set, paint);
         if verbose {
-            for c in &set.changes {
-                let (mark, code) = match c.action {
-                    Action::Add => ("+", "32"),
-                    Action::Replace => ("~", "33"),
-                    Action::Delete => ("-", "31"),
-                };
-                let _ = writeln!(
-                    out,
-                    "    {} {} ({})",
-                    paint(code, mark),
-                    quote(&c.path),
-                    HumanBytes(c.size)
-                );
-            }
-            for p in &set.stale_bytecode {
-                let _ = writeln!(
-                    out,
-                    "    {} {} (stale bytecode)",
-                    paint("31", "-"),
-                    quote(p)
-                );
-            }
+            set_paths_text(&mut out, set, paint);
         }
     }
+    summary_text(&mut out, plan);
+    out
+}
+
+/// ANSI colors for the text form, or none.
+#[derive(Clone, Copy)]
+struct Paint {
+    color: bool,
+}
+
+impl Paint {
+    /// `s` in the SGR color `code`, if colors are on.
+    fn paint(self, code: &str, s: &str) -> String {
+        if self.color {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+}
+
+/// A set's heading, version transitions, and per action its files and bytes.
+fn set_text(out: &mut String, set: &SetPlan, paint: Paint) {
+    let _ = writeln!(
+        out,
+        "\n{}",
+        paint.paint("1", &format!("set {}", quote(&set.name)))
+    );
+    for v in &set.versions {
+        let from = v.from.as_deref().map_or("(absent)".into(), quote);
+        let to = v.to.as_deref().map_or("(removed)".into(), quote);
+        let note = if v.from == v.to {
+            "  (same version)"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "  {} {from} -> {to}{note}", quote(&v.name));
+    }
+    let t = totals(set);
+    for (action, label, code) in [
+        (Action::Add, "add", "32"),
+        (Action::Replace, "replace", "33"),
+        (Action::Delete, "delete", "31"),
+    ] {
+        let Totals { files: n, bytes } = t[&action];
+        let _ = writeln!(
+            out,
+            "  {} {:>7} {}  {:>10}",
+            paint.paint(code, &format!("{label:<9}")),
+            n,
+            files(n),
+            HumanBytes(bytes).to_string()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  {:<9} {:>7} {}  {:>10}",
+        "unchanged",
+        set.unchanged,
+        files(set.unchanged),
+        HumanBytes(set.unchanged_bytes).to_string()
+    );
+    if !set.stale_bytecode.is_empty() {
+        let _ = writeln!(
+            out,
+            "  stale bytecode to delete: {} .pyc",
+            set.stale_bytecode.len()
+        );
+    }
+}
+
+/// Every changed path of a set, and its stale bytecode (`--verbose`).
+fn set_paths_text(out: &mut String, set: &SetPlan, paint: Paint) {
+    for c in &set.changes {
+        let (mark, code) = match c.action {
+            Action::Add => ("+", "32"),
+            Action::Replace => ("~", "33"),
+            Action::Delete => ("-", "31"),
+        };
+        let _ = writeln!(
+            out,
+            "    {} {} ({})",
+            paint.paint(code, mark),
+            quote(&c.path),
+            HumanBytes(c.size)
+        );
+    }
+    for p in &set.stale_bytecode {
+        let _ = writeln!(
+            out,
+            "    {} {} (stale bytecode)",
+            paint.paint("31", "-"),
+            quote(p)
+        );
+    }
+}
+
+/// The last line: changes, bytes to send, warnings and predicted problems.
+fn summary_text(out: &mut String, plan: &Plan) {
     let (mut n, mut send) = (0u64, 0u64);
     for set in &plan.sets {
         for c in &set.changes {
@@ -178,7 +206,6 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
         plan.problems.len(),
         if plan.problems.len() == 1 { "" } else { "s" }
     );
-    out
 }
 
 /// "file " or "files", keeping the columns aligned.

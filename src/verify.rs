@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::beneath::Beneath;
@@ -65,26 +66,7 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
         .map(|(k, v)| (k.clone(), expand(v, &venv)))
         .collect();
     let started = Instant::now();
-    let mut child = Command::new(&python)
-        .arg("-c")
-        .arg(&req.python)
-        .envs(&env)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .current_dir(&venv.root)
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            err!(
-                hint =
-                    "is the venv intact? `python -m venv --upgrade` repairs its interpreter links",
-                "Failed to run {}: {}",
-                python.display(),
-                io_cause(&e)
-            )
-        })?;
+    let mut child = spawn(&venv, &python, &req.python, &env)?;
     let drain = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -95,28 +77,7 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
     let out = drain(Box::new(child.stdout.take().expect("piped")));
     let errs = drain(Box::new(child.stderr.take().expect("piped")));
     let deadline = started + Duration::from_secs(req.timeout_secs.max(1));
-    let mut timed_out = false;
-    let status = loop {
-        if let Some(s) = child
-            .try_wait()
-            .map_err(|e| err!("Failed to wait for the check: {e}"))?
-        {
-            break s;
-        }
-        if Instant::now() > deadline {
-            timed_out = true;
-            // The whole process group: children that hold the pipes open die too.
-            let _ = rustix::process::kill_process_group(
-                rustix::process::Pid::from_raw(child.id() as i32).expect("a child has a pid"),
-                rustix::process::Signal::KILL,
-            );
-            let _ = child.kill();
-            break child
-                .wait()
-                .map_err(|e| err!("Failed to wait for the check: {e}"))?;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let Finished { status, timed_out } = wait(&mut child, deadline)?;
     let stdout = out.join().unwrap_or_default();
     let mut stderr = errs.join().unwrap_or_default();
     if timed_out {
@@ -137,6 +98,89 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
         if timed_out { " (timed out)" } else { "" },
         req.python,
     );
+    let log = store_log(&venv, req.generation.as_deref(), now, &text)?;
+    Ok(VerifyReport {
+        ok: status.success() && !timed_out,
+        exit_code: status.code(),
+        timed_out,
+        stdout,
+        stderr,
+        log: log.to_string_lossy().into_owned(),
+        millis,
+    })
+}
+
+/// Start `python -c code` in the venv, in its own process group, with
+/// `env` and its output piped.
+fn spawn(
+    venv: &Venv,
+    python: &std::path::Path,
+    code: &str,
+    env: &BTreeMap<String, String>,
+) -> Result<Child> {
+    Command::new(python)
+        .arg("-c")
+        .arg(code)
+        .envs(env)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(&venv.root)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            err!(
+                hint =
+                    "is the venv intact? `python -m venv --upgrade` repairs its interpreter links",
+                "Failed to run {}: {}",
+                python.display(),
+                io_cause(&e)
+            )
+        })
+}
+
+/// How the check ended.
+struct Finished {
+    status: ExitStatus,
+    /// It ran past its deadline and was killed.
+    timed_out: bool,
+}
+
+/// Wait for the check; past `deadline`, kill its whole process group.
+fn wait(child: &mut Child, deadline: Instant) -> Result<Finished> {
+    loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| err!("Failed to wait for the check: {e}"))?
+        {
+            return Ok(Finished {
+                status,
+                timed_out: false,
+            });
+        }
+        if Instant::now() > deadline {
+            // The whole process group: children that hold the pipes open die too.
+            let _ = rustix::process::kill_process_group(
+                rustix::process::Pid::from_raw(child.id() as i32).expect("a child has a pid"),
+                rustix::process::Signal::KILL,
+            );
+            let _ = child.kill();
+            let status = child
+                .wait()
+                .map_err(|e| err!("Failed to wait for the check: {e}"))?;
+            return Ok(Finished {
+                status,
+                timed_out: true,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Store the log `text` of a check run at `now` in the venv's state folder,
+/// and in the folder of `generation` if that names one; returns its path.
+fn store_log(venv: &Venv, generation: Option<&str>, now: u64, text: &str) -> Result<PathBuf> {
     // The log holds the manifest's env values: the state directory's
     // folders are 0700 and its files 0600, whatever the umask. Written
     // beneath the venv root's fd: a symlink on the way is refused.
@@ -147,10 +191,10 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
     let vrel = format!("{STATE_DIR}/verify");
     let log = venv.root.join(&vrel).join(&name);
     let root = venv.beneath()?;
-    write_log(&root, &vrel, &name, &text)
+    write_log(&root, &vrel, &name, text)
         .map_err(|e| err!("Failed to write {}: {}", log.display(), io_cause(&e)))?;
     // A generation id from the request names one folder, nothing else.
-    if let Some(g) = &req.generation
+    if let Some(g) = generation
         && valid_id(g)
     {
         let grel = format!("{STATE_DIR}/generations/{g}");
@@ -158,13 +202,5 @@ pub fn run(req: &VerifyRequest) -> Result<VerifyReport> {
             let _ = root.write_atomic(&format!("{grel}/verify.log"), text.as_bytes(), 0o600);
         }
     }
-    Ok(VerifyReport {
-        ok: status.success() && !timed_out,
-        exit_code: status.code(),
-        timed_out,
-        stdout,
-        stderr,
-        log: log.to_string_lossy().into_owned(),
-        millis,
-    })
+    Ok(log)
 }

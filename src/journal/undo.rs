@@ -129,7 +129,7 @@ impl State {
         {
             let now =
                 crate::inventory::hash_file(&self.shown(rel), None, &Counters::default()).ok();
-            if now.is_some_and(|(_, h)| &h != want) {
+            if now.is_some_and(|h| &h.blake3 != want) {
                 out.edited.push(c.path.clone());
             }
         }

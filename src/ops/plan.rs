@@ -389,7 +389,10 @@ fn make_plan(
         src_entries,
         dst_entries,
     } = stated;
-    let (set_plans, warnings) = plan::compute_with(
+    let plan::Computed {
+        sets: set_plans,
+        warnings,
+    } = plan::compute_with(
         sets,
         &Side {
             host: &src_host.name,

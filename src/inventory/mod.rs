@@ -1,0 +1,187 @@
+//! What is installed in a venv, read on the host that has it: the
+//! interpreter version, site-packages, every distribution with the files its
+//! `*.dist-info/RECORD` lists, files matching globs, and per-path stat and
+//! blake3 (hashed on all cores). This runs inside the agent; only the results
+//! cross the network.
+//!
+//! Every path that comes from a RECORD, a glob or a request is checked
+//! lexically to stay inside the venv before it is touched, and [`stat`]
+//! (with its hashing) reaches it from the venv root's fd without following
+//! a symlinked parent directory ([`Walker`]): what lies behind one is
+//! reported as [`Kind::ThroughSymlink`](crate::model::Kind::ThroughSymlink),
+//! never read.
+//!
+//! This file finds the venv ([`Venv`]) and holds the progress [`Counters`].
+//! The rest, by job: `scan` (distributions, METADATA and RECORD parsing,
+//! glob matches), `walk` ([`Walker`]: parent directories opened without
+//! following symlinks), `stat` (per-path stat, hashing and bytecode) and
+//! `hash` (content hashes, shebang rewriting, file stamps).
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+
+use crate::err;
+use crate::error::{Result, io_cause};
+use crate::model::venv_relative;
+
+mod hash;
+mod scan;
+mod stat;
+mod walk;
+
+pub use hash::{
+    ContentHasher, Hashed, content_hex, hash_file, hash_open, rewrite_shebang, stamp_of,
+};
+pub use scan::{Header, parse_metadata, parse_record, scan};
+pub use stat::stat;
+pub use walk::{Blocked, Walker};
+
+/// A located venv: its root and its site-packages directory.
+#[derive(Debug, Clone)]
+pub struct Venv {
+    pub root: PathBuf,
+    /// Relative to `root`, e.g. `lib/python3.11/site-packages`.
+    pub site_rel: String,
+    pub python: String,
+}
+
+impl Venv {
+    /// Find the venv at `root`: it must exist, have a `pyvenv.cfg`, and one
+    /// `lib/pythonX.Y/site-packages`.
+    pub fn open(root: &str) -> Result<Venv> {
+        let rootp = PathBuf::from(root);
+        match std::fs::metadata(&rootp) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(err!(
+                    kind = Usage,
+                    hint = "check `venv` in the manifest",
+                    "venv {root} is not a directory"
+                ));
+            }
+            Err(e) => {
+                return Err(err!(
+                    kind = Usage,
+                    hint = "check `venv` in the manifest, or create it with `python3 -m venv`",
+                    "venv {root} cannot be read: {}",
+                    io_cause(&e)
+                ));
+            }
+        }
+        let cfg = std::fs::read_to_string(rootp.join("pyvenv.cfg")).unwrap_or_default();
+        let cfg_version = cfg.lines().find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            let k = k.trim();
+            (k == "version" || k == "version_info").then(|| v.trim().to_string())
+        });
+        let mut candidates = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(rootp.join("lib")) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(ver) = name.strip_prefix("python")
+                    && ver.split('.').count() == 2
+                    && e.path().join("site-packages").is_dir()
+                {
+                    candidates.push(ver.to_string());
+                }
+            }
+        }
+        candidates.sort();
+        let python = match (candidates.len(), &cfg_version) {
+            (0, _) => {
+                return Err(err!(
+                    kind = Usage,
+                    hint = "is this a virtualenv? overlay expects lib/pythonX.Y/site-packages inside it",
+                    "venv {root} has no lib/python3.*/site-packages"
+                ));
+            }
+            (1, _) => candidates.remove(0),
+            (_, Some(v)) => {
+                let minor: String = v.split('.').take(2).collect::<Vec<_>>().join(".");
+                if candidates.contains(&minor) {
+                    minor
+                } else {
+                    return Err(err!(
+                        "venv {root} has several site-packages ({}) and pyvenv.cfg names none of them",
+                        candidates.join(", ")
+                    ));
+                }
+            }
+            (_, None) => {
+                return Err(err!(
+                    "venv {root} has several site-packages ({}) and no pyvenv.cfg version",
+                    candidates.join(", ")
+                ));
+            }
+        };
+        Ok(Venv {
+            site_rel: format!("lib/python{python}/site-packages"),
+            root: rootp,
+            python,
+        })
+    }
+
+    /// The venv root, opened for fd-relative, no-follow access ([`crate::beneath`]).
+    pub fn beneath(&self) -> Result<crate::beneath::Beneath> {
+        crate::beneath::Beneath::open(&self.root).map_err(|e| {
+            err!(
+                "venv {} cannot be opened: {}",
+                self.root.display(),
+                io_cause(&e)
+            )
+        })
+    }
+
+    pub fn site(&self) -> PathBuf {
+        self.root.join(&self.site_rel)
+    }
+
+    /// Resolve a site-packages-relative path (RECORD style, may start with
+    /// `../../../bin`) to an absolute path, refusing anything that leaves the
+    /// venv. Returns the path relative to the venv root as well.
+    pub fn resolve(&self, path: &str) -> Result<(PathBuf, String)> {
+        let rel = venv_relative(&self.site_rel, path).ok_or_else(|| {
+            err!(
+                hint = "a RECORD or glob may only name files inside the venv",
+                "path {path:?} escapes the venv {}",
+                self.root.display()
+            )
+        })?;
+        Ok((self.root.join(&rel), rel))
+    }
+}
+
+/// Counters shared with the progress reporter.
+#[derive(Default)]
+pub struct Counters {
+    pub files: AtomicU64,
+    pub bytes: AtomicU64,
+    pub total_files: AtomicU64,
+    pub total_bytes: AtomicU64,
+    /// Set by the progress reporter when the controller is gone: work that
+    /// only matters to it (a stream) stops.
+    pub cancel: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SITE: &str = "lib/python3.11/site-packages";
+
+    #[test]
+    fn relative_paths_stay_in_the_venv() {
+        assert_eq!(
+            venv_relative(SITE, "torch/__init__.py").unwrap(),
+            "lib/python3.11/site-packages/torch/__init__.py"
+        );
+        assert_eq!(
+            venv_relative(SITE, "../../../bin/torchrun").unwrap(),
+            "bin/torchrun"
+        );
+        assert_eq!(venv_relative(SITE, "../../../../etc/passwd"), None);
+        assert_eq!(venv_relative(SITE, "/etc/passwd"), None);
+        assert_eq!(venv_relative(SITE, "a/../../../../../x"), None);
+        assert_eq!(venv_relative(SITE, ""), None);
+    }
+}

@@ -1,0 +1,364 @@
+//! Deciding a plan: [`compute`] takes what the two agents reported (scans
+//! and per-path entries) and returns each set's changes and the warnings.
+//! The steps, in order: check the sets' members ([`check_members`]), then
+//! per set ([`Planner::set_plan`]) decide each source path
+//! ([`Planner::source_path`]) and each path only the target set has
+//! ([`Planner::target_only_path`]), collecting the stale bytecode of
+//! changed `.py` files. The per-path rules are in [`super::paths`].
+
+use std::collections::{BTreeSet, HashMap};
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::err;
+use crate::error::Result;
+use crate::model::{Action, Dist, Entry, Kind, ScanReport, Set};
+use crate::plan::members::{Members, members_of, sorted_difference};
+use crate::plan::paths::{
+    not_carried, not_deleted, not_written, special_bits_warning, without_special_bits,
+};
+use crate::plan::versions::transitions;
+use crate::plan::{Change, SetPlan, Warning};
+
+/// What one host reported.
+pub struct Side<'a> {
+    pub host: &'a str,
+    pub scan: &'a ScanReport,
+    /// The file globs sent with the scan, in the same order as `scan.globs`.
+    pub globs: &'a [String],
+    pub entries: &'a Entries,
+}
+
+/// A host's stat entries by path. (Fx-hashed: the plan looks paths up
+/// ~200,000 times, and SipHash's DoS resistance buys nothing against the
+/// controller's own input.)
+pub type Entries = HashMap<String, Entry, rustc_hash::FxBuildHasher>;
+
+/// What [`compute`] decided.
+#[derive(Debug)]
+pub struct Computed {
+    /// Each set's plan, in the order of the sets given.
+    pub sets: Vec<SetPlan>,
+    pub warnings: Vec<Warning>,
+}
+
+/// The paths whose content decides the plan: regular files on both sides
+/// with the same size, and `bin/` scripts (their shebang may be rewritten,
+/// which changes their size on the source).
+/// Yields each such path with its source entry and its target entry, if any.
+pub fn needs_hash<'a>(
+    src: &'a Entries,
+    dst: &'a Entries,
+) -> impl Iterator<Item = (&'a str, &'a Entry, Option<&'a Entry>)> {
+    src.iter().filter_map(|(p, s)| {
+        let d = dst.get(p);
+        let needed = match (&s.kind, d.map(|e| &e.kind)) {
+            (Kind::File { .. }, _) if p.starts_with("../../../bin/") => true,
+            (Kind::File { size: a, .. }, Some(Kind::File { size: b, .. })) => a == b,
+            _ => false,
+        };
+        needed.then_some((p.as_str(), s, d))
+    })
+}
+
+/// Decide the plan. `sets` are the manifest's sets to carry out, in order.
+pub fn compute(sets: &[Set], src: &Side, dst: &Side) -> Result<Computed> {
+    compute_with(
+        sets,
+        src,
+        dst,
+        members_of(sets, src.scan, src.globs),
+        members_of(sets, dst.scan, dst.globs),
+    )
+}
+
+/// [`compute`] with each set's [`members`](fn@super::members) on both sides
+/// already known (the controller needed them to ask for the stats), in
+/// `sets` order.
+pub fn compute_with<'a>(
+    sets: &[Set],
+    src: &Side<'a>,
+    dst: &Side<'a>,
+    src_members: Vec<Members<'a>>,
+    dst_members: Vec<Members<'a>>,
+) -> Result<Computed> {
+    check_members(sets, src, dst, &src_members, &dst_members)?;
+    let mut planner = Planner {
+        src,
+        dst,
+        owners: owners(dst.scan),
+        all_source: carried_anywhere(src, &src_members),
+        claimed: Default::default(),
+        warnings: Vec::new(),
+    };
+    let plans = sets
+        .iter()
+        .zip(&src_members)
+        .zip(&dst_members)
+        .map(|((set, sm), dm)| planner.set_plan(set, sm, dm))
+        .collect();
+    Ok(Computed {
+        sets: plans,
+        warnings: planner.warnings,
+    })
+}
+
+/// Refuse a set that names nothing on the source, and any set with a
+/// damaged distribution on either side.
+fn check_members(
+    sets: &[Set],
+    src: &Side,
+    dst: &Side,
+    src_members: &[Members],
+    dst_members: &[Members],
+) -> Result<()> {
+    for ((set, sm), dm) in sets.iter().zip(src_members).zip(dst_members) {
+        if sm.paths.is_empty() {
+            return Err(err!(
+                kind = Usage,
+                hint = "check the set's `dists` and `files` against `pip list` on the source; names are compared PEP 503-normalized",
+                "Set {} matches nothing on the source host {} ({})",
+                set.name,
+                src.host,
+                src.scan.venv
+            ));
+        }
+        for (side, m) in [(src, sm), (dst, dm)] {
+            for d in &m.dists {
+                if let Some(p) = &d.problem {
+                    return Err(err!(
+                        hint = "reinstall that distribution on that host (pip install --force-reinstall --no-deps), or leave it out of the set",
+                        "Distribution {} {} on {} is damaged: {p} (in {}/{})",
+                        d.name,
+                        d.version,
+                        side.host,
+                        side.scan.venv,
+                        side.scan.site_packages
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Who owns each path on the target.
+fn owners(scan: &ScanReport) -> FxHashMap<&str, Vec<&Dist>> {
+    let mut owners: FxHashMap<&str, Vec<&Dist>> = Default::default();
+    for d in &scan.dists {
+        for f in &d.files {
+            owners.entry(f.as_str()).or_default().push(d);
+        }
+    }
+    owners
+}
+
+/// Every path some set carries from the source: never deleted by another set.
+fn carried_anywhere<'a>(src: &Side, src_members: &[Members<'a>]) -> FxHashSet<&'a str> {
+    let mut all_source: FxHashSet<&str> = Default::default();
+    for m in src_members {
+        for &p in &m.paths {
+            if src.entries.get(p).is_some_and(|e| e.kind.exists()) {
+                all_source.insert(p);
+            }
+        }
+    }
+    all_source
+}
+
+/// The state shared by all sets while a plan is decided.
+struct Planner<'a, 's> {
+    src: &'s Side<'a>,
+    dst: &'s Side<'a>,
+    /// Who owns each path on the target.
+    owners: FxHashMap<&'a str, Vec<&'a Dist>>,
+    /// Every path some set carries from the source.
+    all_source: FxHashSet<&'a str>,
+    /// The set that carries or deletes each path: the first to name it.
+    claimed: FxHashMap<&'a str, &'s str>,
+    warnings: Vec<Warning>,
+}
+
+/// One set's plan while it is decided.
+struct SetWork<'a> {
+    plan: SetPlan,
+    /// Bytecode on the target of the `.py` files that change.
+    stale: BTreeSet<String>,
+    /// Files whose setuid, setgid or sticky bits are dropped.
+    special: Vec<&'a str>,
+    /// The target's distributions in this set, matched once (not per path).
+    in_set: BTreeSet<&'a str>,
+}
+
+impl<'a, 's> Planner<'a, 's> {
+    /// Decide one set: its source paths, then the paths only the target has.
+    fn set_plan(&mut self, set: &'s Set, sm: &Members<'a>, dm: &Members<'a>) -> SetPlan {
+        let mut work = SetWork {
+            plan: SetPlan {
+                name: set.name.clone(),
+                versions: transitions(&sm.dists, &dm.dists),
+                changes: Vec::new(),
+                unchanged: 0,
+                unchanged_bytes: 0,
+                stale_bytecode: Vec::new(),
+            },
+            stale: BTreeSet::new(),
+            special: Vec::new(),
+            in_set: dm.dists.iter().map(|d| d.normalized.as_str()).collect(),
+        };
+        for &path in &sm.paths {
+            self.source_path(&mut work, set, sm, path);
+        }
+        let host = self.src.host;
+        self.warnings
+            .extend(special_bits_warning(&set.name, host, &work.special));
+        for path in sorted_difference(&dm.paths, &sm.paths) {
+            self.target_only_path(&mut work, set, path);
+        }
+        let mut plan = work.plan;
+        plan.changes.sort_by(|a, b| a.path.cmp(&b.path));
+        plan.stale_bytecode = work.stale.into_iter().collect();
+        plan
+    }
+
+    /// Decide a path the source set has: add it, replace the target's,
+    /// count it unchanged, or leave it out with a warning.
+    fn source_path(
+        &mut self,
+        work: &mut SetWork<'a>,
+        set: &'s Set,
+        sm: &Members<'a>,
+        path: &'a str,
+    ) {
+        let (src, dst) = (self.src, self.dst);
+        let Some(s) = src.entries.get(path) else {
+            return;
+        };
+        if let Some(message) = not_carried(src, dst, path, &s.kind) {
+            return self.warn(set, path, message);
+        }
+        let masked = without_special_bits(&s.kind);
+        let skind = masked.as_ref().unwrap_or(&s.kind);
+        if let Some(first) = self.claimed.get(path) {
+            let message = format!(
+                "{path} is in sets {first} and {}; set {first} carries it",
+                set.name
+            );
+            return self.warn(set, path, message);
+        }
+        self.claimed.insert(path, &set.name);
+        let t = dst
+            .entries
+            .get(path)
+            .map(|e| &e.kind)
+            .filter(|k| k.exists());
+        if let Some(message) = not_written(dst, path, t) {
+            return self.warn(set, path, message);
+        }
+        let action = match t {
+            None => Action::Add,
+            Some(t) if skind.same_as(t) => {
+                work.plan.unchanged += 1;
+                work.plan.unchanged_bytes += skind.size();
+                return;
+            }
+            Some(_) => Action::Replace,
+        };
+        if masked.is_some() {
+            work.special.push(path);
+        }
+        if sm.dist_paths.binary_search(&path).is_ok() {
+            let foreign = self.foreign_owners(work, path);
+            if !foreign.is_empty() && t.is_some() {
+                let message = format!(
+                    "{path} also belongs to {} on {}, outside the set; it is overwritten",
+                    foreign.join(", "),
+                    dst.host
+                );
+                self.warn(set, path, message);
+            }
+        }
+        self.record(work, path, action, skind.size(), Some(skind), t);
+    }
+
+    /// Decide a path only the target set has: delete it, or keep it with a
+    /// warning (another set carries it, it is not a file or symlink, or a
+    /// distribution outside the set owns it).
+    fn target_only_path(&mut self, work: &mut SetWork<'a>, set: &'s Set, path: &'a str) {
+        let dst = self.dst;
+        let Some(t) = dst
+            .entries
+            .get(path)
+            .map(|e| &e.kind)
+            .filter(|k| k.exists())
+        else {
+            return;
+        };
+        if self.all_source.contains(path) {
+            return; // another set carries this path from the source
+        }
+        if let Some(message) = not_deleted(dst, path, t) {
+            return self.warn(set, path, message);
+        }
+        let foreign = self.foreign_owners(work, path);
+        if !foreign.is_empty() {
+            let message = format!(
+                "{path} would be deleted, but {} on {} also owns it; it is kept",
+                foreign.join(", "),
+                dst.host
+            );
+            return self.warn(set, path, message);
+        }
+        if self.claimed.contains_key(path) {
+            return;
+        }
+        self.claimed.insert(path, &set.name);
+        self.record(work, path, Action::Delete, t.size(), None, Some(t));
+    }
+
+    /// Target distributions outside the set that own `path`, as "name version".
+    fn foreign_owners(&self, work: &SetWork, path: &str) -> Vec<String> {
+        self.owners
+            .get(path)
+            .into_iter()
+            .flatten()
+            .filter(|d| !work.in_set.contains(d.normalized.as_str()))
+            .map(|d| format!("{} {}", d.name, d.version))
+            .collect()
+    }
+
+    /// Add a change to the set; a changed `.py` takes its target bytecode with it.
+    fn record(
+        &self,
+        work: &mut SetWork,
+        path: &str,
+        action: Action,
+        size: u64,
+        source: Option<&Kind>,
+        target: Option<&Kind>,
+    ) {
+        if path.ends_with(".py")
+            && let Some(e) = self.dst.entries.get(path)
+        {
+            work.stale.extend(e.pyc.iter().cloned());
+        }
+        work.plan.changes.push(Change {
+            path: path.to_string(),
+            action,
+            size,
+            source: source.cloned(),
+            target: target.cloned(),
+        });
+    }
+
+    fn warn(&mut self, set: &Set, path: &str, message: String) {
+        self.warnings.push(Warning {
+            set: Some(set.name.clone()),
+            path: Some(path.to_string()),
+            message,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,191 @@
+//! The plan as data, and the set semantics that decide it. Nothing here
+//! touches a host: [`compute`] takes what the agents reported (scans and
+//! per-path entries) and returns each set's changes, from which the
+//! controller makes the [`Plan`] that `overlay apply` carries out.
+//!
+//! A set mirrors the source onto the target, file by file. A path the source
+//! set has is added or replaced; a path only the target set has is deleted
+//! unless a target distribution outside the set owns it (then it is kept and
+//! a warning names the owner). `__pycache__` is never part of a set; the
+//! bytecode of every `.py` file that changes is deleted with it.
+//!
+//! Only files and symlinks are carried. Left out, each with a warning
+//! (docs/plan.md, "What is left out"): paths into overlay's state folder
+//! `.overlay/`, paths not spelled plainly, directories named by a RECORD row
+//! (on either side: a directory goes only when the deletes leave it empty),
+//! paths behind a symlinked parent directory, devices and fifos. Modes are
+//! carried without setuid, setgid and sticky bits. The target's agent checks
+//! the result again (`validate::check_prepare`).
+//!
+//! This file holds the saved plan format ([`Plan`] and its parts), the
+//! [`totals`] of a set and the interpreter check. The rest, by job:
+//! `members` (which paths a set names on a host, and the sorted order a stat
+//! answers in), `compute` (deciding each set), `paths` (the per-path rules
+//! and their warnings), `versions` (the version column).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::err;
+use crate::error::Result;
+use crate::model::{Action, Kind, Problem};
+
+mod compute;
+mod members;
+mod paths;
+mod versions;
+
+pub use compute::{Computed, Entries, Side, compute, compute_with, needs_hash};
+pub use members::{Members, members, members_of, order_check, sorted_difference, stat_order};
+
+/// Version of the saved plan format.
+pub const PLAN_FORMAT: u32 = 2;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plan {
+    pub format: u32,
+    /// Seconds since the epoch when the plan was made.
+    pub created: u64,
+    pub manifest: String,
+    pub source: HostInfo,
+    pub target: HostInfo,
+    pub sets: Vec<SetPlan>,
+    pub warnings: Vec<Warning>,
+    /// Predicted breakage after the overlay (see `preflight`).
+    #[serde(default)]
+    pub problems: Vec<Problem>,
+    /// `--strict` or `[preflight] strict`: problems are errors, and apply refuses the plan without `--force`.
+    #[serde(default)]
+    pub strict: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HostInfo {
+    pub name: String,
+    /// The manifest's `ssh` value; absent for the local machine.
+    pub ssh: Option<String>,
+    /// The manifest's `direct_ssh` value (see `apply --direct`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct_ssh: Option<String>,
+    pub venv: String,
+    /// Relative to the venv.
+    pub site_packages: String,
+    pub python: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SetPlan {
+    pub name: String,
+    pub versions: Vec<Transition>,
+    pub changes: Vec<Change>,
+    pub unchanged: u64,
+    pub unchanged_bytes: u64,
+    /// Compiled bytecode on the target deleted because its `.py` changes.
+    pub stale_bytecode: Vec<String>,
+}
+
+/// A distribution's version before and after (`None`: absent).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Transition {
+    pub name: String,
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Change {
+    /// Relative to the target's site-packages, as RECORD writes it.
+    pub path: String,
+    pub action: Action,
+    /// Bytes: the source file's for add and replace, the target's for delete.
+    pub size: u64,
+    /// What the source has (add, replace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Kind>,
+    /// What the target has now (replace, delete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Kind>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Warning {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub message: String,
+}
+
+/// How many files of a set one action touches, and their bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Totals of a set's changes for add, replace and delete (each present).
+pub fn totals(set: &SetPlan) -> BTreeMap<Action, Totals> {
+    let mut t = BTreeMap::new();
+    for a in [Action::Add, Action::Replace, Action::Delete] {
+        t.insert(a, Totals::default());
+    }
+    for c in &set.changes {
+        let e: &mut Totals = t.get_mut(&c.action).expect("all actions present");
+        e.files += 1;
+        e.bytes += c.size;
+    }
+    t
+}
+
+/// Check the interpreters agree; compiled extensions are built per minor version.
+pub fn check_python(src: &HostInfo, dst: &HostInfo) -> Result<()> {
+    if src.python != dst.python {
+        return Err(err!(
+            "Python {} on {} but {} on {}: compiled extensions (cpython-{}) built for one will not load in the other",
+            src.python,
+            src.name,
+            dst.python,
+            dst.name,
+            src.python.replace('.', "")
+        )
+        .hint(format!(
+            "overlay between venvs of the same Python minor version, or rebuild the venv on {} with Python {}",
+            dst.name, src.python
+        )));
+    }
+    Ok(())
+}
+
+impl Plan {
+    /// Predicted problems the overlay would cause (not those the target has already).
+    pub fn new_problems(&self) -> usize {
+        self.problems.iter().filter(|p| !p.preexisting).count()
+    }
+
+    pub fn has_changes(&self) -> bool {
+        self.sets
+            .iter()
+            .any(|s| !s.changes.is_empty() || !s.stale_bytecode.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_minor_must_match() {
+        let h = |n: &str, py: &str| HostInfo {
+            name: n.into(),
+            ssh: None,
+            direct_ssh: None,
+            venv: "/v".into(),
+            site_packages: String::new(),
+            python: py.into(),
+        };
+        assert!(check_python(&h("a", "3.11"), &h("b", "3.11")).is_ok());
+        let e = check_python(&h("a", "3.11"), &h("b", "3.12")).unwrap_err();
+        assert!(e.message.contains("will not load"), "{}", e.message);
+    }
+}
