@@ -34,28 +34,9 @@ use common::Testbed;
 
 /// The fixture scenario's sets and a `[verify]` check that passes only on
 /// the CUDA 13 build the overlay brings (as in tests/verify.rs).
-const MANIFEST: &str = r#"
-[sets.torch]
-dists = ["minitorch"]
-[sets.torchvision]
-dists = ["minitorchvision"]
-[sets.nvidia-cu13]
-dists = ["nvidia-*"]
-[sets.sglang-patches]
-files = ["minisglang/srt/speculative/**", "minisglang/srt/server_args.py"]
-
-[preflight]
-cuda_family = ["minitorch", "minitorchvision"]
-
-[verify]
-env = { MINITORCH_CHECK = "1" }
-python = '''
-import minitorch, minitorchvision
-import minitorch._C as c
-print("build:", c.build_info())
-assert minitorch.version.cuda.startswith("13"), minitorch.version.cuda
-'''
-"#;
+fn manifest() -> String {
+    format!("{}{}", common::SCENARIO_SETS, common::VERIFY)
+}
 
 /// Regex filters applied (by insta, after [`Session::redact`]) to every
 /// snapshot, in this order.
@@ -207,7 +188,7 @@ impl<'a> Session<'a> {
 )]
 fn lifecycle() {
     let tb = Testbed::new(2);
-    tb.write_manifest(MANIFEST);
+    tb.write_manifest(&manifest());
     let mut s = Session::new(&tb, "lifecycle");
     s.step("verify-fails", &["verify", "dst"]);
     s.step("plan", &["plan", "src", "dst"]);
@@ -253,7 +234,8 @@ fn lifecycle() {
 fn errors() {
     let tb = Testbed::new(2);
     tb.write_manifest(&format!(
-        "{MANIFEST}\n[hosts.closed]\nssh = \"root@127.0.0.1:1\"\nvenv = \"/root/venv\"\n"
+        "{}\n[hosts.closed]\nssh = \"root@127.0.0.1:1\"\nvenv = \"/root/venv\"\n",
+        manifest()
     ));
     let mut s = Session::new(&tb, "errors");
     // Arguments (clap's own format).

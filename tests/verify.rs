@@ -5,21 +5,7 @@ mod common;
 
 use std::fs;
 
-use common::{Testbed, assert_same, snapshot};
-
-const VERIFY: &str = r#"
-[preflight]
-cuda_family = ["minitorch", "minitorchvision"]
-
-[verify]
-env = { MINITORCH_CHECK = "1" }
-python = '''
-import minitorch, minitorchvision
-import minitorch._C as c
-print("build:", c.build_info())
-assert minitorch.version.cuda.startswith("13"), minitorch.version.cuda
-'''
-"#;
+use common::{Testbed, VERIFY, assert_same, snapshot};
 
 /// The fixture scenario's four sets (see tests/common).
 const ALL: &str = common::SCENARIO_SETS;

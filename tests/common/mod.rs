@@ -52,6 +52,23 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime};
 
+/// The fixture's `[preflight]` CUDA family and a `[verify]` check that
+/// imports the overlaid packages and asserts the CUDA 13 build.
+#[allow(dead_code)]
+pub const VERIFY: &str = r#"
+[preflight]
+cuda_family = ["minitorch", "minitorchvision"]
+
+[verify]
+env = { MINITORCH_CHECK = "1" }
+python = '''
+import minitorch, minitorchvision
+import minitorch._C as c
+print("build:", c.build_info())
+assert minitorch.version.cuda.startswith("13"), minitorch.version.cuda
+'''
+"#;
+
 /// The four sets of the fixture scenario (testbed.py's docstring says what
 /// each should add, replace, delete and keep).
 #[allow(dead_code)]

@@ -305,14 +305,15 @@ fn is_usable_agent(sftp: &Sftp, f: &AgentFile<'_>) -> bool {
 
 /// Copy the local file `local` to the new file `remote` on the host.
 fn write_remote(who: Who<'_>, sftp: &Sftp, local: &Path, remote: &Path) -> Result<()> {
-    let mut src = std::fs::File::open(local).map_err(|e| {
+    let unreadable = |e: std::io::Error| {
         err!(
             hint = "set OVERLAY_AGENT_BINARY to the path of a static overlay binary",
             "Failed to read the agent binary {} to upload it to {who}: {}",
             local.display(),
             crate::error::io_cause(&e)
         )
-    })?;
+    };
+    let mut src = std::fs::File::open(local).map_err(unreadable)?;
     let fail = |what: &str, cause: String| {
         err!(
             hint = "check that the home directory on that host is writable and not full",
@@ -330,14 +331,7 @@ fn write_remote(who: Who<'_>, sftp: &Sftp, local: &Path, remote: &Path) -> Resul
         .map_err(|e| fail("cannot create", sftp_cause(&e)))?;
     let mut buf = vec![0u8; UPLOAD_CHUNK];
     loop {
-        let n = src.read(&mut buf).map_err(|e| {
-            err!(
-                hint = "set OVERLAY_AGENT_BINARY to the path of a static overlay binary",
-                "Failed to read the agent binary {} to upload it to {who}: {}",
-                local.display(),
-                crate::error::io_cause(&e)
-            )
-        })?;
+        let n = src.read(&mut buf).map_err(unreadable)?;
         if n == 0 {
             break;
         }
