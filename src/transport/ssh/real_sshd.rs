@@ -2,7 +2,7 @@
 //! 127.0.0.9, root's home as the remote home): host key checks, upload and
 //! reuse of the agent, both directions of the pipe at once, authentication
 //! failures, ssh-agent, and connect errors. Needs root and /usr/sbin/sshd
-//! (skipped otherwise):
+//! (ignored, and shown so, otherwise):
 //!   cargo test --lib transport::ssh::real_sshd -- --nocapture
 
 use std::io::{Read, Write};
