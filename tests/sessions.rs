@@ -55,6 +55,13 @@ const FILTERS: &[(&str, &str)] = &[
         r"\d+(\.\d+)? (B|KiB|MiB|GiB) on the wire",
         "[SIZE] on the wire",
     ),
+    // Sizes that include a wheel's direct_url.json: pip writes the wheel's
+    // file URL into it, so its length follows where the checkout is.
+    (
+        r#"(direct_url\.json",\n\s*"action": "\w+",\n\s*"size": )\d+"#,
+        "${1}[N]",
+    ),
+    (r"\b\d+\.\d\d (KiB|MiB|GiB)\b", "[SIZE]"),
     // Durations and rates.
     (r"\b\d+(\.\d+)?\s?(ms|µs|s|m|h)\b", "[DURATION]"),
     (r"\b\d+(\.\d+)?\s?(B|KiB|MiB|GiB|kB|MB|GB)/s\b", "[RATE]"),
