@@ -32,4 +32,21 @@ pub struct ElfInfo {
     pub defined: Vec<Symbol>,
     /// Undefined dynamic symbols with their needed version and weak flag.
     pub undefined: Vec<Symbol>,
+    /// The Python module init functions it defines (`PyInit_<name>`): an
+    /// extension module defines the one of its own file name's stem.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inits: Vec<String>,
+}
+
+impl ElfInfo {
+    /// Is the object named `file_name` a Python extension module, one that
+    /// `import` loads? It is when it defines `PyInit_<stem>`, the stem being
+    /// the file name up to its first dot (`_C.cpython-311-x86_64-linux-gnu.so`:
+    /// `PyInit__C`). Plugins and plain libraries define none.
+    pub fn is_extension(&self, file_name: &str) -> bool {
+        let stem = file_name.split('.').next().unwrap_or(file_name);
+        self.inits
+            .iter()
+            .any(|i| i.strip_prefix("PyInit_") == Some(stem))
+    }
 }

@@ -44,6 +44,11 @@ pub struct PreflightRequest {
     /// Top-level package directories of distributions that import torch:
     /// for objects below them, what torch preloads counts as loaded.
     pub torch_users: Vec<String>,
+    /// Check every shared object of the venv as it stands, not only those
+    /// the overlay brings or disturbs (`overlay doctor`; `placed` and
+    /// `deleted` are then empty).
+    #[serde(default)]
+    pub whole: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]

@@ -556,6 +556,7 @@ fn preflight(
         deleted: deleted.iter().map(|p| p.to_string()).collect(),
         ld_library_path: ld_library_path(manifest, dst_scan, dst_venv),
         torch_users: crate::preflight::torch_users(&after),
+        whole: false,
     };
     let report = dst.preflight(req)?;
     for (file, reason) in report.problems {

@@ -27,6 +27,11 @@ const DRIVER_LIBS: &[&str] = &[
     "libnvidia-ptxjitcompiler.so.1",
 ];
 
+/// The ELF facts cache's kind (its folder under `~/.cache/overlay`): a new
+/// name whenever [`ElfInfo`] gains a fact, so that no entry read by an older
+/// overlay is taken as lacking it.
+pub const ELF_CACHE: &str = "elf2";
+
 /// Does this file name look like a shared object?
 pub fn looks_shared(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
@@ -104,7 +109,7 @@ pub fn run_on_target(
     let venv = Venv::open(&req.venv)?;
     let site = venv.site();
     let cache = std::sync::Arc::new(crate::hashcache::StampCache::<Option<ElfInfo>>::open_kind(
-        &venv.root, "elf",
+        &venv.root, ELF_CACHE,
     ));
     let mut overlaid = overlay(req, &venv, OverlayView::with_cache(cache.clone()))?;
     let mut report = PreflightReport::default();

@@ -309,6 +309,9 @@ fn read_symbols<'a>(
         if sym.is_undefined(ENDIAN) {
             info.undefined.push(symbol);
         } else {
+            if symbol.name.starts_with("PyInit_") {
+                info.inits.push(symbol.name.clone());
+            }
             info.defined.push(symbol);
         }
     }
