@@ -130,7 +130,7 @@ impl Observer for Console {
             eprintln!();
             eprintln!(
                 "verify failed on {host}: {}",
-                escape(report.final_line().unwrap_or("(no error output)"))
+                escape(&report.summary())
             );
             eprintln!(
                 "{}",
