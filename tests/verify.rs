@@ -215,7 +215,9 @@ fn a_truncated_shared_object_is_named_as_a_sigbus_with_its_python_frame() {
     assert!(err.contains("Fatal Python error: Bus error"), "{err}");
     assert!(err.contains("in __init__\n"), "{err}");
     assert!(
-        err.contains(&format!("minitorchvision/__init__.py\", line {line} in <module>")),
+        err.contains(&format!(
+            "minitorchvision/__init__.py\", line {line} in <module>"
+        )),
         "{err}"
     );
     let logs: Vec<_> = fs::read_dir(tb.host_venv_dir(1).join(".overlay/verify"))
@@ -226,7 +228,9 @@ fn a_truncated_shared_object_is_named_as_a_sigbus_with_its_python_frame() {
     let log = fs::read_to_string(&logs[0]).unwrap();
     assert!(log.contains("\n# signal: SIGBUS (7)\n"), "{log}");
     assert!(
-        log.contains(&format!("\n# location: minitorchvision/__init__.py:{line}\n")),
+        log.contains(&format!(
+            "\n# location: minitorchvision/__init__.py:{line}\n"
+        )),
         "{log}"
     );
     assert!(!log.contains("# exit"), "{log}");

@@ -191,7 +191,9 @@ fn is_stdlib(file: &str, site: &str) -> bool {
     if file.starts_with("<frozen ") {
         return true;
     }
-    if file.starts_with(site) || file.contains("/site-packages/") || file.contains("/dist-packages/")
+    if file.starts_with(site)
+        || file.contains("/site-packages/")
+        || file.contains("/dist-packages/")
     {
         return false;
     }
@@ -227,7 +229,13 @@ mod tests {
             crash_location(err, SITE).as_deref(),
             Some("/usr/lib/python3.11/threading.py:320")
         );
-        assert_eq!(crash_location("Traceback (most recent call last):\n  File \"<string>\", line 1, in <module>\n", SITE), None);
+        assert_eq!(
+            crash_location(
+                "Traceback (most recent call last):\n  File \"<string>\", line 1, in <module>\n",
+                SITE
+            ),
+            None
+        );
     }
 
     #[test]
