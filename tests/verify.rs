@@ -309,10 +309,10 @@ wait_for_the_gpu()
 
     // --timeout overrides the manifest.
     let out = tb
-        .overlay(&["verify", "dst", "--timeout", "1"])
+        .overlay(&["verify", "dst", "--timeout", "4"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("timed out after 1 s in <string>:5"), "{err}");
+    assert!(err.contains("timed out after 4 s in <string>:5"), "{err}");
 }

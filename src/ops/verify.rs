@@ -1,5 +1,6 @@
-//! Verify: run the manifest's `[verify]` check in a host's venv, keep a
-//! local copy of its log, and hand its whole output to the observer.
+//! Verify: run the manifest's `[verify]` check in a host's venv (with
+//! `--timeout`, else the manifest's `[verify] timeout`), keep a local copy
+//! of its log, and hand its whole output to the observer.
 
 use std::path::{Path, PathBuf};
 
