@@ -60,7 +60,7 @@ mod view;
 mod testutil;
 
 pub use crate::model::{ElfInfo, Symbol};
-pub use check::{ElfProblem, check_object};
+pub use check::{Closure, ElfProblem, cause_of, check_object, closure_of};
 pub use config::{LoaderConfig, parse_ldconfig};
 pub use read::read_elf;
 pub use view::{LoaderView, OverlayView};

@@ -175,6 +175,23 @@ impl Session<'_> {
         if let Some(&i) = self.by_name.get(name) {
             return Ok(i);
         }
+        if let Some(p) = self.cfg.loaded.get(name) {
+            // Loaded earlier (RTLD_LOCAL): matched by name, already there
+            // with its own closure, not this root's to check.
+            let p = normalize(p);
+            if let Some(info) = self.view.elf(&p) {
+                let i = match self.by_name.get(p.to_string_lossy().as_ref()) {
+                    Some(&i) => i,
+                    None => {
+                        let i = self.add(p, info, None, false);
+                        self.closure(i, false, None);
+                        i
+                    }
+                };
+                self.by_name.entry(name.to_owned()).or_insert(i);
+                return Ok(i);
+            }
+        }
         let mut searched = Vec::new();
         for dir in self.search_dirs(o) {
             let candidate = match dir {
