@@ -310,7 +310,7 @@ fn check_tag(c: Check) -> &'static str {
 }
 
 /// One problem: `[check] dist: file: reason`, the file left out when the
-/// reason starts with it.
+/// reason names it already.
 fn problem_line(p: &Problem) -> String {
     let dist = p
         .dist
@@ -318,7 +318,12 @@ fn problem_line(p: &Problem) -> String {
         .map(|d| format!("{d}: "))
         .unwrap_or_default();
     let file = match &p.file {
-        Some(f) if !p.reason.starts_with(f.as_str()) => format!("{f}: "),
+        Some(f)
+            if !p.reason.starts_with(f.as_str())
+                && !p.reason.contains(&format!("(loaded by {f})")) =>
+        {
+            format!("{f}: ")
+        }
         _ => String::new(),
     };
     format!("[{}] {dist}{file}{}", check_tag(p.check), p.reason)
