@@ -218,12 +218,11 @@ fn summary_text(out: &mut String, plan: &Plan) {
 /// and one for optional plugins with unmet needs. With `verbose`, every
 /// problem on its own line, pre-existing ones and plugins in their own
 /// sections. Problems are errors when the plan is strict and they are new.
-pub fn problems_text(plan: &Plan, verbose: bool) -> Vec<String> {
-    let level = if plan.strict { "error" } else { "warning" };
-    let new: Vec<&Problem> = plan.problems.iter().filter(|p| p.is_new()).collect();
-    let old: Vec<&Problem> = plan.problems.iter().filter(|p| p.preexisting).collect();
-    let plugins: Vec<&Problem> = plan
-        .problems
+pub fn problems_text(problems: &[Problem], strict: bool, verbose: bool) -> Vec<String> {
+    let level = if strict { "error" } else { "warning" };
+    let new: Vec<&Problem> = problems.iter().filter(|p| p.is_new()).collect();
+    let old: Vec<&Problem> = problems.iter().filter(|p| p.preexisting).collect();
+    let plugins: Vec<&Problem> = problems
         .iter()
         .filter(|p| p.optional && !p.preexisting)
         .collect();
@@ -365,4 +364,59 @@ fn group_line(g: &[&Problem]) -> String {
 /// "file " or "files", keeping the columns aligned.
 fn files(n: u64) -> &'static str {
     if n == 1 { "file " } else { "files" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(dist: &str, reason: &str, preexisting: bool) -> Problem {
+        Problem {
+            check: Check::Requirements,
+            dist: Some(dist.into()),
+            cause: reason.split_once(" requires ").map(|(_, c)| c.to_owned()),
+            reason: reason.into(),
+            preexisting,
+            ..Problem::default()
+        }
+    }
+
+    fn plugin(dist: &str, file: &str) -> Problem {
+        Problem {
+            check: Check::Elf,
+            dist: Some(dist.into()),
+            file: Some(file.into()),
+            reason: "needs libmpi.so.40, which is not found (searched: ld.so cache)".into(),
+            cause: Some("needs libmpi.so.40, which is not found".into()),
+            optional: true,
+            ..Problem::default()
+        }
+    }
+
+    #[test]
+    fn causes_are_grouped_and_the_rest_summarized() {
+        let pin = "requires torch==2.14.1, but torch 2.15.0 is installed";
+        let problems = vec![
+            req("sglang", &format!("sglang 0.5 {pin}"), false),
+            req("sglang-kernel", &format!("sglang-kernel 0.4 {pin}"), false),
+            req("torch", "torch 2.15.0 requires setuptools>=77.0.3, but setuptools 70.0 is installed", false),
+            req("a", "a 1 requires b, but b is not installed", true),
+            req("c", "c 1 requires b, but b is not installed", true),
+            plugin("nvidia-nvshmem-cu13", "nvidia/nvshmem/lib/nvshmem_transport_ucx.so.1"),
+            plugin("nvidia-nvshmem-cu13", "nvidia/nvshmem/lib/nvshmem_bootstrap_mpi.so.3"),
+            plugin("triton", "triton/plugins/libx.so"),
+        ];
+        assert_eq!(
+            problems_text(&problems, false, false),
+            vec![
+                "warning: [requirements] requires torch==2.14.1, but torch 2.15.0 is installed: 2 dists (sglang, sglang-kernel)",
+                "warning: [requirements] torch: torch 2.15.0 requires setuptools>=77.0.3, but setuptools 70.0 is installed",
+                "note: 2 requirement problems existed before this overlay and are unchanged; `plan -v` lists them",
+                "note: optional plugins with unmet needs: 2 in nvidia-nvshmem-cu13, 1 in triton; `plan -v` lists them",
+            ]
+        );
+        let verbose = problems_text(&problems, true, true);
+        assert_eq!(verbose.len(), 3 + 1 + 2 + 1 + 3, "{verbose:#?}");
+        assert!(verbose[0].starts_with("error: [requirements] sglang: sglang 0.5 requires"));
+    }
 }

@@ -69,7 +69,7 @@ fn print_findings(plan: &Plan, verbose: bool) {
             .unwrap_or_default();
         eprintln!("warning: {}", text::escape(&format!("{set}{}", w.message)));
     }
-    for line in report::problems_text(plan, verbose) {
+    for line in report::problems_text(&plan.problems, plan.strict, verbose) {
         eprintln!("{}", text::escape(&line));
     }
 }

@@ -176,6 +176,76 @@ mod tests {
 }
 
 #[cfg(test)]
+mod loaded_tests {
+    use super::*;
+    use crate::preflight::elf::OverlayView;
+    use crate::preflight::elf::testutil::{cc, reasons};
+
+    /// The torch/libtorch_python pattern: a library loaded earlier
+    /// (`RTLD_LOCAL`) satisfies a `DT_NEEDED` by its soname with no search
+    /// path to it, and lends its symbols to the objects that need it, but
+    /// not to the others.
+    #[test]
+    fn a_loaded_library_matches_by_name_and_lends_symbols_only_in_scope() {
+        let t = tempfile::tempdir().unwrap();
+        let lib = cc(
+            t.path(),
+            "torchlike/lib/libtp.so",
+            "int tp_api(void) { return 1; }\n",
+            false,
+            &["-Wl,-soname,libtp.so"],
+        );
+        let user = cc(
+            t.path(),
+            "vision/image.so",
+            "extern int tp_api(void);\nint image(void) { return tp_api(); }\n",
+            false,
+            &["torchlike/lib/libtp.so"],
+        );
+        let stray = cc(
+            t.path(),
+            "vision/stray.so",
+            "extern int tp_api(void);\nint stray(void) { return tp_api(); }\n",
+            false,
+            &[],
+        );
+        let mut cfg = LoaderConfig::system();
+        let alone = check_object(&user, &mut OverlayView::new(), &cfg);
+        assert_eq!(alone.len(), 1, "{:#?}", reasons(&alone));
+        assert!(alone[0].reason.starts_with("needs libtp.so, which is not found"));
+        cfg.loaded.insert("libtp.so".into(), lib.clone());
+        let after_import = check_object(&user, &mut OverlayView::new(), &cfg);
+        assert!(after_import.is_empty(), "{:#?}", reasons(&after_import));
+        let c = closure_of(&user, &mut OverlayView::new(), &cfg);
+        assert_eq!(c.objects, vec![user.clone(), lib.clone()]);
+        // Loaded RTLD_LOCAL: its symbols are not the stray object's.
+        assert_eq!(
+            reasons(&check_object(&stray, &mut OverlayView::new(), &cfg)),
+            vec![format!("{}: undefined symbol: tp_api", stray.display())]
+        );
+        // Loaded RTLD_GLOBAL: they are.
+        cfg.global = vec![lib];
+        assert!(check_object(&stray, &mut OverlayView::new(), &cfg).is_empty());
+    }
+
+    #[test]
+    fn cause_of_drops_the_searched_directories() {
+        assert_eq!(
+            cause_of("needs libx.so.1, which is not found (searched: /a, ld.so cache)"),
+            "needs libx.so.1, which is not found"
+        );
+        assert_eq!(
+            cause_of("needs V_2 from libv.so (/p defines up to V_1)"),
+            "needs V_2 from libv.so"
+        );
+        assert_eq!(
+            cause_of("undefined symbol: ns::f(int) (_ZN2ns1fEi)"),
+            "undefined symbol: ns::f(int) (_ZN2ns1fEi)"
+        );
+    }
+}
+
+#[cfg(test)]
 mod system_tests {
     use super::*;
     use crate::preflight::elf::OverlayView;
