@@ -275,7 +275,9 @@ pub fn problems_text(problems: &[Problem], strict: bool, verbose: bool) -> Vec<S
     if !plugins.is_empty() {
         let mut by_dist: BTreeMap<&str, usize> = BTreeMap::new();
         for p in &plugins {
-            *by_dist.entry(p.dist.as_deref().unwrap_or("(no dist)")).or_default() += 1;
+            *by_dist
+                .entry(p.dist.as_deref().unwrap_or("(no dist)"))
+                .or_default() += 1;
         }
         let parts: Vec<String> = by_dist.iter().map(|(d, n)| format!("{n} in {d}")).collect();
         out.push(format!(
@@ -338,7 +340,13 @@ fn group_line(g: &[&Problem]) -> String {
     let by_file = g.iter().all(|p| p.file.is_some());
     let mut names: Vec<&str> = g
         .iter()
-        .filter_map(|p| if by_file { p.file.as_deref() } else { p.dist.as_deref() })
+        .filter_map(|p| {
+            if by_file {
+                p.file.as_deref()
+            } else {
+                p.dist.as_deref()
+            }
+        })
         .collect();
     names.dedup();
     let shown: Vec<&str> = names.iter().take(2).copied().collect();
@@ -399,11 +407,21 @@ mod tests {
         let problems = vec![
             req("sglang", &format!("sglang 0.5 {pin}"), false),
             req("sglang-kernel", &format!("sglang-kernel 0.4 {pin}"), false),
-            req("torch", "torch 2.15.0 requires setuptools>=77.0.3, but setuptools 70.0 is installed", false),
+            req(
+                "torch",
+                "torch 2.15.0 requires setuptools>=77.0.3, but setuptools 70.0 is installed",
+                false,
+            ),
             req("a", "a 1 requires b, but b is not installed", true),
             req("c", "c 1 requires b, but b is not installed", true),
-            plugin("nvidia-nvshmem-cu13", "nvidia/nvshmem/lib/nvshmem_transport_ucx.so.1"),
-            plugin("nvidia-nvshmem-cu13", "nvidia/nvshmem/lib/nvshmem_bootstrap_mpi.so.3"),
+            plugin(
+                "nvidia-nvshmem-cu13",
+                "nvidia/nvshmem/lib/nvshmem_transport_ucx.so.1",
+            ),
+            plugin(
+                "nvidia-nvshmem-cu13",
+                "nvidia/nvshmem/lib/nvshmem_bootstrap_mpi.so.3",
+            ),
             plugin("triton", "triton/plugins/libx.so"),
         ];
         assert_eq!(

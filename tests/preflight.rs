@@ -691,7 +691,8 @@ fn lm_an_unreached_plugin_is_optional() {
     );
     assert!(default.contains(PREEXISTING_LINE), "{default}");
     assert!(
-        default.contains("note: optional plugins with unmet needs: 1 in pfplug; `plan -v` lists them"),
+        default
+            .contains("note: optional plugins with unmet needs: 1 in pfplug; `plan -v` lists them"),
         "{default}"
     );
     assert!(!default.contains("libpfibverbs"), "{default}");

@@ -5,6 +5,14 @@
 //! the CUDA major) and [`elf`] (every shared object the overlay brings or
 //! disturbs can be loaded: DT_NEEDED, version needs, undefined symbols).
 //!
+//! [`run_on_target`] applies the ELF check through the **load model**: the
+//! roots are the extension modules (what `import` loads), each on top of
+//! what the imports of the distributions it requires have loaded
+//! ([`imported_first`]: their `_C` modules by name, their global deps);
+//! shared objects no extension module reaches are optional plugins, whose
+//! problems are marked `optional`; a staying root's problem that the venv
+//! as it is has already is marked `preexisting`. See docs/preflight.md.
+//!
 //! The checks read facts, they never run the loader or the interpreter.
 
 pub mod cuda;
@@ -177,14 +185,17 @@ pub fn run_on_target(
             || c.needed.iter().any(|n| overlaid.disturbed.contains(n))
     };
     let mut reached: HashSet<PathBuf> = preloads.all_objects().into_iter().collect();
-    // (index in `after`, optional, affected)
-    let mut roots: Vec<(usize, bool, bool)> = Vec::new();
+    let mut roots: Vec<Root> = Vec::new();
     for (i, o) in after.iter().enumerate().filter(|(_, o)| o.extension) {
         let c = preloads.config_for(&cfg, &o.rel, &o.path);
         let closure = elf::closure_of(&o.path, &mut overlaid.view, &c);
         let affected = o.placed || affects(&closure);
         reached.extend(closure.objects.iter().map(|p| lexical(p)));
-        roots.push((i, false, affected));
+        roots.push(Root {
+            index: i,
+            optional: false,
+            affected,
+        });
     }
     for (i, o) in after.iter().enumerate() {
         if o.extension || reached.contains(&lexical(&o.path)) {
@@ -194,29 +205,33 @@ pub fn run_on_target(
             let c = preloads.config_for(&cfg, &o.rel, &o.path);
             affects(&elf::closure_of(&o.path, &mut overlaid.view, &c))
         };
-        roots.push((i, true, affected));
+        roots.push(Root {
+            index: i,
+            optional: true,
+            affected,
+        });
     }
 
     let site_str = site.to_string_lossy().into_owned();
-    let mut found_in: Vec<(usize, bool, Vec<(String, String)>)> = Vec::new();
-    for &(i, optional, affected) in &roots {
-        if !(affected || req.whole) {
+    let mut found_in: Vec<(&Root, Vec<Found>)> = Vec::new();
+    for root in &roots {
+        if !(root.affected || req.whole) {
             continue;
         }
-        let o = &after[i];
+        let o = &after[root.index];
         let c = preloads.config_for(&cfg, &o.rel, &o.path);
         report.checked += 1;
         let found = root_problems(&o.rel, &o.path, &mut overlaid.view, &c, &site_str);
         if !found.is_empty() {
-            found_in.push((i, optional, found));
+            found_in.push((root, found));
         }
     }
 
     // Pre-existing: the same problem on the venv as it is, for roots that stay.
     let mut before: Option<(OverlayView, Preloads)> = None;
-    for (i, optional, found) in found_in {
-        let o = &after[i];
-        let was: HashSet<(String, String)> = if o.placed || req.whole {
+    for (root, found) in found_in {
+        let o = &after[root.index];
+        let was: HashSet<Found> = if o.placed || req.whole {
             HashSet::new()
         } else {
             let (view, pre) = before.get_or_insert_with(|| {
@@ -243,13 +258,13 @@ pub fn run_on_target(
                 .into_iter()
                 .collect()
         };
-        for (reason, cause) in found {
-            let preexisting = was.contains(&(reason.clone(), cause.clone()));
+        for f in found {
+            let preexisting = was.contains(&f);
             report.problems.push(ElfFinding {
                 file: o.rel.clone(),
-                reason,
-                cause,
-                optional,
+                reason: f.reason,
+                cause: f.cause,
+                optional: root.optional,
                 preexisting,
             });
         }
@@ -320,6 +335,24 @@ fn lexical(p: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// A root of the ELF check: an extension module, or an optional plugin.
+struct Root {
+    /// Its index in the objects after the overlay.
+    index: usize,
+    /// A plugin (no extension module reaches it).
+    optional: bool,
+    /// The overlay affects it: it is checked (all are with `whole`).
+    affected: bool,
+}
+
+/// One problem of a root, worded for the report.
+#[derive(PartialEq, Eq, Hash)]
+struct Found {
+    reason: String,
+    /// The grouping key ([`elf::cause_of`]).
+    cause: String,
 }
 
 /// One shared object of the venv as the load model sees it.
@@ -474,7 +507,7 @@ impl Preloads {
 }
 
 /// The problems of the root at `rel` (`path`), each worded for the report,
-/// with its grouping key: (reason, cause). An object it loads is named
+/// with its grouping key. An object it loads is named
 /// relative to site-packages (`site_str`). Missing GPU driver libraries are
 /// not problems.
 fn root_problems(
@@ -483,7 +516,7 @@ fn root_problems(
     view: &mut OverlayView,
     cfg: &LoaderConfig,
     site_str: &str,
-) -> Vec<(String, String)> {
+) -> Vec<Found> {
     let mut out = Vec::new();
     for p in elf::check_object(path, view, cfg) {
         if DRIVER_LIBS
@@ -503,7 +536,7 @@ fn root_problems(
         } else {
             format!("{shown} (loaded by {rel}): {}", p.reason)
         };
-        out.push((reason, cause));
+        out.push(Found { reason, cause });
     }
     out
 }

@@ -212,7 +212,11 @@ mod loaded_tests {
         let mut cfg = LoaderConfig::system();
         let alone = check_object(&user, &mut OverlayView::new(), &cfg);
         assert_eq!(alone.len(), 1, "{:#?}", reasons(&alone));
-        assert!(alone[0].reason.starts_with("needs libtp.so, which is not found"));
+        assert!(
+            alone[0]
+                .reason
+                .starts_with("needs libtp.so, which is not found")
+        );
         cfg.loaded.insert("libtp.so".into(), lib.clone());
         let after_import = check_object(&user, &mut OverlayView::new(), &cfg);
         assert!(after_import.is_empty(), "{:#?}", reasons(&after_import));

@@ -1,6 +1,7 @@
 //! How the target's loader searches, and what is loaded before the root:
 //! [`LoaderConfig`] (`LD_LIBRARY_PATH`, the ld.so cache read from
-//! `ldconfig -p`, the trusted default directories, the global scope).
+//! `ldconfig -p`, the trusted default directories, the global scope, the
+//! objects earlier imports loaded `RTLD_LOCAL`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,7 +1,8 @@
 //! Library resolution, as glibc's `_dl_map_object_deps` does it: the
 //! [`Session`] of objects loaded so far (the global scope, then a root and
 //! its breadth-first `DT_NEEDED` closure), the library search order of
-//! `man ld.so` (inherited `DT_RPATH`, `LD_LIBRARY_PATH`, own `DT_RUNPATH`,
+//! `man ld.so` (a name already loaded first, the config's `loaded` objects
+//! included; then inherited `DT_RPATH`, `LD_LIBRARY_PATH`, own `DT_RUNPATH`,
 //! ld.so cache, default directories) and the expansion of `$ORIGIN`, `$LIB`
 //! and `$PLATFORM`. A need that nothing satisfies becomes a "not found"
 //! [`ElfProblem`] listing what was searched.
