@@ -6,7 +6,9 @@ use std::fmt::Write;
 use indicatif::HumanBytes;
 use serde::Serialize;
 
-use crate::model::{Action, Problem};
+use std::collections::BTreeMap;
+
+use crate::model::{Action, Check, Problem};
 use crate::plan::{Plan, SetPlan, Totals, Warning, totals};
 use crate::text::quote;
 
@@ -203,12 +205,236 @@ fn summary_text(out: &mut String, plan: &Plan) {
         HumanBytes(send),
         plan.warnings.len(),
         if plan.warnings.len() == 1 { "" } else { "s" },
-        plan.problems.len(),
-        if plan.problems.len() == 1 { "" } else { "s" }
+        plan.new_problems(),
+        if plan.new_problems() == 1 { "" } else { "s" }
     );
+}
+
+/// The plan's predicted problems for stderr, one line each (not escaped).
+///
+/// By default: the new problems, those of one cause (missing soname,
+/// undefined symbol, unmet requirement) on one line with how many files or
+/// dists have it; then one line for those that existed before the overlay,
+/// and one for optional plugins with unmet needs. With `verbose`, every
+/// problem on its own line, pre-existing ones and plugins in their own
+/// sections. Problems are errors when the plan is strict and they are new.
+pub fn problems_text(problems: &[Problem], strict: bool, verbose: bool) -> Vec<String> {
+    let level = if strict { "error" } else { "warning" };
+    let new: Vec<&Problem> = problems.iter().filter(|p| p.is_new()).collect();
+    let old: Vec<&Problem> = problems.iter().filter(|p| p.preexisting).collect();
+    let plugins: Vec<&Problem> = problems
+        .iter()
+        .filter(|p| p.optional && !p.preexisting)
+        .collect();
+    let mut out = Vec::new();
+    if verbose {
+        out.extend(new.iter().map(|p| format!("{level}: {}", problem_line(p))));
+        if !old.is_empty() {
+            out.push(format!(
+                "note: {} that existed before this overlay and are unchanged:",
+                counted(old.len(), "problem")
+            ));
+            out.extend(old.iter().map(|p| format!("  {}", problem_line(p))));
+        }
+        if !plugins.is_empty() {
+            out.push(format!(
+                "note: {} in optional plugins (shared objects no extension module loads):",
+                counted(plugins.len(), "problem")
+            ));
+            out.extend(plugins.iter().map(|p| format!("  {}", problem_line(p))));
+        }
+        return out;
+    }
+    // New problems, grouped by cause, in the order of their first member.
+    let mut groups: Vec<(String, Vec<&Problem>)> = Vec::new();
+    for p in new {
+        let key = format!("{:?}\0{}", p.check, p.cause.as_deref().unwrap_or(&p.reason));
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(p),
+            None => groups.push((key, vec![p])),
+        }
+    }
+    for (_, g) in &groups {
+        out.push(format!("{level}: {}", group_line(g)));
+    }
+    if !old.is_empty() {
+        let mut by_check: BTreeMap<Check, usize> = BTreeMap::new();
+        for p in &old {
+            *by_check.entry(p.check).or_default() += 1;
+        }
+        let parts: Vec<String> = by_check
+            .iter()
+            .map(|(c, n)| counted(*n, &format!("{} problem", check_name(*c))))
+            .collect();
+        out.push(format!(
+            "note: {} existed before this overlay and {} unchanged; `plan -v` lists them",
+            parts.join(" and "),
+            if old.len() == 1 { "is" } else { "are" }
+        ));
+    }
+    if !plugins.is_empty() {
+        let mut by_dist: BTreeMap<&str, usize> = BTreeMap::new();
+        for p in &plugins {
+            *by_dist
+                .entry(p.dist.as_deref().unwrap_or("(no dist)"))
+                .or_default() += 1;
+        }
+        let parts: Vec<String> = by_dist.iter().map(|(d, n)| format!("{n} in {d}")).collect();
+        out.push(format!(
+            "note: optional plugins with unmet needs: {}; `plan -v` lists them",
+            parts.join(", ")
+        ));
+    }
+    out
+}
+
+/// "1 problem", "3 problems".
+fn counted(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
+fn check_name(c: Check) -> &'static str {
+    match c {
+        Check::Requirements => "requirement",
+        Check::Cuda => "CUDA",
+        Check::Elf => "ELF",
+    }
+}
+
+/// The check's tag in a problem line, as in `--json`.
+fn check_tag(c: Check) -> &'static str {
+    match c {
+        Check::Requirements => "requirements",
+        Check::Cuda => "cuda",
+        Check::Elf => "elf",
+    }
+}
+
+/// One problem: `[check] dist: file: reason`, the file left out when the
+/// reason names it already.
+fn problem_line(p: &Problem) -> String {
+    let dist = p
+        .dist
+        .as_deref()
+        .map(|d| format!("{d}: "))
+        .unwrap_or_default();
+    let file = match &p.file {
+        Some(f)
+            if !p.reason.starts_with(f.as_str())
+                && !p.reason.contains(&format!("(loaded by {f})")) =>
+        {
+            format!("{f}: ")
+        }
+        _ => String::new(),
+    };
+    format!("[{}] {dist}{file}{}", check_tag(p.check), p.reason)
+}
+
+/// Problems of one cause: the problem itself when alone, else the cause
+/// with how many files (or dists) have it and the first two named.
+fn group_line(g: &[&Problem]) -> String {
+    if g.len() == 1 {
+        return problem_line(g[0]);
+    }
+    let p = g[0];
+    let by_file = g.iter().all(|p| p.file.is_some());
+    let mut names: Vec<&str> = g
+        .iter()
+        .filter_map(|p| {
+            if by_file {
+                p.file.as_deref()
+            } else {
+                p.dist.as_deref()
+            }
+        })
+        .collect();
+    names.dedup();
+    let shown: Vec<&str> = names.iter().take(2).copied().collect();
+    let more = names.len().saturating_sub(2);
+    let cause = p.cause.as_deref().unwrap_or(&p.reason);
+    let what = match p.check {
+        Check::Requirements => format!("requires {cause}"),
+        _ => cause.to_owned(),
+    };
+    format!(
+        "[{}] {what}: {} ({}{})",
+        check_tag(p.check),
+        counted(names.len(), if by_file { "file" } else { "dist" }),
+        shown.join(", "),
+        if more > 0 {
+            format!(", and {more} more")
+        } else {
+            String::new()
+        }
+    )
 }
 
 /// "file " or "files", keeping the columns aligned.
 fn files(n: u64) -> &'static str {
     if n == 1 { "file " } else { "files" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(dist: &str, reason: &str, preexisting: bool) -> Problem {
+        Problem {
+            check: Check::Requirements,
+            dist: Some(dist.into()),
+            cause: reason.split_once(" requires ").map(|(_, c)| c.to_owned()),
+            reason: reason.into(),
+            preexisting,
+            ..Problem::default()
+        }
+    }
+
+    fn plugin(dist: &str, file: &str) -> Problem {
+        Problem {
+            check: Check::Elf,
+            dist: Some(dist.into()),
+            file: Some(file.into()),
+            reason: "needs libmpi.so.40, which is not found (searched: ld.so cache)".into(),
+            cause: Some("needs libmpi.so.40, which is not found".into()),
+            optional: true,
+            ..Problem::default()
+        }
+    }
+
+    #[test]
+    fn causes_are_grouped_and_the_rest_summarized() {
+        let pin = "requires torch==2.14.1, but torch 2.15.0 is installed";
+        let problems = vec![
+            req("sglang", &format!("sglang 0.5 {pin}"), false),
+            req("sglang-kernel", &format!("sglang-kernel 0.4 {pin}"), false),
+            req(
+                "torch",
+                "torch 2.15.0 requires setuptools>=77.0.3, but setuptools 70.0 is installed",
+                false,
+            ),
+            req("a", "a 1 requires b, but b is not installed", true),
+            req("c", "c 1 requires b, but b is not installed", true),
+            plugin(
+                "nvidia-nvshmem-cu13",
+                "nvidia/nvshmem/lib/nvshmem_transport_ucx.so.1",
+            ),
+            plugin(
+                "nvidia-nvshmem-cu13",
+                "nvidia/nvshmem/lib/nvshmem_bootstrap_mpi.so.3",
+            ),
+            plugin("triton", "triton/plugins/libx.so"),
+        ];
+        assert_eq!(
+            problems_text(&problems, false, false),
+            vec![
+                "warning: [requirements] requires torch==2.14.1, but torch 2.15.0 is installed: 2 dists (sglang, sglang-kernel)",
+                "warning: [requirements] torch: torch 2.15.0 requires setuptools>=77.0.3, but setuptools 70.0 is installed",
+                "note: 2 requirement problems existed before this overlay and are unchanged; `plan -v` lists them",
+                "note: optional plugins with unmet needs: 2 in nvidia-nvshmem-cu13, 1 in triton; `plan -v` lists them",
+            ]
+        );
+        let verbose = problems_text(&problems, true, true);
+        assert_eq!(verbose.len(), 3 + 1 + 2 + 1 + 3, "{verbose:#?}");
+        assert!(verbose[0].starts_with("error: [requirements] sglang: sglang 0.5 requires"));
+    }
 }

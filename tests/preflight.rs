@@ -574,3 +574,200 @@ fn the_consistent_overlay_has_no_problems_and_imports() {
     );
     assert_no_problems(&planned);
 }
+
+// ---------------------------------------------------------------------------
+// The load model (roles pf-lm-source / pf-lm-target, "Preflight load model"
+// in testbed.py): what counts as loaded, optional plugins, pre-existing
+// problems as one line, grouped causes.
+// ---------------------------------------------------------------------------
+
+const LM_MANIFEST: &str = r#"
+[sets.lm-plugin]
+dists = ["pfplug"]
+[sets.lm-plugin-reached]
+dists = ["pfplug", "pfplugext"]
+[sets.lm-torch]
+dists = ["pfltorch", "pfltvision"]
+"#;
+
+fn lm() -> Testbed {
+    Testbed::with_roles(&["pf-lm-source", "pf-lm-target"], false)
+}
+
+/// `overlay plan` of `sets` with `--json`: the problems.
+fn lm_plan_json(tb: &Testbed, sets: &[&str]) -> Vec<serde_json::Value> {
+    tb.write_manifest(LM_MANIFEST);
+    let mut args = vec!["plan", "src", "dst", "--json"];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let out = ok(tb.overlay(&args).output().unwrap(), "plan --json");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["problems"].as_array().cloned().unwrap_or_default()
+}
+
+/// The problem section of `overlay plan` (text, `-v` when `verbose`): the
+/// problem lines of stderr and the summary line of stdout, as snapshotted.
+fn lm_plan_text(tb: &Testbed, sets: &[&str], verbose: bool) -> String {
+    tb.write_manifest(LM_MANIFEST);
+    let mut args = vec!["plan", "src", "dst"];
+    if verbose {
+        args.push("-v");
+    }
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let out = ok(tb.overlay(&args).output().unwrap(), "plan");
+    let stderr = text(&out.stderr);
+    let mut lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| {
+            l.starts_with("warning: ")
+                || l.starts_with("error: ")
+                || l.starts_with("note: ")
+                || l.starts_with("  ")
+        })
+        .collect();
+    let stdout = text(&out.stdout);
+    let summary = stdout.lines().last().unwrap_or("").to_string();
+    lines.push(&summary);
+    let site = tb.site_packages(1).display().to_string();
+    lines.join("\n").replace(&site, "[SITE]") + "\n"
+}
+
+fn lm_snapshot(name: &str, text: &str) {
+    insta::with_settings!({
+        filters => vec![
+            (r"\b\d+(\.\d+)? (B|KiB|MiB|GiB) to transfer", "[SIZE] to transfer"),
+        ],
+        omit_expression => true,
+        prepend_module_to_snapshot => true,
+    }, {
+        insta::assert_snapshot!(name, text);
+    });
+}
+
+/// The ids of new (not pre-existing, not optional) problems.
+fn lm_new(problems: &[serde_json::Value]) -> Vec<&serde_json::Value> {
+    problems
+        .iter()
+        .filter(|p| p["preexisting"] != true && p["optional"] != true)
+        .collect()
+}
+
+/// pflbroken and pflbroken2's unmet requirement; pflstale's missing
+/// library, its extension re-checked because pfplug replaces its other
+/// dependency (libpfplugbase.so): the same problem as before.
+const PREEXISTING_LINE: &str = "note: 2 requirement problems and 1 ELF problem existed before this overlay and are unchanged; `plan -v` lists them";
+
+/// (a) pfplug 2.0 brings a plugin whose DT_NEEDED nothing provides, but no
+/// extension module reaches it: not a new problem, one note by default,
+/// listed with -v; `import pfplug._core` works after the apply.
+#[test]
+fn lm_an_unreached_plugin_is_optional() {
+    let tb = lm();
+    let problems = lm_plan_json(&tb, &["lm-plugin"]);
+    let default = lm_plan_text(&tb, &["lm-plugin"], false);
+    let verbose = lm_plan_text(&tb, &["lm-plugin"], true);
+    apply(&tb);
+    assert_imports_ok(&tb, 1, &["pfplug._core"], "after apply of pfplug 2.0");
+    let plugin = tb.site_packages(1).join("pfplug/plugins/libpfplug_rdma.so");
+    assert!(plugin.is_file(), "the plugin was placed");
+    rollback(&tb);
+    let all = serde_json::to_string_pretty(&problems).unwrap();
+    assert!(lm_new(&problems).is_empty(), "{all}");
+    assert!(
+        problems.iter().any(|p| p["optional"] == true
+            && p["file"] == "pfplug/plugins/libpfplug_rdma.so"
+            && p["cause"] == "needs libpfibverbs.so.1, which is not found"),
+        "{all}"
+    );
+    assert!(
+        problems.iter().any(|p| p["preexisting"] == true
+            && p["check"] == "elf"
+            && p["file"] == "pflstale/_ext.cpython-311-x86_64-linux-gnu.so"
+            && p["cause"] == "needs libpfibverbs.so.1, which is not found"),
+        "{all}"
+    );
+    assert!(default.contains(PREEXISTING_LINE), "{default}");
+    assert!(
+        default
+            .contains("note: optional plugins with unmet needs: 1 in pfplug; `plan -v` lists them"),
+        "{default}"
+    );
+    assert!(!default.contains("libpfibverbs"), "{default}");
+    assert!(verbose.contains("libpfibverbs.so.1"), "{verbose}");
+    lm_snapshot("lm_plugin_default", &default);
+    lm_snapshot("lm_plugin_verbose", &verbose);
+}
+
+/// (a) The same plugin reached from pfplugext's two extension modules: a new
+/// problem, one grouped line for both files; the import fails after apply.
+#[test]
+fn lm_a_plugin_reached_from_an_extension_is_a_problem() {
+    let tb = lm();
+    let problems = lm_plan_json(&tb, &["lm-plugin-reached"]);
+    let default = lm_plan_text(&tb, &["lm-plugin-reached"], false);
+    let verbose = lm_plan_text(&tb, &["lm-plugin-reached"], true);
+    apply(&tb);
+    for m in ["pfplugext._ext", "pfplugext._ext2"] {
+        let line = &imports(&tb, 1, &[m])[0];
+        eprintln!("after apply of lm-plugin-reached: {line}");
+        assert!(
+            line.contains("libpfibverbs.so.1: cannot open shared object file"),
+            "{line}"
+        );
+    }
+    rollback(&tb);
+    let all = serde_json::to_string_pretty(&problems).unwrap();
+    let new = lm_new(&problems);
+    assert_eq!(new.len(), 2, "{all}");
+    for p in new {
+        assert_eq!(p["cause"], "needs libpfibverbs.so.1, which is not found");
+        assert_eq!(p["dist"], "pfplugext");
+    }
+    assert!(
+        default.contains("warning: [elf] needs libpfibverbs.so.1, which is not found: 2 files"),
+        "{default}"
+    );
+    lm_snapshot("lm_plugin_reached_default", &default);
+    lm_snapshot("lm_plugin_reached_verbose", &verbose);
+}
+
+/// (b) pfltvision's image.so needs libpfltorch_python.so with no path to it;
+/// importing pfltorch (which pfltvision requires) has loaded it by soname
+/// through pfltorch._C. Both are new on the target: no problem, and the
+/// import works. (d) A consistent overlay predicts nothing new; (c) the
+/// target's own requirement problems are one line.
+#[test]
+fn lm_a_library_an_earlier_import_loaded_is_no_problem() {
+    let tb = lm();
+    let problems = lm_plan_json(&tb, &["lm-torch"]);
+    let default = lm_plan_text(&tb, &["lm-torch"], false);
+    let verbose = lm_plan_text(&tb, &["lm-torch"], true);
+    apply(&tb);
+    assert_imports_ok(&tb, 1, &["pfltvision", "pfltvision.image"], "after apply");
+    rollback(&tb);
+    let all = serde_json::to_string_pretty(&problems).unwrap();
+    assert!(lm_new(&problems).is_empty(), "{all}");
+    assert_eq!(
+        problems
+            .iter()
+            .filter(|p| p["preexisting"] == true && p["check"] == "requirements")
+            .count(),
+        2,
+        "{all}"
+    );
+    assert_eq!(
+        default.lines().filter(|l| l.starts_with("note: ")).count(),
+        1,
+        "{default}"
+    );
+    assert!(
+        default.contains("note: 2 requirement problems existed before this overlay and are unchanged; `plan -v` lists them"),
+        "{default}"
+    );
+    assert!(default.contains(", 0 predicted problems"), "{default}");
+    lm_snapshot("lm_torch_default", &default);
+    lm_snapshot("lm_torch_verbose", &verbose);
+}

@@ -30,7 +30,7 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
             report::plan_text(&plan, global.verbose > 0, progress::color_stdout())
         );
     }
-    print_findings(&plan);
+    print_findings(&plan, global.verbose > 0);
     save(&plan, &args.out)?;
     // The agents have answered everything; their goodbyes ran beside the
     // printing and saving.
@@ -58,8 +58,9 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
     })
 }
 
-/// The plan's warnings and predicted problems, on stderr.
-fn print_findings(plan: &Plan) {
+/// The plan's warnings and predicted problems, on stderr (see
+/// [`report::problems_text`]).
+fn print_findings(plan: &Plan, verbose: bool) {
     for w in &plan.warnings {
         let set = w
             .set
@@ -68,29 +69,7 @@ fn print_findings(plan: &Plan) {
             .unwrap_or_default();
         eprintln!("warning: {}", text::escape(&format!("{set}{}", w.message)));
     }
-    for p in &plan.problems {
-        let level = if plan.strict && !p.preexisting {
-            "error"
-        } else {
-            "warning"
-        };
-        let check = serde_json::to_value(p.check)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default();
-        let dist = p
-            .dist
-            .as_deref()
-            .map(|d| format!("{d}: "))
-            .unwrap_or_default();
-        // Name the file unless the reason already starts with it.
-        let file = match &p.file {
-            Some(f) if !p.reason.starts_with(f.as_str()) => format!("{f}: "),
-            _ => String::new(),
-        };
-        eprintln!(
-            "{level}: {}",
-            text::escape(&format!("[{check}] {dist}{file}{}", p.reason))
-        );
+    for line in report::problems_text(&plan.problems, plan.strict, verbose) {
+        eprintln!("{}", text::escape(&line));
     }
 }

@@ -8,16 +8,19 @@ use serde::{Deserialize, Serialize};
 use super::ElfInfo;
 
 /// Which check found a problem.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Check {
+    #[default]
     Requirements,
     Cuda,
     Elf,
 }
 
 /// One predicted failure.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Problem {
     pub check: Check,
     /// The distribution affected, if known.
@@ -28,6 +31,24 @@ pub struct Problem {
     /// The target has this problem already, before the overlay.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preexisting: bool,
+    /// In an optional plugin: a shared object that no extension module
+    /// reaches through `DT_NEEDED` (something may `dlopen` it later, or
+    /// never); `plan` lists these only with `-v`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+    /// What problems of the same cause share, for grouping them in the
+    /// output: the missing soname (`needs libX.so.1`), the undefined symbol,
+    /// the unmet requirement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+}
+
+impl Problem {
+    /// New (not pre-existing) and not in an optional plugin: what `--strict`
+    /// and the summary's count are about.
+    pub fn is_new(&self) -> bool {
+        !self.preexisting && !self.optional
+    }
 }
 
 /// What the target agent needs to predict loader failures after the overlay.
@@ -42,8 +63,16 @@ pub struct PreflightRequest {
     /// Absolute directories, from the manifest's `[verify] env.LD_LIBRARY_PATH`.
     pub ld_library_path: Vec<String>,
     /// Top-level package directories of distributions that import torch:
-    /// for objects below them, what torch preloads counts as loaded.
+    /// for objects below them, what torch preloads counts as loaded. Read
+    /// only when `imported_first` is empty (a controller that predates it).
     pub torch_users: Vec<String>,
+    /// Top-level package directory -> the top-level directories of the
+    /// distributions its distribution requires (directly or not) and of its
+    /// own: importing it has imported those first, so their `_C` extension
+    /// modules (and `lib/lib<top>_global_deps.so`, loaded `RTLD_GLOBAL`, as
+    /// torch does) are already loaded when its own extensions load.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub imported_first: BTreeMap<String, Vec<String>>,
     /// Check every shared object of the venv as it stands, not only those
     /// the overlay brings or disturbs (`overlay doctor`; `placed` and
     /// `deleted` are then empty).
@@ -51,10 +80,28 @@ pub struct PreflightRequest {
     pub whole: bool,
 }
 
+/// One ELF problem the target predicts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ElfFinding {
+    /// The root that fails to load (relative to site-packages): the
+    /// extension module an import loads, or the plugin.
+    pub file: String,
+    /// What goes wrong; names the object with the unmet need when it is not
+    /// `file` itself (`"lib/x.so (loaded by file): needs ..."`).
+    pub reason: String,
+    /// The grouping key (see [`Problem::cause`]).
+    pub cause: String,
+    /// `file` is an optional plugin (no extension module reaches it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+    /// The venv as it is has this very problem already.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preexisting: bool,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PreflightReport {
-    /// (object relative to site-packages, reason).
-    pub problems: Vec<(String, String)>,
+    pub problems: Vec<ElfFinding>,
     /// CUDA runtime majors each shared object needs after the overlay.
     pub cudart: BTreeMap<String, BTreeSet<u32>>,
     /// Shared objects checked.

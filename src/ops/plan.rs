@@ -556,16 +556,19 @@ fn preflight(
         deleted: deleted.iter().map(|p| p.to_string()).collect(),
         ld_library_path: ld_library_path(manifest, dst_scan, dst_venv),
         torch_users: crate::preflight::torch_users(&after),
+        imported_first: crate::preflight::imported_first(&after),
         whole: false,
     };
     let report = dst.preflight(req)?;
-    for (file, reason) in report.problems {
+    for f in report.problems {
         problems.push(Problem {
             check: Check::Elf,
-            dist: crate::preflight::owner(&after, &file).map(|d| d.name.clone()),
-            file: Some(file),
-            reason,
-            preexisting: false,
+            dist: crate::preflight::owner(&after, &f.file).map(|d| d.name.clone()),
+            file: Some(f.file),
+            reason: f.reason,
+            preexisting: f.preexisting,
+            optional: f.optional,
+            cause: Some(f.cause),
         });
     }
 

@@ -158,9 +158,10 @@ pub fn check_python(src: &HostInfo, dst: &HostInfo) -> Result<()> {
 }
 
 impl Plan {
-    /// Predicted problems the overlay would cause (not those the target has already).
+    /// Predicted problems the overlay would cause (not those the target has
+    /// already, nor those of optional plugins).
     pub fn new_problems(&self) -> usize {
-        self.problems.iter().filter(|p| !p.preexisting).count()
+        self.problems.iter().filter(|p| p.is_new()).count()
     }
 
     pub fn has_changes(&self) -> bool {

@@ -143,7 +143,7 @@ pub fn check(
                     version(d),
                     describe(ev)
                 ),
-                preexisting: false,
+                ..Problem::default()
             });
         }
     }
@@ -190,7 +190,7 @@ pub fn check(
                     ref_dist.name,
                     version(ref_dist)
                 ),
-                preexisting: false,
+                ..Problem::default()
             });
         }
     }

@@ -5,18 +5,29 @@
 //! the CUDA major) and [`elf`] (every shared object the overlay brings or
 //! disturbs can be loaded: DT_NEEDED, version needs, undefined symbols).
 //!
+//! [`run_on_target`] applies the ELF check through the **load model**: the
+//! roots are the extension modules (what `import` loads), each on top of
+//! what the imports of the distributions it requires have loaded
+//! ([`imported_first`]: their `_C` modules by name, their global deps);
+//! shared objects no extension module reaches are optional plugins, whose
+//! problems are marked `optional`; a staying root's problem that the venv
+//! as it is has already is marked `preexisting`. See docs/preflight.md.
+//!
 //! The checks read facts, they never run the loader or the interpreter.
 
 pub mod cuda;
 pub mod elf;
 pub mod requirements;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::Result;
 use crate::inventory::Venv;
-use crate::model::{Dist, ElfInfo, PreflightReport, PreflightRequest, Set, normalize_name};
+use crate::model::{
+    Dist, ElfFinding, ElfInfo, PreflightReport, PreflightRequest, Set, normalize_name,
+};
 use elf::{LoaderConfig, LoaderView, OverlayView};
 
 /// Libraries that come with the GPU driver, not with any wheel: a host
@@ -100,6 +111,16 @@ fn cudart_majors(info: &ElfInfo) -> BTreeSet<u32> {
 
 /// Target side: simulate the loader over the venv as it will be.
 ///
+/// The load model: what an import loads is an extension module (an object
+/// that defines `PyInit_<its stem>`, [`ElfInfo::is_extension`]) and its
+/// `DT_NEEDED` closure, on top of what the imports before it loaded (see
+/// [`Preloads`]). Every other shared object is an optional plugin: checked,
+/// its problems marked `optional`. Checked roots are the extension modules
+/// and plugins the overlay affects (placed, or whose closure holds a placed
+/// object or needs one it replaces or deletes), or all with `req.whole`.
+/// The problems of a root that stays are then looked for on the venv as it
+/// is: the same problem there is `preexisting`.
+///
 /// `listed`: the venv's shared objects as [`shared_objects`] listed them
 /// ahead of the request, if it did; otherwise they are listed now.
 pub fn run_on_target(
@@ -108,32 +129,144 @@ pub fn run_on_target(
 ) -> Result<PreflightReport> {
     let venv = Venv::open(&req.venv)?;
     let site = venv.site();
-    let cache = std::sync::Arc::new(crate::hashcache::StampCache::<Option<ElfInfo>>::open_kind(
+    let cache = Arc::new(crate::hashcache::StampCache::<Option<ElfInfo>>::open_kind(
         &venv.root, ELF_CACHE,
     ));
     let mut overlaid = overlay(req, &venv, OverlayView::with_cache(cache.clone()))?;
     let mut report = PreflightReport::default();
-    let staying = listed.unwrap_or_else(|| walk_shared_objects(&site));
-    let mut roots = std::mem::take(&mut overlaid.placed_objects);
-    roots.extend(staying_roots(req, staying, &mut overlaid, &mut report));
-    for (rel, info) in &req.placed {
-        if let Some(info) = info {
-            let majors = cudart_majors(info);
-            if !majors.is_empty() {
-                report.cudart.insert(rel.clone(), majors);
-            }
+    let listed = listed.unwrap_or_else(|| walk_shared_objects(&site));
+    let placed_set: HashSet<&str> = req.placed.iter().map(|(r, _)| r.as_str()).collect();
+    let deleted_set: HashSet<&str> = req.deleted.iter().map(String::as_str).collect();
+
+    // The shared objects after the overlay: those that stay, and those placed.
+    let mut after: Vec<Object> = Vec::new();
+    for (rel, path) in &listed {
+        if placed_set.contains(rel.as_str()) || deleted_set.contains(rel.as_str()) {
+            continue;
+        }
+        if let Some(info) = overlaid.view.elf(path) {
+            after.push(Object::new(rel, path, info, false));
+        }
+    }
+    for (rel, path) in &overlaid.placed_objects {
+        if let Some(info) = overlaid.view.elf(path) {
+            after.push(Object::new(rel, path, info, true));
+        }
+    }
+    after.sort_by(|a, b| a.rel.cmp(&b.rel));
+    for o in &after {
+        let majors = cudart_majors(&o.info);
+        if !majors.is_empty() {
+            report.cudart.insert(o.rel.clone(), majors);
         }
     }
 
     let mut cfg = LoaderConfig::system();
     cfg.ld_library_path = req.ld_library_path.iter().map(PathBuf::from).collect();
-    let preloaded = Preloaded::of(&venv, &site, &mut overlaid.view);
+    let imported_first = imported_first_of(req);
+    let interpreter = std::fs::canonicalize(venv.root.join("bin/python")).ok();
+    let preloads = Preloads::of(
+        &site,
+        &after,
+        &imported_first,
+        interpreter.clone(),
+        &cfg,
+        &mut overlaid.view,
+    );
+
+    // Extension modules and what they reach; the rest are plugins.
+    let placed_paths: HashSet<PathBuf> = overlaid
+        .placed_objects
+        .iter()
+        .map(|(_, p)| lexical(p))
+        .collect();
+    let affects = |c: &elf::Closure| {
+        c.objects.iter().any(|p| placed_paths.contains(&lexical(p)))
+            || c.needed.iter().any(|n| overlaid.disturbed.contains(n))
+    };
+    let mut reached: HashSet<PathBuf> = preloads.all_objects().into_iter().collect();
+    let mut roots: Vec<Root> = Vec::new();
+    for (i, o) in after.iter().enumerate().filter(|(_, o)| o.extension) {
+        let c = preloads.config_for(&cfg, &o.rel, &o.path);
+        let closure = elf::closure_of(&o.path, &mut overlaid.view, &c);
+        let affected = o.placed || affects(&closure);
+        reached.extend(closure.objects.iter().map(|p| lexical(p)));
+        roots.push(Root {
+            index: i,
+            optional: false,
+            affected,
+        });
+    }
+    for (i, o) in after.iter().enumerate() {
+        if o.extension || reached.contains(&lexical(&o.path)) {
+            continue;
+        }
+        let affected = o.placed || {
+            let c = preloads.config_for(&cfg, &o.rel, &o.path);
+            affects(&elf::closure_of(&o.path, &mut overlaid.view, &c))
+        };
+        roots.push(Root {
+            index: i,
+            optional: true,
+            affected,
+        });
+    }
+
     let site_str = site.to_string_lossy().into_owned();
-    for (rel, path) in &roots {
-        let c = preloaded.config_for(&cfg, rel, &req.torch_users);
+    let mut found_in: Vec<(&Root, Vec<Found>)> = Vec::new();
+    for root in &roots {
+        if !(root.affected || req.whole) {
+            continue;
+        }
+        let o = &after[root.index];
+        let c = preloads.config_for(&cfg, &o.rel, &o.path);
         report.checked += 1;
-        for reason in root_problems(rel, path, &mut overlaid.view, &c, &site_str) {
-            report.problems.push((rel.clone(), reason));
+        let found = root_problems(&o.rel, &o.path, &mut overlaid.view, &c, &site_str);
+        if !found.is_empty() {
+            found_in.push((root, found));
+        }
+    }
+
+    // Pre-existing: the same problem on the venv as it is, for roots that stay.
+    let mut before: Option<(OverlayView, Preloads)> = None;
+    for (root, found) in found_in {
+        let o = &after[root.index];
+        let was: HashSet<Found> = if o.placed || req.whole {
+            HashSet::new()
+        } else {
+            let (view, pre) = before.get_or_insert_with(|| {
+                let mut view = OverlayView::with_cache(cache.clone());
+                let objects: Vec<Object> = listed
+                    .iter()
+                    .filter_map(|(rel, path)| {
+                        let info = view.elf(path)?;
+                        Some(Object::new(rel, path, info, false))
+                    })
+                    .collect();
+                let pre = Preloads::of(
+                    &site,
+                    &objects,
+                    &imported_first,
+                    interpreter.clone(),
+                    &cfg,
+                    &mut view,
+                );
+                (view, pre)
+            });
+            let c = pre.config_for(&cfg, &o.rel, &o.path);
+            root_problems(&o.rel, &o.path, view, &c, &site_str)
+                .into_iter()
+                .collect()
+        };
+        for f in found {
+            let preexisting = was.contains(&f);
+            report.problems.push(ElfFinding {
+                file: o.rel.clone(),
+                reason: f.reason,
+                cause: f.cause,
+                optional: root.optional,
+                preexisting,
+            });
         }
     }
     report.problems.sort();
@@ -188,95 +321,202 @@ fn overlay(req: &PreflightRequest, venv: &Venv, mut view: OverlayView) -> Result
     })
 }
 
-/// The shared objects that stay (neither placed nor deleted) and link to
-/// something the overlay disturbs; the CUDA runtime majors of every staying
-/// object go to `report`.
-fn staying_roots(
-    req: &PreflightRequest,
-    listed: SharedObjects,
-    overlaid: &mut Overlaid,
-    report: &mut PreflightReport,
-) -> SharedObjects {
-    let placed_set: HashSet<&str> = req.placed.iter().map(|(r, _)| r.as_str()).collect();
-    let deleted_set: HashSet<&str> = req.deleted.iter().map(String::as_str).collect();
-    let staying = listed.into_iter().filter(|(rel, _)| {
-        !placed_set.contains(rel.as_str()) && !deleted_set.contains(rel.as_str())
-    });
-    let mut roots = Vec::new();
-    for (rel, path) in staying {
-        let Some(info) = overlaid.view.elf(&path) else {
-            continue;
-        };
-        let majors = cudart_majors(&info);
-        if !majors.is_empty() {
-            report.cudart.insert(rel.clone(), majors);
-        }
-        // A staying object is checked when it links to something the overlay disturbs.
-        if info.needed.iter().any(|n| overlaid.disturbed.contains(n)) {
-            roots.push((rel, path));
+/// `p` with `.` and `..` resolved lexically: how the load model compares
+/// the paths of placed objects with those a closure found.
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
         }
     }
-    roots
+    out
 }
 
-/// What is in the global scope before an extension of the venv is loaded.
-struct Preloaded {
-    /// The venv's interpreter (its real path), for every object.
+/// A root of the ELF check: an extension module, or an optional plugin.
+struct Root {
+    /// Its index in the objects after the overlay.
+    index: usize,
+    /// A plugin (no extension module reaches it).
+    optional: bool,
+    /// The overlay affects it: it is checked (all are with `whole`).
+    affected: bool,
+}
+
+/// One problem of a root, worded for the report.
+#[derive(PartialEq, Eq, Hash)]
+struct Found {
+    reason: String,
+    /// The grouping key ([`elf::cause_of`]).
+    cause: String,
+}
+
+/// One shared object of the venv as the load model sees it.
+struct Object {
+    /// Relative to site-packages.
+    rel: String,
+    path: PathBuf,
+    info: Arc<ElfInfo>,
+    /// A Python extension module (imports load it).
+    extension: bool,
+    /// Placed by the overlay.
+    placed: bool,
+}
+
+impl Object {
+    fn new(rel: &str, path: &Path, info: Arc<ElfInfo>, placed: bool) -> Self {
+        let name = rel.rsplit('/').next().unwrap_or(rel);
+        Object {
+            extension: info.is_extension(name),
+            rel: rel.to_owned(),
+            path: path.to_path_buf(),
+            info,
+            placed,
+        }
+    }
+}
+
+/// The request's `imported_first`, or from `torch_users` when a controller
+/// did not send it: torch is imported before each of them.
+fn imported_first_of(req: &PreflightRequest) -> BTreeMap<String, Vec<String>> {
+    if !req.imported_first.is_empty() {
+        return req.imported_first.clone();
+    }
+    req.torch_users
+        .iter()
+        .map(|t| (t.clone(), vec!["torch".to_owned()]))
+        .collect()
+}
+
+/// What earlier imports have loaded, per top-level package directory: the
+/// global deps (`<top>/lib/lib<top>_global_deps.so`, which torch loads
+/// `RTLD_GLOBAL`) and the top-level `_C` extension modules (loaded
+/// `RTLD_LOCAL`: their closure's names satisfy later `DT_NEEDED`s, their
+/// symbols are in scope only for objects that reach them) of the
+/// distributions imported first.
+struct Preloads {
+    /// The venv's interpreter (its real path), global for every object.
     interpreter: Option<PathBuf>,
-    /// What `import torch` loads first, for objects of torch users.
-    torch: Vec<PathBuf>,
+    /// Top-level directory -> what is loaded before its extension modules.
+    by_top: HashMap<String, Preload>,
 }
 
-impl Preloaded {
-    fn of(venv: &Venv, site: &Path, view: &mut OverlayView) -> Self {
-        let interpreter = std::fs::canonicalize(venv.root.join("bin/python")).ok();
-        let torch: Vec<PathBuf> = ["torch/lib/libtorch_global_deps.so"]
+#[derive(Default, Clone)]
+struct Preload {
+    /// Loaded `RTLD_GLOBAL`.
+    global: Vec<PathBuf>,
+    /// `_C` extension modules loaded `RTLD_LOCAL`, each with the names its
+    /// closure answers to.
+    modules: Vec<(PathBuf, Vec<(String, PathBuf)>)>,
+}
+
+impl Preloads {
+    /// Preloads over `objects` (the venv's shared objects as `view` sees
+    /// them, placed ones included): the preloaded objects are taken from the
+    /// venv as the view shows it, never from a listing of the old disk.
+    fn of(
+        site: &Path,
+        objects: &[Object],
+        imported_first: &BTreeMap<String, Vec<String>>,
+        interpreter: Option<PathBuf>,
+        cfg: &LoaderConfig,
+        view: &mut OverlayView,
+    ) -> Self {
+        let providers: BTreeSet<&String> = imported_first.values().flatten().collect();
+        let mut of_provider: HashMap<&str, Preload> = HashMap::new();
+        for top in providers {
+            let mut pre = Preload::default();
+            let deps = site.join(format!("{top}/lib/lib{top}_global_deps.so"));
+            if view.elf(&deps).is_some() {
+                pre.global.push(deps);
+            }
+            let c = LoaderConfig {
+                global: interpreter.iter().chain(&pre.global).cloned().collect(),
+                loaded: HashMap::new(),
+                ..cfg.clone()
+            };
+            let prefix = format!("{top}/");
+            for o in objects.iter().filter(|o| {
+                o.extension
+                    && o.rel
+                        .strip_prefix(&prefix)
+                        .is_some_and(|n| n.starts_with("_C.") && !n.contains('/'))
+            }) {
+                let closure = elf::closure_of(&o.path, view, &c);
+                pre.modules.push((o.path.clone(), closure.names));
+            }
+            of_provider.insert(top.as_str(), pre);
+        }
+        let by_top = imported_first
             .iter()
-            .map(|r| site.join(r))
-            .chain(
-                std::fs::read_dir(site.join("torch"))
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| {
-                        p.file_name()
-                            .and_then(|n| n.to_str())
-                            .is_some_and(|n| n.starts_with("_C.") && n.ends_with(".so"))
-                    }),
-            )
-            .filter(|p| view.elf(p).is_some())
+            .map(|(user, provs)| {
+                let mut pre = Preload::default();
+                for p in provs {
+                    if let Some(pp) = of_provider.get(p.as_str()) {
+                        pre.global.extend(pp.global.iter().cloned());
+                        pre.modules.extend(pp.modules.iter().cloned());
+                    }
+                }
+                (user.clone(), pre)
+            })
             .collect();
-        Preloaded { interpreter, torch }
+        Preloads {
+            interpreter,
+            by_top,
+        }
     }
 
-    /// `cfg` with the global scope of the object at `rel`.
-    fn config_for(&self, cfg: &LoaderConfig, rel: &str, torch_users: &[String]) -> LoaderConfig {
+    /// Every object some import preloads (their closures included).
+    fn all_objects(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for pre in self.by_top.values() {
+            out.extend(pre.global.iter().map(|p| lexical(p)));
+            for (m, names) in &pre.modules {
+                out.push(lexical(m));
+                out.extend(names.iter().map(|(_, p)| lexical(p)));
+            }
+        }
+        out
+    }
+
+    /// `cfg` with what is loaded before the object at `rel` (`path`): the
+    /// interpreter, and the preloads of its top-level directory except the
+    /// object itself.
+    fn config_for(&self, cfg: &LoaderConfig, rel: &str, path: &Path) -> LoaderConfig {
         let mut c = LoaderConfig {
-            global: Vec::new(),
+            global: self.interpreter.iter().cloned().collect(),
+            loaded: HashMap::new(),
             ..cfg.clone()
         };
-        c.global.extend(self.interpreter.clone());
-        if torch_users
-            .iter()
-            .any(|t| rel.starts_with(&format!("{t}/")))
-        {
-            c.global.extend(self.torch.iter().cloned());
+        let top = rel.split('/').next().unwrap_or(rel);
+        if let Some(pre) = self.by_top.get(top) {
+            c.global.extend(pre.global.iter().cloned());
+            for (m, names) in pre.modules.iter().filter(|(m, _)| m != path) {
+                let _ = m;
+                for (n, p) in names {
+                    c.loaded.entry(n.clone()).or_insert_with(|| p.clone());
+                }
+            }
         }
         c
     }
 }
 
-/// The problems of the root at `rel` (`path`), each worded for the report:
-/// an object it loads is named relative to site-packages (`site_str`).
-/// Missing GPU driver libraries are not problems.
+/// The problems of the root at `rel` (`path`), each worded for the report,
+/// with its grouping key. An object it loads is named
+/// relative to site-packages (`site_str`). Missing GPU driver libraries are
+/// not problems.
 fn root_problems(
     rel: &str,
     path: &Path,
     view: &mut OverlayView,
     cfg: &LoaderConfig,
     site_str: &str,
-) -> Vec<String> {
+) -> Vec<Found> {
     let mut out = Vec::new();
     for p in elf::check_object(path, view, cfg) {
         if DRIVER_LIBS
@@ -290,12 +530,13 @@ fn root_problems(
             .strip_prefix(&format!("{site_str}/"))
             .map(str::to_string)
             .unwrap_or_else(|| file.into_owned());
+        let cause = elf::cause_of(&p.reason);
         let reason = if shown == *rel {
             p.reason
         } else {
             format!("{shown} (loaded by {rel}): {}", p.reason)
         };
-        out.push(reason);
+        out.push(Found { reason, cause });
     }
     out
 }
@@ -350,6 +591,80 @@ pub fn torch_users(dists: &[&Dist]) -> Vec<String> {
         }
     }
     out.into_iter().collect()
+}
+
+/// For [`PreflightRequest::imported_first`]: each top-level directory of
+/// a distribution -> the top-level directories of the distributions it
+/// requires, directly or not (names of `Requires-Dist`, markers and extras
+/// not evaluated), among `dists`. Its own are left out: a distribution's
+/// `_C` module is checked as a root, never assumed loaded for its siblings.
+pub fn imported_first(dists: &[&Dist]) -> BTreeMap<String, Vec<String>> {
+    let by_name: HashMap<&str, &Dist> = dists.iter().map(|d| (d.normalized.as_str(), *d)).collect();
+    let requires = |d: &Dist| -> Vec<String> {
+        d.requires_dist
+            .iter()
+            .map(|r| {
+                let name: String = r
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                    .collect();
+                normalize_name(&name)
+            })
+            .collect()
+    };
+    let mut out = BTreeMap::new();
+    for d in dists {
+        let mut seen: BTreeSet<&str> = BTreeSet::from([d.normalized.as_str()]);
+        let mut todo = requires(d);
+        let mut provider_tops = BTreeSet::new();
+        while let Some(name) = todo.pop() {
+            let Some(r) = by_name.get(name.as_str()) else {
+                continue;
+            };
+            if !seen.insert(r.normalized.as_str()) {
+                continue;
+            }
+            provider_tops.extend(preloading_tops(r));
+            todo.extend(requires(r));
+        }
+        let own = tops(d);
+        let provider_tops: Vec<String> = provider_tops
+            .into_iter()
+            .filter(|t| !own.contains(t))
+            .collect();
+        if provider_tops.is_empty() {
+            continue;
+        }
+        for t in own {
+            out.insert(t, provider_tops.clone());
+        }
+    }
+    out
+}
+
+/// The top-level directories of a distribution that have something an
+/// import preloads: a `<top>/_C.*.so` or `<top>/lib/lib<top>_global_deps.so`.
+fn preloading_tops(d: &Dist) -> BTreeSet<String> {
+    d.files
+        .iter()
+        .filter_map(|f| f.split_once('/'))
+        .filter(|(top, rest)| {
+            (rest.starts_with("_C.") && looks_shared(rest) && !rest.contains('/'))
+                || *rest == format!("lib/lib{top}_global_deps.so")
+        })
+        .map(|(top, _)| top.to_owned())
+        .collect()
+}
+
+/// The top-level directories a distribution's files lie in.
+fn tops(d: &Dist) -> BTreeSet<String> {
+    d.files
+        .iter()
+        .filter_map(|f| f.split_once('/'))
+        .map(|(top, _)| top)
+        .filter(|top| !top.ends_with(".dist-info") && !top.starts_with(".."))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Owner distribution of a path (after the overlay), for messages.

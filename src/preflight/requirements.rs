@@ -208,8 +208,9 @@ fn problem(dist: &str, file: Option<String>, reason: String) -> Problem {
         check: Check::Requirements,
         dist: Some(dist.to_owned()),
         file,
+        cause: reason.split_once(" requires ").map(|(_, r)| r.to_owned()),
         reason,
-        preexisting: false,
+        ..Problem::default()
     }
 }
 

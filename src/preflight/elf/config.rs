@@ -1,6 +1,7 @@
 //! How the target's loader searches, and what is loaded before the root:
 //! [`LoaderConfig`] (`LD_LIBRARY_PATH`, the ld.so cache read from
-//! `ldconfig -p`, the trusted default directories, the global scope).
+//! `ldconfig -p`, the trusted default directories, the global scope, the
+//! objects earlier imports loaded `RTLD_LOCAL`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,6 +22,13 @@ pub struct LoaderConfig {
     /// their symbols as defined. `global[0]`, if any, plays the main program:
     /// its `DT_RPATH` is searched as glibc searches the executable's.
     pub global: Vec<PathBuf>,
+    /// Objects already loaded `RTLD_LOCAL` (by an earlier import, e.g.
+    /// `torch._C` and its closure), by every name they answer to (soname,
+    /// names they were requested as): a `DT_NEEDED` of one of these names is
+    /// satisfied by that object whatever the search path says, as glibc
+    /// matches loaded objects by name first; their symbols are in scope only
+    /// for objects whose closure reaches them.
+    pub loaded: HashMap<String, PathBuf>,
 }
 
 impl LoaderConfig {
@@ -60,6 +68,7 @@ impl LoaderConfig {
             ld_cache: parse_ldconfig(&String::from_utf8_lossy(&output)),
             default_dirs: Self::default_dirs(),
             global: Vec::new(),
+            loaded: HashMap::new(),
         }
     }
 }

@@ -26,7 +26,9 @@
 //!   symbol against the global scope plus the root's dependency closure.
 //! * `check`: [`check_object`], the model of one root loaded by the
 //!   interpreter with `RTLD_NOW` (CPython's default `dlopen` flags), turning
-//!   the above into [`ElfProblem`]s.
+//!   the above into [`ElfProblem`]s; [`closure_of`], the same root's
+//!   closure without any judging (what it loads, by which names); and
+//!   [`cause_of`], a problem's grouping key.
 //!
 //! Blind spots, by design or for want of facts:
 //!
@@ -41,9 +43,11 @@
 //!   relocations, `DF_1_NODEFLIB`, `glibc-hwcaps` subdirectories, the
 //!   `e_machine`/OS ABI of candidates (only 32-bit and non-ELF candidates are
 //!   skipped) are not modelled;
-//! * `LD_PRELOAD`, `LD_AUDIT`, other extensions already loaded `RTLD_LOCAL`
-//!   by the interpreter, and `/etc/ld.so.preload` are unknown unless the
-//!   caller lists them in [`LoaderConfig::global`];
+//! * `LD_PRELOAD`, `LD_AUDIT`, objects already loaded by earlier imports,
+//!   and `/etc/ld.so.preload` are unknown unless the caller lists them in
+//!   [`LoaderConfig::global`] (`RTLD_GLOBAL`: names and symbols for all) or
+//!   [`LoaderConfig::loaded`] (`RTLD_LOCAL`: names for all, symbols only for
+//!   the objects that need them);
 //! * symbol matching is an existence check: an unversioned reference is
 //!   taken as satisfied by any definition of the name (glibc refuses hidden
 //!   non-default versions `foo@V1` in one corner case); objects without
@@ -60,7 +64,7 @@ mod view;
 mod testutil;
 
 pub use crate::model::{ElfInfo, Symbol};
-pub use check::{ElfProblem, check_object};
+pub use check::{Closure, ElfProblem, cause_of, check_object, closure_of};
 pub use config::{LoaderConfig, parse_ldconfig};
 pub use read::read_elf;
 pub use view::{LoaderView, OverlayView};

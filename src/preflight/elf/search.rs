@@ -1,7 +1,8 @@
 //! Library resolution, as glibc's `_dl_map_object_deps` does it: the
 //! [`Session`] of objects loaded so far (the global scope, then a root and
 //! its breadth-first `DT_NEEDED` closure), the library search order of
-//! `man ld.so` (inherited `DT_RPATH`, `LD_LIBRARY_PATH`, own `DT_RUNPATH`,
+//! `man ld.so` (a name already loaded first, the config's `loaded` objects
+//! included; then inherited `DT_RPATH`, `LD_LIBRARY_PATH`, own `DT_RUNPATH`,
 //! ld.so cache, default directories) and the expansion of `$ORIGIN`, `$LIB`
 //! and `$PLATFORM`. A need that nothing satisfies becomes a "not found"
 //! [`ElfProblem`] listing what was searched.
@@ -174,6 +175,23 @@ impl Session<'_> {
         }
         if let Some(&i) = self.by_name.get(name) {
             return Ok(i);
+        }
+        if let Some(p) = self.cfg.loaded.get(name) {
+            // Loaded earlier (RTLD_LOCAL): matched by name, already there
+            // with its own closure, not this root's to check.
+            let p = normalize(p);
+            if let Some(info) = self.view.elf(&p) {
+                let i = match self.by_name.get(p.to_string_lossy().as_ref()) {
+                    Some(&i) => i,
+                    None => {
+                        let i = self.add(p, info, None, false);
+                        self.closure(i, false, None);
+                        i
+                    }
+                };
+                self.by_name.entry(name.to_owned()).or_insert(i);
+                return Ok(i);
+            }
         }
         let mut searched = Vec::new();
         for dir in self.search_dirs(o) {
