@@ -1,7 +1,8 @@
 //! `PrefetchPreflight` and `Preflight`: target side. The first starts
-//! listing site-packages' shared objects in the background and is answered
-//! at once; the `Preflight` that follows (for the same venv) uses that
-//! listing to predict what fails to load after the overlay.
+//! listing site-packages' shared objects and reading their ELF facts (in
+//! parallel, through the facts cache) in the background, and is answered
+//! at once; the `Preflight` that follows (for the same venv) starts from
+//! what it read to predict what fails to load after the overlay.
 
 use std::io::Write;
 
@@ -15,7 +16,7 @@ pub fn prefetch_preflight(session: &mut Session, venv: String) -> Result<Respons
     let walk = venv.clone();
     session.prefetch = Some((
         venv,
-        std::thread::spawn(move || crate::preflight::shared_objects(&walk).ok()),
+        std::thread::spawn(move || crate::preflight::facts::prefetch_target(&walk).ok()),
     ));
     Ok(Response::Prefetching)
 }

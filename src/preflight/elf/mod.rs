@@ -57,7 +57,7 @@ mod symbols;
 mod view;
 
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 pub use crate::model::{ElfInfo, Symbol};
 pub use check::{ElfProblem, check_object};
