@@ -74,7 +74,23 @@ pub(super) struct Session {
 pub(super) struct ElfPrefetch {
     pub(super) venv: String,
     pub(super) paths: Vec<String>,
-    pub(super) read: std::thread::JoinHandle<Option<crate::preflight::facts::Read>>,
+    /// `None` once taken.
+    pub(super) read: Option<std::thread::JoinHandle<Option<crate::preflight::facts::Read>>>,
+}
+
+impl ElfPrefetch {
+    /// What the read gave (`None` if it failed).
+    pub(super) fn join(&mut self) -> Option<crate::preflight::facts::Read> {
+        self.read.take()?.join().ok().flatten()
+    }
+}
+
+impl Drop for ElfPrefetch {
+    /// A read nobody asked for is waited for, not cut off while it saves
+    /// the facts cache.
+    fn drop(&mut self) {
+        let _ = self.join();
+    }
 }
 
 impl Session {

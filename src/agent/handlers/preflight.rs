@@ -36,3 +36,71 @@ pub fn preflight(
     })?
     .map(Response::Preflight)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::agent::serve;
+    use crate::model::{ElfInfo, PreflightRequest};
+    use crate::preflight::elf::testutil::{BaseAndUser, base_and_user};
+    use crate::protocol::{Request, Response, read_frame, write_frame};
+
+    fn exchange(requests: &[Request]) -> Vec<Response> {
+        let mut input = Vec::new();
+        for r in requests {
+            write_frame(&mut input, r).unwrap();
+        }
+        let mut output = Vec::new();
+        serve(&mut input.as_slice(), &mut output).unwrap();
+        let mut answers = Vec::new();
+        let mut r = output.as_slice();
+        while let Some(m) = read_frame::<Response>(&mut r).unwrap() {
+            if !matches!(m, Response::Progress(_)) {
+                answers.push(m);
+            }
+        }
+        answers
+    }
+
+    #[test]
+    fn a_prefetched_preflight_predicts_what_a_cold_one_does() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("pyvenv.cfg"), "version = 3.11.2\n").unwrap();
+        let site = t.path().join("lib/python3.11/site-packages");
+        std::fs::create_dir_all(site.join("pkg")).unwrap();
+        let BaseAndUser { .. } = base_and_user(&site.join("pkg"));
+        let venv = t.path().to_str().unwrap().to_string();
+        // libbase.so.1 replaced by an object that defines nothing: the
+        // staying libuse.so loses `base`.
+        let req = PreflightRequest {
+            venv: venv.clone(),
+            placed: vec![(
+                "pkg/deps/libbase.so.1".into(),
+                Some(ElfInfo {
+                    soname: Some("libbase.so.1".into()),
+                    ..Default::default()
+                }),
+            )],
+            deleted: vec![],
+            ld_library_path: vec![],
+            torch_users: vec![],
+            whole: false,
+        };
+        let ahead = exchange(&[
+            Request::PrefetchPreflight { venv: venv.clone() },
+            Request::Preflight(Box::new(req.clone())),
+        ]);
+        let cold = exchange(&[Request::Preflight(Box::new(req))]);
+        assert!(matches!(ahead[0], Response::Prefetching), "{ahead:?}");
+        let (Response::Preflight(a), Response::Preflight(c)) = (&ahead[1], &cold[0]) else {
+            panic!("{ahead:?} {cold:?}");
+        };
+        assert_eq!(a.problems, c.problems);
+        assert!(
+            a.problems
+                .iter()
+                .any(|(f, r)| f == "pkg/libuse.so" && r.contains("undefined symbol: base")),
+            "{:?}",
+            a.problems
+        );
+    }
+}
