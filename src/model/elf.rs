@@ -71,8 +71,7 @@ impl ElfInfo {
 
     /// Does this object define one of these keys ([`reference_keys`])?
     pub fn defines_any(&self, keys: &[u64; 2]) -> bool {
-        keys.iter()
-            .any(|k| self.defined.binary_search(k).is_ok())
+        keys.iter().any(|k| self.defined.binary_search(k).is_ok())
     }
 }
 
@@ -185,11 +184,17 @@ mod tests {
     fn lookup_keeps_check_match_semantics() {
         let plain = info(&[("f", None)]);
         assert!(plain.defines("f", None));
-        assert!(plain.defines("f", Some("V1")), "unversioned def takes any version");
+        assert!(
+            plain.defines("f", Some("V1")),
+            "unversioned def takes any version"
+        );
         assert!(!plain.defines("g", None));
 
         let v2 = info(&[("f", Some("V2"))]);
-        assert!(v2.defines("f", None), "unversioned ref takes any definition");
+        assert!(
+            v2.defines("f", None),
+            "unversioned ref takes any definition"
+        );
         assert!(v2.defines("f", Some("V2")));
         assert!(!v2.defines("f", Some("V1")), "another version does not do");
         assert!(!v2.defines("f@V2", None));
@@ -224,7 +229,8 @@ mod tests {
         let mut shuffled = i.clone();
         shuffled.defined.reverse();
         shuffled.defined.push(shuffled.defined[0]);
-        let back: ElfInfo = serde_json::from_str(&serde_json::to_string(&shuffled).unwrap()).unwrap();
+        let back: ElfInfo =
+            serde_json::from_str(&serde_json::to_string(&shuffled).unwrap()).unwrap();
         assert_eq!(back, i);
         // Bad base64 or a cut key is an error, not a panic.
         let bad = json.replace("\"defined\":\"", "\"defined\":\"A");

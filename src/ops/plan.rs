@@ -10,8 +10,8 @@ use crate::err;
 use crate::error::Result;
 use crate::manifest::{Host, Manifest};
 use crate::model::{
-    Action, Check, Dist, ElfInfo, Endpoint, Entry, HashMode, Kind, PreflightRequest, Problem, Progress,
-    ScanReport, Set, ShebangRewrite,
+    Action, Check, Dist, ElfInfo, Endpoint, Entry, HashMode, Kind, PreflightRequest, Problem,
+    Progress, ScanReport, Set, ShebangRewrite,
 };
 use crate::plan::{self, HostInfo, PLAN_FORMAT, Plan, SetPlan, Side};
 use crate::preflight::{cuda, requirements};

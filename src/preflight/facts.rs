@@ -221,7 +221,12 @@ mod tests {
         assert_eq!(got.objects, objects);
         assert_eq!(got.parsed, objects.len());
         for ((_, p), info) in objects.iter().zip(&got.facts) {
-            assert_eq!(info.as_deref(), read_elf(p).unwrap().as_ref(), "{}", p.display());
+            assert_eq!(
+                info.as_deref(),
+                read_elf(p).unwrap().as_ref(),
+                "{}",
+                p.display()
+            );
         }
     }
 

@@ -37,7 +37,10 @@ pub fn elf_info(
     with_progress(output, &counters, || -> Result<Vec<Option<ElfInfo>>> {
         let mut known: HashMap<String, Option<ElfInfo>> = match ahead {
             Some(mut p) => match p.join() {
-                Some(read) => std::mem::take(&mut p.paths).into_iter().zip(read.infos).collect(),
+                Some(read) => std::mem::take(&mut p.paths)
+                    .into_iter()
+                    .zip(read.infos)
+                    .collect(),
                 None => HashMap::new(),
             },
             None => HashMap::new(),
@@ -51,10 +54,7 @@ pub fn elf_info(
             let read = facts::read_source(venv, &rest, &counters)?;
             known.extend(rest.into_iter().zip(read.infos));
         }
-        Ok(paths
-            .iter()
-            .map(|p| known.remove(p).flatten())
-            .collect())
+        Ok(paths.iter().map(|p| known.remove(p).flatten()).collect())
     })?
     .map(|infos| Response::ElfInfo { infos })
 }
@@ -110,11 +110,7 @@ mod tests {
         let Response::ElfInfo { infos } = &answers[1] else {
             panic!("{answers:?}");
         };
-        let direct = vec![
-            read_elf(&base).unwrap(),
-            read_elf(&user).unwrap(),
-            None,
-        ];
+        let direct = vec![read_elf(&base).unwrap(), read_elf(&user).unwrap(), None];
         assert_eq!(*infos, direct);
         assert!(!infos[1].as_ref().unwrap().defines("printf", None));
         assert!(infos[0].as_ref().unwrap().defines("base", None));
