@@ -11,11 +11,12 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One dynamic symbol.
+/// One undefined dynamic symbol (a reference); definitions are kept as
+/// hashes ([`ElfInfo::defined`]).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Symbol {
     pub name: String,
-    /// The version defined (for a definition) or required (for a reference).
+    /// The version required.
     pub version: Option<String>,
     /// `STB_WEAK`: a weak reference may stay unresolved.
     pub weak: bool,

@@ -6,6 +6,8 @@
 //! disturbs can be loaded: DT_NEEDED, version needs, undefined symbols).
 //!
 //! The checks read facts, they never run the loader or the interpreter.
+//! The ELF facts are read by [`facts`]: on the agents, on all cores, ahead
+//! of the requests that need them, and through a cache keyed by file stamp.
 
 pub mod cuda;
 pub mod elf;

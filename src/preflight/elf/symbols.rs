@@ -2,7 +2,8 @@
 //! needs of each newly loaded object against the definitions of the object
 //! that provides them (glibc's `dl-version.c`), then every non-weak undefined
 //! symbol against what the whole scope defines (glibc's `check_match`, as an
-//! existence check). Also the wording of these problems: version summaries
+//! existence check: a binary search in each object's sorted definition
+//! hashes, [`ElfInfo::defines`](super::ElfInfo::defines)). Also the wording of these problems: version summaries
 //! and demangled C++ names.
 
 use std::collections::{HashMap, HashSet};
