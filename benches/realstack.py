@@ -197,6 +197,8 @@ def write_readme(root, meta):
         "            say /root/venv, as the bench's SSH test hosts see them).",
         "- venvs/SIDE.stamp   pins + exact wheel files and sizes; a venv is rebuilt when it changes.",
         "- logs/      pip download logs.",
+        "- runs/      (if present) saved bench results, e.g. the issue-14 baseline: before.md,",
+        "            before-results.json, findings-real*.txt, and the binary that made them.",
         "",
     ]
     for side, d in meta["sides"].items():
