@@ -61,7 +61,7 @@ mod symbols;
 mod view;
 
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 pub use crate::model::{ElfInfo, Symbol};
 pub use check::{Closure, ElfProblem, cause_of, check_object, closure_of};
