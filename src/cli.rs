@@ -197,9 +197,10 @@ pub struct VerifyArgs {
     /// The host whose venv to check (default: the target of the last plan).
     pub host: Option<String>,
 
-    /// Give up on the check after this many seconds.
-    #[arg(long, default_value_t = 600, value_name = "SECS")]
-    pub timeout: u64,
+    /// Give up on the check after this many seconds (default: the
+    /// manifest's `[verify] timeout`, else 600).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: Option<u64>,
 
     /// Print the result as JSON on stdout.
     #[arg(long)]

@@ -385,6 +385,16 @@ impl Client {
         answer!(self, &req, "a preflight prefetch", Response::Prefetching => ())
     }
 
+    /// Start reading the ELF facts of `paths` (site-packages relative) on the
+    /// source in the background, for the [`Client::elf_info`] that follows.
+    pub fn prefetch_elf(&mut self, venv: &str, paths: Vec<String>) -> Result<()> {
+        let req = Request::PrefetchElf {
+            venv: venv.to_string(),
+            paths,
+        };
+        answer!(self, &req, "an ELF facts prefetch", Response::Prefetching => ())
+    }
+
     /// ELF facts of `paths` (site-packages relative), one per path.
     pub fn elf_info(&mut self, venv: &str, paths: Vec<String>) -> Result<Vec<Option<ElfInfo>>> {
         let req = Request::ElfInfo {

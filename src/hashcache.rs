@@ -7,7 +7,7 @@
 //! are not cached (the "racy" case: a write in the same clock tick as the
 //! hash would leave the stamp unchanged).
 //!
-//! The caches live outside the venv, in `~/.cache/overlay/{hashes,elf}/` of
+//! The caches live outside the venv, in `~/.cache/overlay/{hashes,elf3}/` of
 //! the user the agent runs as, one file per venv; `OVERLAY_NO_HASH_CACHE=1`
 //! turns them off.
 
@@ -237,6 +237,17 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
     /// A cache that remembers nothing (and reads no file).
     pub fn disabled() -> StampCache<V> {
         StampCache::with_file(None, RACY_NS, Store::default())
+    }
+
+    /// A cache kept in `file`, that trusts files however recently changed
+    /// (tests write the files they cache just before).
+    #[cfg(test)]
+    pub(crate) fn for_test(file: &Path) -> StampCache<V> {
+        let store = std::fs::read(file)
+            .ok()
+            .and_then(Store::decode)
+            .unwrap_or_default();
+        StampCache::with_file(Some(file.to_path_buf()), 0, store)
     }
 
     fn with_file(file: Option<PathBuf>, racy_ns: i128, store: Store<V>) -> StampCache<V> {

@@ -47,6 +47,8 @@ pub struct Host {
 pub struct Verify {
     pub env: BTreeMap<String, String>,
     pub python: Option<String>,
+    /// `timeout`: seconds the check may run (at least 1), if given.
+    pub timeout: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -92,6 +94,7 @@ struct RawVerify {
     #[serde(default)]
     env: BTreeMap<String, String>,
     python: Option<String>,
+    timeout: Option<Spanned<u64>>,
 }
 
 /// Line and column (1-based) of a byte offset.
@@ -239,10 +242,22 @@ impl Manifest {
             sets.push((name.span().start, loc.set(name.into_inner(), set)?));
         }
         sets.sort_by_key(|(pos, _)| *pos);
-        let verify = raw.verify.map(|v| Verify {
-            env: v.env,
-            python: v.python,
-        });
+        let verify = match raw.verify {
+            Some(v) => Some(Verify {
+                timeout: match v.timeout {
+                    Some(t) if *t.get_ref() == 0 => {
+                        return Err(loc.at(
+                            t.span(),
+                            "[verify] timeout must be at least 1 (seconds)".to_string(),
+                        ));
+                    }
+                    t => t.map(Spanned::into_inner),
+                },
+                env: v.env,
+                python: v.python,
+            }),
+            None => None,
+        };
         let preflight = raw
             .preflight
             .map_or_else(Preflight::default, |p| Preflight {
@@ -416,6 +431,20 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
             "{}",
             e.message
         );
+    }
+
+    #[test]
+    fn verify_timeout() {
+        let m = parse("[verify]\npython = \"1\"\ntimeout = 3\n").unwrap();
+        assert_eq!(m.verify.unwrap().timeout, Some(3));
+        let m = parse("[verify]\npython = \"1\"\n").unwrap();
+        assert_eq!(m.verify.unwrap().timeout, None);
+        let e = parse("[verify]\ntimeout = 0\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:11:"), "{}", e.message);
+        let e = parse("[verify]\ntimeout = -5\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:"), "{}", e.message);
+        let e = parse("[verify]\ntimeout = \"3m\"\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:"), "{}", e.message);
     }
 
     #[test]

@@ -128,10 +128,7 @@ impl Observer for Console {
             ));
         } else if self.check != CheckOutput::Json {
             eprintln!();
-            eprintln!(
-                "verify failed on {host}: {}",
-                escape(report.final_line().unwrap_or("(no error output)"))
-            );
+            eprintln!("verify failed on {host}: {}", escape(&report.summary()));
             eprintln!(
                 "{}",
                 escape(&format!(

@@ -28,13 +28,14 @@ use crate::model::{
     ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
 };
 
-/// Bumped whenever a frame changes shape. 9: a source's hash and a
+/// Bumped whenever a frame changes shape. 10: `ElfInfo.defined` is a
+/// base64 string of symbol hashes; `PrefetchElf`. 9: a source's hash and a
 /// measured window are named structs ([`SourceHash`], [`LevelWindow`]), not
 /// arrays. 8: a written file is a named
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
@@ -186,8 +187,15 @@ pub enum Request {
         venv: String,
         paths: Vec<String>,
     },
-    /// Target side: start listing site-packages' shared objects in the
-    /// background, for the `Preflight` that follows (answered at once with
+    /// Source side: start reading the ELF facts of these files (site-packages
+    /// relative) in the background, for the `ElfInfo` that follows
+    /// (answered at once with `Prefetching`).
+    PrefetchElf {
+        venv: String,
+        paths: Vec<String>,
+    },
+    /// Target side: start listing site-packages' shared objects (and reading
+    /// their ELF facts) in the background, for the `Preflight` that follows (answered at once with
     /// `Prefetching`). The walk reads every directory of the venv, and the
     /// agent is otherwise idle while the controller decides the plan.
     PrefetchPreflight {

@@ -309,3 +309,57 @@ fn errors() {
     fs::write(&bad, text.replace("[verify]", "[verify")).unwrap();
     s.step("manifest-syntax", &["plan", "src", "dst"]);
 }
+
+/// `verify` of a check that crashes (SIGBUS on a truncated shared object)
+/// and of one that hangs (killed at `[verify] timeout`): the signal, the
+/// Python frame and faulthandler's whole dump.
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn verify_crashes() {
+    let tb = Testbed::new(2);
+    tb.write_manifest(&manifest());
+    let mut s = Session::new(&tb, "verify-crashes");
+    // faulthandler's thread ids, and the interpreter's own paths and line
+    // numbers (they follow the Python the testbed was built with).
+    let re = |r: &str| regex::Regex::new(r).unwrap();
+    s.literals.extend([
+        (re(r"thread 0x[0-9a-f]+"), "thread [THREAD]".to_string()),
+        (
+            re(r#"File "[^"]*/lib/python3\.\d+/(ctypes/[a-z_]+\.py)", line \d+"#),
+            r#"File "[STDLIB]/$1", line [N]"#.to_string(),
+        ),
+        (
+            re(r#"File "(<frozen [a-z_.]+>)", line \d+"#),
+            r#"File "$1", line [N]"#.to_string(),
+        ),
+        (re(r"/lib/python3\.\d+/"), "/lib/python3.X/".to_string()),
+    ]);
+    // A half-finished copy: minitorchvision/_C.so cut after its first page.
+    let so = tb.site_packages(1).join("minitorchvision/_C.so");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&so)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    s.step("sigbus", &["verify", "dst"]);
+    tb.write_manifest(&format!(
+        "{}{}",
+        common::SCENARIO_SETS,
+        r#"
+[verify]
+timeout = 3
+python = '''
+import subprocess, time
+def wait_for_the_gpu():
+    subprocess.Popen(["sleep", "1000"])
+    time.sleep(1000)
+wait_for_the_gpu()
+'''
+"#
+    ));
+    s.step("timeout", &["verify", "dst"]);
+}

@@ -172,3 +172,147 @@ fn verify_logs_are_private_whatever_the_umask() {
     assert_eq!(mode(&tb.work.join(".overlay")), 0o700);
     assert_eq!(mode(&tb.work.join(".overlay/verify-dst.log")), 0o600);
 }
+
+/// A shared object that an import maps, truncated after its first page (a
+/// half-finished copy): the ELF and program headers are intact, so the
+/// loader maps every PT_LOAD segment, and its first touch of a page past
+/// the end of the file (relocating the data segment) raises SIGBUS. The
+/// check dies with nothing but faulthandler's dump on stderr; `verify`
+/// names the signal and the frame of the venv's code that was loading it.
+/// Over real sshd: the report travels through the agent.
+#[test]
+fn a_truncated_shared_object_is_named_as_a_sigbus_with_its_python_frame() {
+    let tb = Testbed::new(2);
+    tb.write_manifest(&format!("{ALL}{VERIFY}"));
+    // minitorchvision/__init__.py loads _C.so with ctypes.CDLL, as torch
+    // does its libraries.
+    let pkg = tb.site_packages(1).join("minitorchvision");
+    let so = pkg.join("_C.so");
+    let len = fs::metadata(&so).unwrap().len();
+    assert!(len > 4096, "{} is {len} bytes", so.display());
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&so)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let init = fs::read_to_string(pkg.join("__init__.py")).unwrap();
+    let line = 1 + init
+        .lines()
+        .position(|l| l.contains("ctypes.CDLL("))
+        .unwrap();
+
+    let out = tb.overlay(&["verify", "dst"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains(&format!(
+            "verify failed on dst: killed by SIGBUS (signal 7) in minitorchvision/__init__.py:{line}\n"
+        )),
+        "{err}"
+    );
+    // The whole dump is shown, the innermost frame first.
+    assert!(err.contains("Fatal Python error: Bus error"), "{err}");
+    assert!(err.contains("in __init__\n"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "minitorchvision/__init__.py\", line {line} in <module>"
+        )),
+        "{err}"
+    );
+    let logs: Vec<_> = fs::read_dir(tb.host_venv_dir(1).join(".overlay/verify"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(logs.len(), 1);
+    let log = fs::read_to_string(&logs[0]).unwrap();
+    assert!(log.contains("\n# signal: SIGBUS (7)\n"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "\n# location: minitorchvision/__init__.py:{line}\n"
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("# exit"), "{log}");
+    // No core file left in the venv by the crash.
+    assert!(!tb.host_venv_dir(1).join("core").exists());
+
+    // --json carries the signal and the frame.
+    let out = tb.overlay(&["verify", "dst", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["signal"], 7, "{r}");
+    assert_eq!(r["exit_code"], serde_json::Value::Null, "{r}");
+    assert_eq!(
+        r["location"],
+        format!("minitorchvision/__init__.py:{line}").as_str()
+    );
+}
+
+/// A check that hangs (in a function, with a child process of its own) is
+/// stopped at the manifest's `[verify] timeout`: SIGABRT makes
+/// faulthandler print where it was, then its whole process group is
+/// killed, the child with it.
+#[test]
+fn a_check_that_hangs_is_killed_at_the_timeout_with_its_stack_and_its_children() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(&format!(
+        "{ALL}{}",
+        r#"
+[verify]
+timeout = 3
+python = '''
+import subprocess, time
+def wait_for_the_gpu():
+    child = subprocess.Popen(["sleep", "1000"])
+    print("child", child.pid, flush=True)
+    time.sleep(1000)
+wait_for_the_gpu()
+'''
+"#
+    ));
+    let out = tb.overlay(&["verify", "dst"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("verify failed on dst: timed out after 3 s in <string>:5\n"),
+        "{err}"
+    );
+    assert!(
+        err.contains("File \"<string>\", line 5 in wait_for_the_gpu"),
+        "the stack is shown:\n{err}"
+    );
+    assert!(err.contains("did not finish within 3 s"), "{err}");
+    // The child `sleep` is gone (or a zombie waiting for init to reap it).
+    let pid: u32 = stdout
+        .trim()
+        .strip_prefix("child ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    if let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) {
+        let state = stat.rsplit_once(") ").map(|(_, r)| &r[..1]);
+        let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            state == Some("Z") || cmd != b"sleep\x001000\x00",
+            "the check's child {pid} is still running: {stat}"
+        );
+    }
+    let logs: Vec<_> = fs::read_dir(tb.host_venv_dir(1).join(".overlay/verify"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let log = fs::read_to_string(&logs[0]).unwrap();
+    assert!(log.contains("\n# timed out: after 3 s\n"), "{log}");
+    assert!(log.contains("\n# signal: SIGABRT (6)\n"), "{log}");
+    assert!(log.contains("in wait_for_the_gpu"), "{log}");
+
+    // --timeout overrides the manifest.
+    let out = tb
+        .overlay(&["verify", "dst", "--timeout", "4"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("timed out after 4 s in <string>:5"), "{err}");
+}

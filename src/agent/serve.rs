@@ -61,11 +61,36 @@ pub(super) struct Session {
     /// The scan this agent answered last (for `StatMembers`).
     pub(super) scan: Option<ScanReport>,
     /// A `PrefetchPreflight` walk: its venv and the thread listing the
-    /// shared objects of site-packages.
+    /// shared objects of site-packages and reading their facts.
     pub(super) prefetch: Option<(
         String,
-        std::thread::JoinHandle<Option<crate::preflight::SharedObjects>>,
+        std::thread::JoinHandle<Option<crate::preflight::facts::Prefetched>>,
     )>,
+    /// A `PrefetchElf` read (source side).
+    pub(super) elf_prefetch: Option<ElfPrefetch>,
+}
+
+/// The ELF facts a `PrefetchElf` is reading: of these `paths` of `venv`.
+pub(super) struct ElfPrefetch {
+    pub(super) venv: String,
+    pub(super) paths: Vec<String>,
+    /// `None` once taken.
+    pub(super) read: Option<std::thread::JoinHandle<Option<crate::preflight::facts::Read>>>,
+}
+
+impl ElfPrefetch {
+    /// What the read gave (`None` if it failed).
+    pub(super) fn join(&mut self) -> Option<crate::preflight::facts::Read> {
+        self.read.take()?.join().ok().flatten()
+    }
+}
+
+impl Drop for ElfPrefetch {
+    /// A read nobody asked for is waited for, not cut off while it saves
+    /// the facts cache.
+    fn drop(&mut self) {
+        let _ = self.join();
+    }
 }
 
 impl Session {
@@ -113,7 +138,8 @@ impl Session {
             Request::Prune { venv, keep } => h::prune(self, &venv, keep),
             Request::Recover { venv, resume } => h::recover(self, output, &venv, resume),
             Request::Verify(req) => h::verify(&req),
-            Request::ElfInfo { venv, paths } => h::elf_info(output, &venv, &paths),
+            Request::ElfInfo { venv, paths } => h::elf_info(self, output, &venv, &paths),
+            Request::PrefetchElf { venv, paths } => h::prefetch_elf(self, venv, paths),
             Request::PrefetchPreflight { venv } => h::prefetch_preflight(self, venv),
             Request::Preflight(req) => h::preflight(self, output, &req),
         };

@@ -1,6 +1,8 @@
 //! `overlay verify [HOST]`: run the manifest's `[verify]` check in the
-//! target venv and show its whole output: the full traceback, then the
-//! final exception line on its own.
+//! target venv and show its whole output: the full traceback (or
+//! faulthandler's dump), then why it failed on one line: the exception, the
+//! signal with its Python frame, or the timeout
+//! ([`overlay::model::VerifyReport::summary`]).
 
 use overlay::error::{EXIT_OK, ErrorKind, Result};
 use overlay::ops::verify::{VerifyOptions, verify};

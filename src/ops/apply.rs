@@ -262,7 +262,7 @@ fn check_request(plan: &Plan, opts: &ApplyOptions) -> Result<VerifyRequest> {
     } else {
         opts.manifest.as_path()
     };
-    super::verify::request(manifest, &plan.target.venv, 600, None)
+    super::verify::request(manifest, &plan.target.venv, None, None)
 }
 
 /// Open the generation on the target.
@@ -392,12 +392,7 @@ fn verify_and_roll_back(
     req.generation = Some(generation.to_string());
     let failure = match super::verify::check(dst, req, obs) {
         Ok(report) if report.ok => None,
-        Ok(report) => Some(
-            report
-                .final_line()
-                .unwrap_or("the check failed")
-                .to_string(),
-        ),
+        Ok(report) => Some(report.summary()),
         Err(e) => Some(format!("the check could not run: {}", e.message)),
     };
     let Some(why) = failure else {

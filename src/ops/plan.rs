@@ -2,7 +2,7 @@
 //! and predict what would fail after the overlay. Never writes to either
 //! venv; [`save`] writes the plan for `apply`.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use crate::client::Client;
@@ -10,8 +10,8 @@ use crate::err;
 use crate::error::Result;
 use crate::manifest::{Host, Manifest};
 use crate::model::{
-    Action, Check, Dist, Endpoint, Entry, HashMode, Kind, PreflightRequest, Problem, Progress,
-    ScanReport, Set, ShebangRewrite,
+    Action, Check, Dist, ElfInfo, Endpoint, Entry, HashMode, Kind, PreflightRequest, Problem,
+    Progress, ScanReport, Set, ShebangRewrite,
 };
 use crate::plan::{self, HostInfo, PLAN_FORMAT, Plan, SetPlan, Side};
 use crate::preflight::{cuda, requirements};
@@ -374,8 +374,11 @@ fn make_plan(
         (&dst_side, &mut dst.client, &dst.scan),
     )?;
     clock.mark("stat");
-    // The target's preflight walks all of site-packages; it can start now,
-    // while this side hashes and decides.
+    // The preflight's ELF work can start now, on both agents, while this
+    // side hashes and decides: the source reads the facts of the sets'
+    // shared objects, the target lists and reads all of site-packages'.
+    src.client
+        .prefetch_elf(&src_host.venv, shared_files(&stated.src_entries))?;
     dst.client.prefetch_preflight(&dst_host.venv)?;
     hash_phase(
         (&src_side, &mut src.client),
@@ -441,6 +444,17 @@ fn make_plan(
         plan,
         closing: Closing(closing),
     })
+}
+
+/// The regular files among `entries` that look like shared objects, sorted.
+fn shared_files(entries: &plan::Entries) -> Vec<String> {
+    let mut out: Vec<String> = entries
+        .iter()
+        .filter(|(p, e)| matches!(e.kind, Kind::File { .. }) && crate::preflight::looks_shared(p))
+        .map(|(p, _)| p.clone())
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// Seconds since the epoch.
@@ -531,6 +545,8 @@ fn preflight(
         .filter(|p| crate::preflight::looks_shared(p))
         .map(|p| p.to_string())
         .collect();
+    // Read by the source's agent ahead (see `make_plan`): only compact
+    // facts (symbol hashes, not names) travel and are kept here.
     let infos = if shared.is_empty() {
         Vec::new()
     } else {
@@ -540,18 +556,12 @@ fn preflight(
         "preflight: requirements, and ELF facts of {} shared objects",
         shared.len()
     ));
+    let mut infos: HashMap<String, Option<ElfInfo>> = shared.into_iter().zip(infos).collect();
     let req = PreflightRequest {
         venv: dst_venv.to_string(),
         placed: placed
             .iter()
-            .map(|p| p.to_string())
-            .map(|p| {
-                let info = shared
-                    .iter()
-                    .position(|s| *s == p)
-                    .and_then(|i| infos.get(i).cloned().flatten());
-                (p, info)
-            })
+            .map(|p| (p.to_string(), infos.remove(*p).flatten()))
             .collect(),
         deleted: deleted.iter().map(|p| p.to_string()).collect(),
         ld_library_path: ld_library_path(manifest, dst_scan, dst_venv),

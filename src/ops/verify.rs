@@ -1,5 +1,6 @@
-//! Verify: run the manifest's `[verify]` check in a host's venv, keep a
-//! local copy of its log, and hand its whole output to the observer.
+//! Verify: run the manifest's `[verify]` check in a host's venv (with
+//! `--timeout`, else the manifest's `[verify] timeout`), keep a local copy
+//! of its log, and hand its whole output to the observer.
 
 use std::path::{Path, PathBuf};
 
@@ -7,7 +8,7 @@ use crate::client::Client;
 use crate::err;
 use crate::error::Result;
 use crate::manifest::Manifest;
-use crate::model::{VerifyReport, VerifyRequest};
+use crate::model::{DEFAULT_VERIFY_TIMEOUT, VerifyReport, VerifyRequest};
 use crate::transport::ConnectOptions;
 
 use super::{HostChoice, Observer, connect, resolve};
@@ -17,19 +18,21 @@ use super::{HostChoice, Observer, connect, resolve};
 pub struct VerifyOptions {
     /// The host; the manifest also holds the check.
     pub host: HostChoice,
-    /// Seconds the check may run.
-    pub timeout: u64,
+    /// Seconds the check may run (`--timeout`); `None`: the manifest's
+    /// `[verify] timeout`, else [`DEFAULT_VERIFY_TIMEOUT`].
+    pub timeout: Option<u64>,
     pub connect: ConnectOptions,
 }
 
 /// Where the local copies of check logs go (next to the plan).
 const LOG_DIR: &str = ".overlay";
 
-/// The manifest's check, ready to send.
+/// The manifest's check, ready to send, with `timeout` seconds if given,
+/// else the manifest's `[verify] timeout`, else [`DEFAULT_VERIFY_TIMEOUT`].
 pub fn request(
     manifest: &Path,
     venv: &str,
-    timeout: u64,
+    timeout: Option<u64>,
     generation: Option<String>,
 ) -> Result<VerifyRequest> {
     let manifest = Manifest::load(manifest)?;
@@ -48,7 +51,10 @@ pub fn request(
         venv: venv.to_string(),
         env: v.0.env.clone(),
         python: v.1.clone(),
-        timeout_secs: timeout,
+        timeout_secs: timeout
+            .or(v.0.timeout)
+            .unwrap_or(DEFAULT_VERIFY_TIMEOUT)
+            .max(1),
         generation,
     })
 }

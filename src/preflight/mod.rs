@@ -14,10 +14,15 @@
 //! as it is has already is marked `preexisting`. See docs/preflight.md.
 //!
 //! The checks read facts, they never run the loader or the interpreter.
+//! The ELF facts are read by [`facts`]: on the agents, on all cores, ahead
+//! of the requests that need them, and through a cache keyed by file stamp.
 
 pub mod cuda;
 pub mod elf;
+pub mod facts;
 pub mod requirements;
+
+pub use facts::{SharedObjects, elf_infos, shared_objects};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -39,66 +44,15 @@ const DRIVER_LIBS: &[&str] = &[
 ];
 
 /// The ELF facts cache's kind (its folder under `~/.cache/overlay`): a new
-/// name whenever [`ElfInfo`] gains a fact, so that no entry read by an older
-/// overlay is taken as lacking it.
-pub const ELF_CACHE: &str = "elf2";
+/// name whenever [`ElfInfo`] gains a fact or changes form (`elf3`: defined
+/// symbols as hashes), so that no entry written by an older overlay is
+/// misread.
+pub const ELF_CACHE: &str = "elf3";
 
 /// Does this file name look like a shared object?
 pub fn looks_shared(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     name.ends_with(".so") || name.contains(".so.")
-}
-
-/// Every shared object of a site-packages, as (path relative to
-/// site-packages, path), in path order.
-pub type SharedObjects = Vec<(String, PathBuf)>;
-
-/// List the shared objects of the venv at `venv_root` (see [`SharedObjects`]).
-/// The top-level entries are walked in parallel: this walk reads every
-/// directory of the venv, and it is most of a warm plan's preflight (the
-/// agent runs it ahead, while the controller decides the plan).
-pub fn shared_objects(venv_root: &str) -> Result<SharedObjects> {
-    let site = Venv::open(venv_root)?.site();
-    Ok(walk_shared_objects(&site))
-}
-
-fn walk_shared_objects(site: &Path) -> SharedObjects {
-    use rayon::prelude::*;
-    let tops: Vec<PathBuf> = std::fs::read_dir(site)
-        .map(|rd| rd.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    let mut out: SharedObjects = tops
-        .par_iter()
-        .flat_map_iter(|top| {
-            walkdir::WalkDir::new(top)
-                .follow_links(false)
-                .follow_root_links(false)
-                .into_iter()
-                .filter_entry(|e| e.file_name() != "__pycache__")
-                .flatten()
-                .filter(|e| {
-                    e.file_type().is_file() && e.file_name().to_str().is_some_and(looks_shared)
-                })
-                .filter_map(|e| {
-                    let rel = e.path().strip_prefix(site).ok()?.to_str()?.to_string();
-                    Some((rel, e.into_path()))
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-/// ELF facts of files in a venv (source side), `None` for non-ELF files.
-pub fn elf_infos(venv_root: &str, paths: &[String]) -> Result<Vec<Option<ElfInfo>>> {
-    let venv = Venv::open(venv_root)?;
-    let mut out = Vec::with_capacity(paths.len());
-    for p in paths {
-        let (abs, _) = venv.resolve(p)?;
-        out.push(elf::read_elf(&abs).ok().flatten());
-    }
-    Ok(out)
 }
 
 fn cudart_majors(info: &ElfInfo) -> BTreeSet<u32> {
@@ -121,20 +75,18 @@ fn cudart_majors(info: &ElfInfo) -> BTreeSet<u32> {
 /// The problems of a root that stays are then looked for on the venv as it
 /// is: the same problem there is `preexisting`.
 ///
-/// `listed`: the venv's shared objects as [`shared_objects`] listed them
-/// ahead of the request, if it did; otherwise they are listed now.
+/// `listed`: the venv's shared objects and their facts as
+/// [`facts::prefetch_target`] read them ahead of the request, if it did;
+/// otherwise they are listed now and read as the check needs them.
 pub fn run_on_target(
     req: &PreflightRequest,
-    listed: Option<SharedObjects>,
+    listed: Option<facts::Prefetched>,
 ) -> Result<PreflightReport> {
     let venv = Venv::open(&req.venv)?;
     let site = venv.site();
-    let cache = Arc::new(crate::hashcache::StampCache::<Option<ElfInfo>>::open_kind(
-        &venv.root, ELF_CACHE,
-    ));
-    let mut overlaid = overlay(req, &venv, OverlayView::with_cache(cache.clone()))?;
+    let (view, listed, cache) = facts::target_view(&venv, listed);
+    let mut overlaid = overlay(req, &venv, view)?;
     let mut report = PreflightReport::default();
-    let listed = listed.unwrap_or_else(|| walk_shared_objects(&site));
     let placed_set: HashSet<&str> = req.placed.iter().map(|(r, _)| r.as_str()).collect();
     let deleted_set: HashSet<&str> = req.deleted.iter().map(String::as_str).collect();
 

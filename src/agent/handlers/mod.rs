@@ -33,7 +33,7 @@ mod verify;
 
 pub(super) use abort::abort;
 pub(super) use commit::commit;
-pub(super) use elf_info::elf_info;
+pub(super) use elf_info::{elf_info, prefetch_elf};
 pub(super) use hello::hello;
 pub(super) use history::history;
 pub(super) use preflight::{prefetch_preflight, preflight};

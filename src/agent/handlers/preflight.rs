@@ -1,7 +1,8 @@
 //! `PrefetchPreflight` and `Preflight`: target side. The first starts
-//! listing site-packages' shared objects in the background and is answered
-//! at once; the `Preflight` that follows (for the same venv) uses that
-//! listing to predict what fails to load after the overlay.
+//! listing site-packages' shared objects and reading their ELF facts (in
+//! parallel, through the facts cache) in the background, and is answered
+//! at once; the `Preflight` that follows (for the same venv) starts from
+//! what it read to predict what fails to load after the overlay.
 
 use std::io::Write;
 
@@ -15,7 +16,7 @@ pub fn prefetch_preflight(session: &mut Session, venv: String) -> Result<Respons
     let walk = venv.clone();
     session.prefetch = Some((
         venv,
-        std::thread::spawn(move || crate::preflight::shared_objects(&walk).ok()),
+        std::thread::spawn(move || crate::preflight::facts::prefetch_target(&walk).ok()),
     ));
     Ok(Response::Prefetching)
 }
@@ -34,4 +35,73 @@ pub fn preflight(
         crate::preflight::run_on_target(req, listed)
     })?
     .map(Response::Preflight)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::agent::serve;
+    use crate::model::{ElfInfo, PreflightRequest};
+    use crate::preflight::elf::testutil::{BaseAndUser, base_and_user};
+    use crate::protocol::{Request, Response, read_frame, write_frame};
+
+    fn exchange(requests: &[Request]) -> Vec<Response> {
+        let mut input = Vec::new();
+        for r in requests {
+            write_frame(&mut input, r).unwrap();
+        }
+        let mut output = Vec::new();
+        serve(&mut input.as_slice(), &mut output).unwrap();
+        let mut answers = Vec::new();
+        let mut r = output.as_slice();
+        while let Some(m) = read_frame::<Response>(&mut r).unwrap() {
+            if !matches!(m, Response::Progress(_)) {
+                answers.push(m);
+            }
+        }
+        answers
+    }
+
+    #[test]
+    fn a_prefetched_preflight_predicts_what_a_cold_one_does() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("pyvenv.cfg"), "version = 3.11.2\n").unwrap();
+        let site = t.path().join("lib/python3.11/site-packages");
+        std::fs::create_dir_all(site.join("pkg")).unwrap();
+        let BaseAndUser { .. } = base_and_user(&site.join("pkg"));
+        let venv = t.path().to_str().unwrap().to_string();
+        // libbase.so.1 replaced by an object that defines nothing: the
+        // staying libuse.so loses `base`.
+        let req = PreflightRequest {
+            venv: venv.clone(),
+            placed: vec![(
+                "pkg/deps/libbase.so.1".into(),
+                Some(ElfInfo {
+                    soname: Some("libbase.so.1".into()),
+                    ..Default::default()
+                }),
+            )],
+            deleted: vec![],
+            ld_library_path: vec![],
+            torch_users: vec![],
+            imported_first: Default::default(),
+            whole: false,
+        };
+        let ahead = exchange(&[
+            Request::PrefetchPreflight { venv: venv.clone() },
+            Request::Preflight(Box::new(req.clone())),
+        ]);
+        let cold = exchange(&[Request::Preflight(Box::new(req))]);
+        assert!(matches!(ahead[0], Response::Prefetching), "{ahead:?}");
+        let (Response::Preflight(a), Response::Preflight(c)) = (&ahead[1], &cold[0]) else {
+            panic!("{ahead:?} {cold:?}");
+        };
+        assert_eq!(a.problems, c.problems);
+        assert!(
+            a.problems
+                .iter()
+                .any(|f| f.file == "pkg/libuse.so" && f.reason.contains("undefined symbol: base")),
+            "{:?}",
+            a.problems
+        );
+    }
 }

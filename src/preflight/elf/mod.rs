@@ -8,7 +8,8 @@
 //!
 //! * `read`: [`read_elf`], the dynamic facts of one 64-bit little-endian
 //!   ELF file (soname, `DT_NEEDED`, `DT_RPATH`/`DT_RUNPATH`, version needs
-//!   and definitions, defined and undefined dynamic symbols). Only the
+//!   and definitions, undefined dynamic symbols, and the hashes of the
+//!   defined ones: [`ElfInfo::defined`]). Only the
 //!   header, the section headers and the handful of dynamic sections are
 //!   read, so a 1 GB `libtorch_cuda.so` costs a few megabytes, not a gigabyte.
 //! * `view`: [`LoaderView`] / [`OverlayView`], the file system as the loader
@@ -23,7 +24,8 @@
 //!   default directories, `$ORIGIN`) and the breadth-first `DT_NEEDED`
 //!   closure of glibc's `_dl_map_object_deps`.
 //! * `symbols`: version needs (`dl-version.c`) and every non-weak undefined
-//!   symbol against the global scope plus the root's dependency closure.
+//!   symbol against the global scope plus the root's dependency closure,
+//!   each a binary search in the objects' sorted definition hashes.
 //! * `check`: [`check_object`], the model of one root loaded by the
 //!   interpreter with `RTLD_NOW` (CPython's default `dlopen` flags), turning
 //!   the above into [`ElfProblem`]s; [`closure_of`], the same root's
@@ -50,7 +52,9 @@
 //!   the objects that need them);
 //! * symbol matching is an existence check: an unversioned reference is
 //!   taken as satisfied by any definition of the name (glibc refuses hidden
-//!   non-default versions `foo@V1` in one corner case); objects without
+//!   non-default versions `foo@V1` in one corner case), and definitions are
+//!   compared by 64-bit hash (a collision, ~2^-64 a pair, would hide a
+//!   missing symbol); objects without
 //!   section headers (`sstrip`ped) read as having no dynamic facts.
 
 mod check;

@@ -16,6 +16,7 @@ use object::read::elf::{FileHeader, SectionHeader as _, SectionTable, Sym as _};
 use object::read::{ReadRef, StringTable, SymbolIndex};
 
 use super::{ElfInfo, Symbol};
+use crate::model::defined_keys;
 
 type Header = oelf::FileHeader64<LittleEndian>;
 type Sections<'a> = SectionTable<'a, Header, &'a Sparse>;
@@ -287,6 +288,7 @@ fn read_symbols<'a>(
         .symbols(ENDIAN, data, oelf::SHT_DYNSYM)
         .map_err(err)?;
     let versions = sections.versions(ENDIAN, data).map_err(err)?;
+    let mut defined = Vec::new();
     for (i, sym) in symbols.symbols().iter().enumerate().skip(1) {
         let bind = sym.st_bind();
         let kind = sym.st_type();
@@ -299,22 +301,24 @@ fn read_symbols<'a>(
         }
         let version = versions.as_ref().and_then(|v| {
             let index = v.version_index(ENDIAN, SymbolIndex(i)).index();
-            v.version(index).ok().flatten().map(|v| text(v.name()))
+            v.version(index).ok().flatten().map(|v| v.name())
         });
-        let symbol = Symbol {
-            name: text(name),
-            version,
-            weak: bind == oelf::STB_WEAK,
-        };
         if sym.is_undefined(ENDIAN) {
-            info.undefined.push(symbol);
+            info.undefined.push(Symbol {
+                name: text(name),
+                version: version.map(text),
+                weak: bind == oelf::STB_WEAK,
+            });
         } else {
-            if symbol.name.starts_with("PyInit_") {
-                info.inits.push(symbol.name.clone());
+            // Defined: only its keys are kept (see `ElfInfo::defined`).
+            let name = String::from_utf8_lossy(name);
+            if name.starts_with("PyInit_") {
+                info.inits.push(name.clone().into_owned());
             }
-            info.defined.push(symbol);
+            defined.push((name, version.map(String::from_utf8_lossy)));
         }
     }
+    info.defined = defined_keys(defined.iter().map(|(n, v)| (n.as_ref(), v.as_deref())));
     Ok(())
 }
 
@@ -330,11 +334,8 @@ mod tests {
         let BaseAndUser { base, user } = base_and_user(t.path());
         let b = read_elf(&base).unwrap().unwrap();
         assert_eq!(b.soname.as_deref(), Some("libbase.so.1"));
-        assert!(
-            b.defined
-                .iter()
-                .any(|s| s.name == "base" && s.version.is_none())
-        );
+        assert!(b.defines("base", None));
+        assert!(b.defined.is_sorted());
         let u = read_elf(&user).unwrap().unwrap();
         assert_eq!(u.rpath, vec!["$ORIGIN/deps".to_owned()]);
         assert!(u.runpath.is_empty());
@@ -357,11 +358,9 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(libc.version_defs.contains(&"GLIBC_2.34".to_owned()));
-        assert!(
-            libc.defined
-                .iter()
-                .any(|s| s.name == "printf" && s.version.as_deref() == Some("GLIBC_2.2.5"))
-        );
+        assert!(libc.defines("printf", Some("GLIBC_2.2.5")));
+        assert!(libc.defines("printf", None));
+        assert!(!libc.defines("printf", Some("GLIBC_9.99")));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! needs of each newly loaded object against the definitions of the object
 //! that provides them (glibc's `dl-version.c`), then every non-weak undefined
 //! symbol against what the whole scope defines (glibc's `check_match`, as an
-//! existence check). Also the wording of these problems: version summaries
+//! existence check: a binary search in each object's sorted definition
+//! hashes, [`ElfInfo::defines`](super::ElfInfo::defines)). Also the wording of these problems: version summaries
 //! and demangled C++ names.
 
 use std::collections::{HashMap, HashSet};
@@ -70,13 +71,7 @@ pub(super) fn check_undefined_symbols(
         .filter(|(_, o)| o.new && o.deps.iter().all(|d| d.object.is_some()))
         .map(|(i, _)| i)
         .collect();
-    let wanted: HashSet<&str> = checked
-        .iter()
-        .flat_map(|&i| s.objs[i].info.undefined.iter())
-        .filter(|u| !u.weak)
-        .map(|u| u.name.as_str())
-        .collect();
-    let defined = Definitions::of(s, &wanted);
+    let defined = Definitions::of(s);
     for i in checked {
         let o = &s.objs[i];
         let reported_versions = missing_versions.get(&i);
@@ -103,44 +98,25 @@ pub(super) fn check_undefined_symbols(
     }
 }
 
-/// The definitions in scope of the wanted names (only those are indexed).
+/// The definitions in scope: each object's sorted symbol keys
+/// ([`ElfInfo::defined`](super::ElfInfo::defined)), searched by
+/// [`ElfInfo::defines`](super::ElfInfo::defines).
 struct Definitions<'a> {
-    any: HashSet<&'a str>,
-    unversioned: HashSet<&'a str>,
-    versioned: HashSet<(&'a str, &'a str)>,
+    objects: Vec<&'a super::ElfInfo>,
 }
 
 impl<'a> Definitions<'a> {
-    fn of(s: &'a Session<'_>, wanted: &HashSet<&str>) -> Self {
-        let mut defs = Definitions {
-            any: HashSet::new(),
-            unversioned: HashSet::new(),
-            versioned: HashSet::new(),
-        };
-        for d in s.objs.iter().flat_map(|o| o.info.defined.iter()) {
-            let name = d.name.as_str();
-            if !wanted.contains(name) {
-                continue;
-            }
-            defs.any.insert(name);
-            match &d.version {
-                Some(v) => defs.versioned.insert((name, v.as_str())),
-                None => defs.unversioned.insert(name),
-            };
+    fn of(s: &'a Session<'_>) -> Self {
+        Definitions {
+            objects: s.objs.iter().map(|o| &*o.info).collect(),
         }
-        defs
     }
 
     /// An unversioned reference takes any definition; a versioned one takes
     /// that version or an unversioned definition (glibc's check_match).
     fn resolves(&self, u: &Symbol) -> bool {
-        match &u.version {
-            None => self.any.contains(u.name.as_str()),
-            Some(v) => {
-                self.versioned.contains(&(u.name.as_str(), v.as_str()))
-                    || self.unversioned.contains(u.name.as_str())
-            }
-        }
+        let keys = crate::model::reference_keys(&u.name, u.version.as_deref());
+        self.objects.iter().any(|o| o.defines_any(&keys))
     }
 }
 

@@ -66,6 +66,12 @@ impl OverlayView {
         self.overrides.insert(normalize(&p), info);
     }
 
+    /// The disk holds a regular file at `p` whose facts are `info` (read
+    /// ahead, in parallel, by the agent): the view does not read it again.
+    pub fn known(&mut self, p: &Path, info: Option<Arc<ElfInfo>>) {
+        self.disk.insert(normalize(p), OnDisk::File(info));
+    }
+
     fn override_of(&mut self, p: &Path) -> Option<Option<Arc<ElfInfo>>> {
         if let Some(v) = self.overrides.get(p) {
             return Some(v.clone());
