@@ -137,12 +137,22 @@ pub fn run_on_target(
             || c.needed.iter().any(|n| overlaid.disturbed.contains(n))
     };
     let mut reached: HashSet<PathBuf> = preloads.all_objects().into_iter().collect();
+    let mut reached_real: HashSet<PathBuf> = HashSet::new();
     let mut roots: Vec<Root> = Vec::new();
     for (i, o) in after.iter().enumerate().filter(|(_, o)| o.extension) {
         let c = preloads.config_for(&cfg, &o.rel, &o.path);
         let closure = elf::closure_of(&o.path, &mut overlaid.view, &c);
         let affected = o.placed || affects(&closure);
-        reached.extend(closure.objects.iter().map(|p| lexical(p)));
+        for p in &closure.objects {
+            // A library needed through a symlink (libcudart.so.13 ->
+            // libcudart.so.13.0.96): the walk lists the file it points to.
+            if reached.insert(lexical(p))
+                && std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
+                && let Ok(real) = std::fs::canonicalize(p)
+            {
+                reached_real.insert(real);
+            }
+        }
         roots.push(Root {
             index: i,
             optional: false,
@@ -150,7 +160,11 @@ pub fn run_on_target(
         });
     }
     for (i, o) in after.iter().enumerate() {
-        if o.extension || reached.contains(&lexical(&o.path)) {
+        if o.extension
+            || reached.contains(&lexical(&o.path))
+            || !reached_real.is_empty()
+                && std::fs::canonicalize(&o.path).is_ok_and(|r| reached_real.contains(&r))
+        {
             continue;
         }
         let affected = o.placed || {
@@ -625,4 +639,136 @@ pub fn owner<'a>(dists: &[&'a Dist], path: &str) -> Option<&'a Dist> {
         .iter()
         .find(|d| d.files.iter().any(|f| f == path))
         .copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::elf::testutil::cc;
+
+    /// A venv at `dir` with an extension module (`pkg/_ext...so`, needing
+    /// `libreal.so.1`, a symlink to `libreal.so.1.0`, which needs
+    /// `libgone.so`) and a plugin nothing loads (`pkg/plugins/libplug.so`,
+    /// needing `libgone.so` too); `libgone.so` is not in the venv.
+    fn venv(dir: &Path) -> PathBuf {
+        let site = dir.join("venv/lib/python3.11/site-packages");
+        std::fs::create_dir_all(&site).unwrap();
+        std::fs::write(dir.join("venv/pyvenv.cfg"), "version = 3.11.4\n").unwrap();
+        let b = dir.join("build");
+        std::fs::create_dir_all(&b).unwrap();
+        cc(
+            &b,
+            "libgone.so",
+            "int gone(void) { return 1; }\n",
+            false,
+            &["-Wl,-soname,libgone.so"],
+        );
+        cc(
+            &site,
+            "pkg/lib/libreal.so.1.0",
+            "extern int gone(void);\nint real(void) { return gone(); }\n",
+            false,
+            &[
+                "-Wl,-soname,libreal.so.1",
+                b.join("libgone.so").to_str().unwrap(),
+            ],
+        );
+        std::os::unix::fs::symlink("libreal.so.1.0", site.join("pkg/lib/libreal.so.1")).unwrap();
+        cc(
+            &site,
+            "pkg/_ext.cpython-311-x86_64-linux-gnu.so",
+            "extern int real(void);\nint PyInit__ext(void) { return real(); }\n",
+            false,
+            &[
+                "pkg/lib/libreal.so.1",
+                "-Wl,--enable-new-dtags",
+                "-Wl,-rpath,$ORIGIN/lib",
+            ],
+        );
+        cc(
+            &site,
+            "pkg/plugins/libplug.so",
+            "extern int gone(void);\nint plug(void) { return gone(); }\n",
+            false,
+            &[b.join("libgone.so").to_str().unwrap()],
+        );
+        dir.join("venv")
+    }
+
+    fn request(venv: &Path) -> PreflightRequest {
+        PreflightRequest {
+            venv: venv.to_string_lossy().into_owned(),
+            placed: Vec::new(),
+            deleted: Vec::new(),
+            ld_library_path: Vec::new(),
+            torch_users: Vec::new(),
+            imported_first: BTreeMap::new(),
+            whole: true,
+        }
+    }
+
+    /// The whole venv: the extension's problem is its library's (reached
+    /// through a symlink, so no plugin), the unreached plugin's is optional.
+    #[test]
+    fn extensions_reach_libraries_and_the_rest_are_plugins() {
+        let t = tempfile::tempdir().unwrap();
+        let report = run_on_target(&request(&venv(t.path())), None).unwrap();
+        let got: Vec<(&str, &str, bool)> = report
+            .problems
+            .iter()
+            .map(|f| (f.file.as_str(), f.cause.as_str(), f.optional))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "pkg/_ext.cpython-311-x86_64-linux-gnu.so",
+                    "needs libgone.so, which is not found",
+                    false
+                ),
+                (
+                    "pkg/plugins/libplug.so",
+                    "needs libgone.so, which is not found",
+                    true
+                ),
+            ],
+            "{:#?}",
+            report.problems
+        );
+        assert!(
+            report.problems[0]
+                .reason
+                .starts_with("pkg/lib/libreal.so.1 (loaded by ")
+        );
+        assert!(report.problems.iter().all(|f| !f.preexisting));
+    }
+
+    /// Without `whole` and with nothing placed, nothing is affected.
+    #[test]
+    fn an_empty_overlay_checks_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let mut req = request(&venv(t.path()));
+        req.whole = false;
+        let report = run_on_target(&req, None).unwrap();
+        assert_eq!(report.checked, 0);
+        assert!(report.problems.is_empty(), "{:#?}", report.problems);
+    }
+
+    /// A staying extension whose library the overlay replaces keeps the
+    /// problem it had: pre-existing. The plugin, untouched, is not checked.
+    #[test]
+    fn a_problem_the_venv_has_already_is_preexisting() {
+        let t = tempfile::tempdir().unwrap();
+        let venv = venv(t.path());
+        let mut req = request(&venv);
+        req.whole = false;
+        let lib = venv.join("lib/python3.11/site-packages/pkg/lib/libreal.so.1.0");
+        let info = elf::read_elf(&lib).unwrap();
+        req.placed = vec![("pkg/lib/libreal.so.1.0".into(), info)];
+        let report = run_on_target(&req, None).unwrap();
+        assert_eq!(report.problems.len(), 1, "{:#?}", report.problems);
+        let f = &report.problems[0];
+        assert_eq!(f.file, "pkg/_ext.cpython-311-x86_64-linux-gnu.so");
+        assert!(f.preexisting && !f.optional, "{f:#?}");
+    }
 }
