@@ -55,10 +55,12 @@ impl Problem {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PreflightRequest {
     pub venv: String,
-    /// Paths (relative to site-packages) the overlay adds or replaces, with
-    /// their ELF facts from the source (`None`: not an ELF object).
+    /// Shared objects (relative to site-packages; named like one, or ELF by
+    /// content) the overlay adds or replaces, with their ELF facts from the
+    /// source (`None`: not an ELF object). Other files do not concern the
+    /// loader: the controller leaves them out and the target skips them.
     pub placed: Vec<(String, Option<ElfInfo>)>,
-    /// Paths the overlay deletes.
+    /// Shared objects the overlay deletes (other paths are skipped).
     pub deleted: Vec<String>,
     /// Absolute directories, from the manifest's `[verify] env.LD_LIBRARY_PATH`.
     pub ld_library_path: Vec<String>,

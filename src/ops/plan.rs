@@ -559,11 +559,17 @@ fn preflight(
     let mut infos: HashMap<String, Option<ElfInfo>> = shared.into_iter().zip(infos).collect();
     let req = PreflightRequest {
         venv: dst_venv.to_string(),
+        // Only what concerns the loader: the shared objects placed or deleted.
         placed: placed
             .iter()
+            .filter(|p| crate::preflight::looks_shared(p))
             .map(|p| (p.to_string(), infos.remove(*p).flatten()))
             .collect(),
-        deleted: deleted.iter().map(|p| p.to_string()).collect(),
+        deleted: deleted
+            .iter()
+            .filter(|p| crate::preflight::looks_shared(p))
+            .map(|p| p.to_string())
+            .collect(),
         ld_library_path: ld_library_path(manifest, dst_scan, dst_venv),
         torch_users: crate::preflight::torch_users(&after),
         imported_first: crate::preflight::imported_first(&after),

@@ -267,7 +267,12 @@ fn overlay(req: &PreflightRequest, venv: &Venv, mut view: OverlayView) -> Result
             disturbed.extend(p.file_name().map(|n| n.to_string_lossy().into_owned()));
         }
     };
+    // Only shared objects (by name or by content) concern the loader: a
+    // plan's thousands of .py files are not even resolved.
     for (rel, info) in &req.placed {
+        if info.is_none() && !looks_shared(rel) {
+            continue;
+        }
         let p = abs(rel)?;
         was(&p, rel, &mut view);
         if info.is_some() {
@@ -275,7 +280,7 @@ fn overlay(req: &PreflightRequest, venv: &Venv, mut view: OverlayView) -> Result
         }
         view.set(p, info.clone());
     }
-    for rel in &req.deleted {
+    for rel in req.deleted.iter().filter(|r| looks_shared(r)) {
         let p = abs(rel)?;
         was(&p, rel, &mut view);
         view.set(p, None);
