@@ -94,6 +94,12 @@ pub enum Command {
     /// its whole output. Exit 3 when the check fails.
     Verify(VerifyArgs),
 
+    /// Check a host's venv as it stands, without a source: files against
+    /// their RECORD, damaged shared objects, extra files, duplicate
+    /// dist-infos, stale bytecode, broken scripts, and the preflight's
+    /// requirement, CUDA and ELF checks. Exit 1 when it finds a problem.
+    Doctor(DoctorArgs),
+
     /// Serve the controller on stdin/stdout (started by overlay itself on each host).
     #[command(hide = true)]
     Agent,
@@ -202,6 +208,20 @@ pub struct VerifyArgs {
     pub timeout: u64,
 
     /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The plan that names the default host.
+    #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
+    pub plan: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The host whose venv to check (default: the target of the last plan).
+    pub host: Option<String>,
+
+    /// Print the findings as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 

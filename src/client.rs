@@ -17,7 +17,7 @@ use super::protocol::{
     Frame, PROTOCOL_VERSION, Request, Response, read_any, read_frame, write_data, write_frame,
 };
 use crate::model::{
-    Compression, ElfInfo, Endpoint, Entry, GenerationInfo, HashMode, PreflightReport,
+    Compression, DoctorReport, DoctorRequest, ElfInfo, Endpoint, Finding, RecordCheckRequest, Entry, GenerationInfo, HashMode, PreflightReport,
     PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Sent, Set,
     ShebangRewrite, SourceHash, VerifyReport, VerifyRequest, Written,
 };
@@ -398,6 +398,26 @@ impl Client {
     pub fn preflight(&mut self, req: PreflightRequest) -> Result<PreflightReport> {
         let req = Request::Preflight(Box::new(req));
         answer!(self, &req, "a preflight", Response::Preflight(r) => r)
+    }
+
+    /// Check the venv as it stands (`overlay doctor`).
+    /// `on_progress` sees the hashing as it goes.
+    pub fn doctor(
+        &mut self,
+        req: DoctorRequest,
+        on_progress: &mut dyn FnMut(Progress),
+    ) -> Result<DoctorReport> {
+        let req = Request::Doctor(Box::new(req));
+        match self.call(&req, on_progress)? {
+            Response::Doctor(r) => Ok(r),
+            other => Err(self.unexpected("a doctor", &other)),
+        }
+    }
+
+    /// Check some distributions' files against their own RECORD.
+    pub fn record_check(&mut self, req: RecordCheckRequest) -> Result<Vec<Finding>> {
+        let req = Request::RecordCheck(Box::new(req));
+        answer!(self, &req, "a RECORD check", Response::RecordChecked { findings } => findings)
     }
 
     /// Finish an interrupted generation: roll it back, or with `resume`

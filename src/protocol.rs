@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::err;
 use crate::error::{Error, Result};
 use crate::model::{
-    BLOCK, Compression, ElfInfo, GenerationInfo, HashMode, LevelWindow, PreflightReport,
+    BLOCK, Compression, DoctorReport, DoctorRequest, ElfInfo, Finding, RecordCheckRequest, GenerationInfo, HashMode, LevelWindow, PreflightReport,
     PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Set,
     ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
 };
@@ -195,6 +195,11 @@ pub enum Request {
     },
     /// Target side: predict what fails to load after the overlay.
     Preflight(Box<PreflightRequest>),
+    /// Check the venv as it stands (`overlay doctor`).
+    Doctor(Box<DoctorRequest>),
+    /// Check some distributions' files against their own RECORD (the
+    /// source's carried dists, for `plan`'s note).
+    RecordCheck(Box<RecordCheckRequest>),
     Bye,
 }
 
@@ -269,6 +274,10 @@ pub enum Response {
     },
     Prefetching,
     Preflight(PreflightReport),
+    Doctor(DoctorReport),
+    RecordChecked {
+        findings: Vec<Finding>,
+    },
     Error(Error),
     Bye,
 }

@@ -1,0 +1,279 @@
+//! Files against their distribution's RECORD, as `rpm -V` or debsums check
+//! system packages: every row's file must exist, have the recorded size and
+//! (where RECORD gives one) the recorded sha256. Rows without a hash (the
+//! RECORD itself, bytecode pip wrote) get the existence and size checks.
+//! Shared objects are also checked for ELF damage ([`super::elf`]), hash or
+//! no hash. Files are checked on all cores; each sha256 is remembered in a
+//! [`StampCache`] (kind [`SHA256_CACHE`]) by the file's stamp, so a second
+//! run reads no unchanged file.
+
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use base64::Engine as _;
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+use crate::error::io_cause;
+use crate::hashcache::StampCache;
+use crate::inventory::{Counters, Venv};
+use crate::model::{Dist, Finding, FindingKind};
+
+/// The sha256 cache's kind (its folder under `~/.cache/overlay`); values
+/// are RECORD's spelling of the digest (urlsafe base64, no padding).
+pub const SHA256_CACHE: &str = "sha256";
+
+/// One RECORD row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// As RECORD writes it, relative to site-packages.
+    pub path: String,
+    /// The `sha256=` digest (urlsafe base64, no padding), if the row has one.
+    pub sha256: Option<String>,
+    pub size: Option<u64>,
+}
+
+/// Parse a RECORD's rows (hash and size included). Rows with another hash
+/// algorithm keep only their size. Errors name the line.
+pub fn parse_rows(text: &str) -> std::result::Result<Vec<Row>, String> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let mut out = Vec::new();
+    for (i, row) in rdr.records().enumerate() {
+        let row = row.map_err(|e| format!("line {}: {e}", i + 1))?;
+        let path = row.get(0).unwrap_or("");
+        if path.is_empty() && row.len() <= 1 {
+            continue;
+        }
+        let hash = row.get(1).unwrap_or("");
+        out.push(Row {
+            path: path.to_string(),
+            sha256: hash.strip_prefix("sha256=").map(str::to_string),
+            size: row.get(2).and_then(|s| s.trim().parse().ok()),
+        });
+    }
+    Ok(out)
+}
+
+/// What checking some distributions' files found.
+#[derive(Debug, Default)]
+pub struct Checked {
+    pub findings: Vec<Finding>,
+    /// RECORD rows checked.
+    pub files: u64,
+    /// Files hashed now.
+    pub hashed: u64,
+    /// Files whose hash the cache vouched for.
+    pub cached: u64,
+}
+
+/// How the check hashes.
+pub struct Hashing<'a> {
+    pub cache: &'a StampCache<String>,
+    /// Hash only files up to this size; `None`: every file.
+    pub max_bytes: Option<u64>,
+}
+
+/// Check every file of `dists` against its RECORD.
+pub fn check(venv: &Venv, dists: &[&Dist], how: &Hashing, counters: &Counters) -> Checked {
+    let mut findings = Vec::new();
+    let mut jobs: Vec<(&str, Row)> = Vec::new();
+    for d in dists {
+        let record = format!("{}/RECORD", d.dist_info);
+        match std::fs::read_to_string(venv.site().join(&record)) {
+            Ok(text) => match parse_rows(&text) {
+                Ok(rows) => jobs.extend(rows.into_iter().map(|r| (d.name.as_str(), r))),
+                Err(e) => findings.push(finding(FindingKind::Changed, d, &record, e)),
+            },
+            Err(e) => findings.push(finding(
+                FindingKind::Missing,
+                d,
+                &record,
+                format!("cannot be read: {}", io_cause(&e)),
+            )),
+        }
+    }
+    counters
+        .total_files
+        .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+    let (hashed, cached) = (AtomicU64::new(0), AtomicU64::new(0));
+    let found: Vec<Finding> = jobs
+        .par_iter()
+        .flat_map_iter(|(dist, row)| {
+            let out = check_row(venv, dist, row, how, counters, (&hashed, &cached));
+            counters.files.fetch_add(1, Ordering::Relaxed);
+            out
+        })
+        .collect();
+    findings.extend(found);
+    Checked {
+        findings,
+        files: jobs.len() as u64,
+        hashed: hashed.into_inner(),
+        cached: cached.into_inner(),
+    }
+}
+
+fn finding(kind: FindingKind, d: &Dist, path: &str, reason: String) -> Finding {
+    Finding {
+        kind,
+        dist: Some(d.name.clone()),
+        path: Some(path.to_string()),
+        reason,
+    }
+}
+
+/// The findings of one RECORD row.
+fn check_row(
+    venv: &Venv,
+    dist: &str,
+    row: &Row,
+    how: &Hashing,
+    counters: &Counters,
+    (hashed, cached): (&AtomicU64, &AtomicU64),
+) -> Vec<Finding> {
+    let found = |kind, reason: String| Finding {
+        kind,
+        dist: Some(dist.to_string()),
+        path: Some(row.path.clone()),
+        reason,
+    };
+    // The scan refuses a RECORD with paths outside the venv; not read here either.
+    let Ok((abs, _)) = venv.resolve(&row.path) else {
+        return vec![found(
+            FindingKind::Changed,
+            "RECORD names a path outside the venv".into(),
+        )];
+    };
+    let meta = match std::fs::symlink_metadata(&abs) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return vec![found(FindingKind::Missing, "listed in RECORD, not on disk".into())];
+        }
+        Err(e) => {
+            return vec![found(
+                FindingKind::Changed,
+                format!("cannot be read: {}", io_cause(&e)),
+            )];
+        }
+    };
+    if !meta.is_file() {
+        // A symlink or directory where RECORD lists a file: pip never
+        // records either, so only its absence would matter.
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    if (crate::preflight::looks_shared(&row.path) || meta.mode() & 0o111 != 0)
+        && let Some(why) = super::elf::damage(&abs)
+    {
+        out.push(found(FindingKind::Damaged, why));
+    }
+    let size = meta.len();
+    if let Some(want) = row.size
+        && want != size
+    {
+        out.push(found(
+            FindingKind::Changed,
+            format!("size {size}, RECORD says {want}"),
+        ));
+        return out;
+    }
+    let Some(want) = &row.sha256 else {
+        return out;
+    };
+    if how.max_bytes.is_some_and(|max| size > max) {
+        return out;
+    }
+    let have = match how.cache.get(&abs, &meta) {
+        Some(h) => {
+            cached.fetch_add(1, Ordering::Relaxed);
+            h
+        }
+        None => match sha256_file(&abs, counters) {
+            Ok(h) => {
+                hashed.fetch_add(1, Ordering::Relaxed);
+                how.cache.put(&abs, &meta, &h);
+                h
+            }
+            Err(e) => {
+                out.push(found(
+                    FindingKind::Changed,
+                    format!("cannot be read: {}", io_cause(&e)),
+                ));
+                return out;
+            }
+        },
+    };
+    if have != *want {
+        out.push(found(
+            FindingKind::Changed,
+            format!("sha256 differs from RECORD (size {size})"),
+        ));
+    }
+    out
+}
+
+/// A file's sha256 as RECORD writes it (urlsafe base64, no padding).
+pub fn sha256_file(path: &Path, counters: &Counters) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(h.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_keep_hash_and_size() {
+        let rows = parse_rows(
+            "a/x.py,sha256=abc,12\na/__pycache__/x.cpython-311.pyc,,\n\"we,ird.py\",sha512=zz,3\n\n",
+        )
+        .unwrap();
+        assert_eq!(
+            rows,
+            vec![
+                Row {
+                    path: "a/x.py".into(),
+                    sha256: Some("abc".into()),
+                    size: Some(12)
+                },
+                Row {
+                    path: "a/__pycache__/x.cpython-311.pyc".into(),
+                    sha256: None,
+                    size: None
+                },
+                Row {
+                    path: "we,ird.py".into(),
+                    sha256: None,
+                    size: Some(3)
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn sha256_is_spelled_as_record_spells_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("x");
+        std::fs::write(&f, b"hello\n").unwrap();
+        // python3 -c 'import hashlib,base64;print(base64.urlsafe_b64encode(hashlib.sha256(b"hello\n").digest()).rstrip(b"="))'
+        assert_eq!(
+            sha256_file(&f, &Counters::default()).unwrap(),
+            "WJG1tSLV3whtD_CxEPvZ0hu0_HFjrzTQgoai6Eb2vgM"
+        );
+    }
+}
