@@ -233,3 +233,58 @@ fn a_deleted_needed_library_is_named() {
         );
     }
 }
+
+/// `plan` notes the source's carried files that differ from their own
+/// RECORD: the fixture's hand-patched minisglang files by name, and a
+/// truncated shared object as a warning.
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn plan_notes_carried_files_that_differ_from_their_record() {
+    let tb = Testbed::new(2);
+    tb.write_manifest(common::SCENARIO_SETS);
+    let out = common::ok(
+        tb.overlay(&["plan", "src", "dst", "--set", "sglang-patches"])
+            .output()
+            .unwrap(),
+        "plan",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "note: 3 files of minisglang on src differ from their RECORD (hand-patched): \
+             minisglang/srt/server_args.py, minisglang/srt/speculative/dflash_worker.py, \
+             minisglang/srt/speculative/spec_info.py\n"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("differs from its RECORD"), "{stderr}");
+
+    // A truncated library in a carried dist is a warning, in the plan too.
+    let cuda = tb.site_packages(0).join("minitorch/lib/libminitorch_cuda.so");
+    let bytes = fs::read(&cuda).unwrap();
+    fs::write(&cuda, &bytes[..bytes.len() / 3]).unwrap();
+    let out = common::ok(
+        tb.overlay(&["plan", "src", "dst", "--set", "torch", "--json"])
+            .output()
+            .unwrap(),
+        "plan",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "warning: [torch] minitorch/lib/libminitorch_cuda.so of minitorch on src differs from its RECORD: cut short"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("note:"), "{stderr}");
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let warned = plan["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| w["path"] == "minitorch/lib/libminitorch_cuda.so");
+    assert!(warned, "{plan}");
+}

@@ -48,6 +48,7 @@ pub fn run(req: &DoctorRequest, counters: &Counters) -> Result<DoctorReport> {
         &record::Hashing {
             cache: &cache,
             max_bytes: None,
+            only: None,
         },
         counters,
     );
@@ -102,12 +103,14 @@ pub fn record_check(req: &RecordCheckRequest, counters: &Counters) -> Result<Vec
         .filter(|d| req.dist_infos.contains(&d.dist_info))
         .collect();
     let cache = StampCache::<String>::open_kind(&venv.root, SHA256_CACHE);
+    let only: std::collections::HashSet<&str> = req.paths.iter().map(String::as_str).collect();
     let checked = record::check(
         &venv,
         &dists,
         &record::Hashing {
             cache: &cache,
             max_bytes: req.max_hash_bytes,
+            only: (!only.is_empty()).then_some(&only),
         },
         counters,
     );

@@ -76,6 +76,8 @@ pub struct Hashing<'a> {
     pub cache: &'a StampCache<String>,
     /// Hash only files up to this size; `None`: every file.
     pub max_bytes: Option<u64>,
+    /// Check only these RECORD rows; `None`: all.
+    pub only: Option<&'a std::collections::HashSet<&'a str>>,
 }
 
 /// Check every file of `dists` against its RECORD.
@@ -86,7 +88,11 @@ pub fn check(venv: &Venv, dists: &[&Dist], how: &Hashing, counters: &Counters) -
         let record = format!("{}/RECORD", d.dist_info);
         match std::fs::read_to_string(venv.site().join(&record)) {
             Ok(text) => match parse_rows(&text) {
-                Ok(rows) => jobs.extend(rows.into_iter().map(|r| (d.name.as_str(), r))),
+                Ok(rows) => jobs.extend(
+                    rows.into_iter()
+                        .filter(|r| how.only.is_none_or(|o| o.contains(r.path.as_str())))
+                        .map(|r| (d.name.as_str(), r)),
+                ),
                 Err(e) => findings.push(finding(FindingKind::Changed, d, &record, e)),
             },
             Err(e) => findings.push(finding(

@@ -25,6 +25,9 @@ pub struct RecordCheckRequest {
     pub venv: String,
     /// Their dist-info directories, relative to site-packages.
     pub dist_infos: Vec<String>,
+    /// Only these RECORD rows (paths as RECORD writes them); empty: all.
+    #[serde(default)]
+    pub paths: Vec<String>,
     /// Hash only files up to this size (larger ones get the size and ELF
     /// checks); `None`: hash every file.
     pub max_hash_bytes: Option<u64>,

@@ -16,6 +16,7 @@ pub mod apply;
 pub mod doctor;
 pub mod history;
 pub mod plan;
+mod record_note;
 pub mod rollback;
 pub mod verify;
 
