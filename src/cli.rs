@@ -10,8 +10,8 @@ use overlay::transport::ConnectOptions;
 /// Overlay package sets from a working Python venv on one host onto another
 /// host's venv, over SSH: exact, predictable, reversible.
 ///
-/// Exit codes: 0 success; 1 `--check` found changes; 2 error; 3 the
-/// `[verify]` check failed.
+/// Exit codes: 0 success; 1 `--check` found changes, or `doctor` found
+/// problems; 2 error; 3 the `[verify]` check failed.
 #[derive(Debug, Parser)]
 #[command(name = "overlay", version, propagate_version = true)]
 pub struct Cli {
