@@ -17,9 +17,10 @@ use super::protocol::{
     Frame, PROTOCOL_VERSION, Request, Response, read_any, read_frame, write_data, write_frame,
 };
 use crate::model::{
-    Compression, DoctorReport, DoctorRequest, ElfInfo, Endpoint, Finding, RecordCheckRequest, Entry, GenerationInfo, HashMode, PreflightReport,
-    PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Sent, Set,
-    ShebangRewrite, SourceHash, VerifyReport, VerifyRequest, Written,
+    Compression, DoctorReport, DoctorRequest, ElfInfo, Endpoint, Entry, Finding, GenerationInfo,
+    HashMode, PreflightReport, PreflightRequest, PrepareRequest, Progress, RecordCheckRequest,
+    RollbackReport, ScanReport, SendFile, Sent, Set, ShebangRewrite, SourceHash, VerifyReport,
+    VerifyRequest, Written,
 };
 
 /// A generation opened on the target ([`Client::prepare`]).

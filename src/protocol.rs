@@ -23,9 +23,10 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::err;
 use crate::error::{Error, Result};
 use crate::model::{
-    BLOCK, Compression, DoctorReport, DoctorRequest, ElfInfo, Finding, RecordCheckRequest, GenerationInfo, HashMode, LevelWindow, PreflightReport,
-    PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Set,
-    ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
+    BLOCK, Compression, DoctorReport, DoctorRequest, ElfInfo, Finding, GenerationInfo, HashMode,
+    LevelWindow, PreflightReport, PreflightRequest, PrepareRequest, Progress, RecordCheckRequest,
+    RollbackReport, ScanReport, SendFile, Set, ShebangRewrite, SourceHash, StatEntry, VerifyReport,
+    VerifyRequest, Written,
 };
 
 /// Bumped whenever a frame changes shape. 9: a source's hash and a

@@ -26,7 +26,11 @@ fn doctor(tb: &Testbed, args: &[&str]) -> (i32, String, String) {
 fn remove_target_stray(site: &Path) {
     let spec = site.join("minisglang/srt/speculative");
     fs::remove_file(spec.join("dflash_utils.py")).unwrap();
-    for e in fs::read_dir(spec.join("__pycache__")).into_iter().flatten().flatten() {
+    for e in fs::read_dir(spec.join("__pycache__"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         if e.file_name().to_string_lossy().starts_with("dflash_utils.") {
             fs::remove_file(e.path()).unwrap();
         }
@@ -58,7 +62,10 @@ fn a_clean_venv_is_clean_and_the_second_run_hashes_nothing() {
     let extra = section(&stdout, "extra");
     assert_eq!(extra.len(), 1, "{stdout}");
     assert!(
-        has(&extra, "minisglang minisglang/srt/speculative/dflash_utils.py"),
+        has(
+            &extra,
+            "minisglang minisglang/srt/speculative/dflash_utils.py"
+        ),
         "{stdout}"
     );
 
@@ -66,7 +73,10 @@ fn a_clean_venv_is_clean_and_the_second_run_hashes_nothing() {
     let (code, stdout, stderr) = doctor(&tb, &["dst"]);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert_eq!(stdout, "no problems\n");
-    assert!(stderr.contains("dst: ") && stderr.contains(": no problems"), "{stderr}");
+    assert!(
+        stderr.contains("dst: ") && stderr.contains(": no problems"),
+        "{stderr}"
+    );
 
     // A run remembers each sha256 by the file's stamp, except for files
     // changed in the last 3 s (the cache's racy window; the venv was
@@ -118,8 +128,10 @@ fn every_kind_of_damage_is_named() {
     // Stale bytecode: the source's mtime moves, its content stays.
     let init = site.join("minitorch/utils/__init__.py");
     let f = fs::File::options().write(true).open(&init).unwrap();
-    f.set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000))
-        .unwrap();
+    f.set_modified(
+        std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000),
+    )
+    .unwrap();
     drop(f);
     // A broken shebang (its hash changes too).
     let script = tb.host_venv_dir(1).join("bin/minitorchrun");
@@ -132,7 +144,10 @@ fn every_kind_of_damage_is_named() {
     assert_eq!(code, 1, "{stdout}{stderr}");
     let damaged = section(&stdout, "damaged");
     assert!(
-        has(&damaged, "minitorch minitorch/lib/libminitorch_cuda.so: cut short"),
+        has(
+            &damaged,
+            "minitorch minitorch/lib/libminitorch_cuda.so: cut short"
+        ),
         "{stdout}"
     );
     let changed = section(&stdout, "changed");
@@ -144,11 +159,17 @@ fn every_kind_of_damage_is_named() {
         assert!(has(&changed, p), "{p} not in\n{stdout}");
     }
     assert!(
-        has(&section(&stdout, "missing"), "minitorch minitorch/_old_in_291.py: listed in RECORD"),
+        has(
+            &section(&stdout, "missing"),
+            "minitorch minitorch/_old_in_291.py: listed in RECORD"
+        ),
         "{stdout}"
     );
     assert!(
-        has(&section(&stdout, "extra"), "minitorch minitorch/nn/by_hand.py"),
+        has(
+            &section(&stdout, "extra"),
+            "minitorch minitorch/nn/by_hand.py"
+        ),
         "{stdout}"
     );
     let dup = section(&stdout, "duplicate dist-info");
@@ -156,11 +177,17 @@ fn every_kind_of_damage_is_named() {
     assert!(has(&dup, "minitorch-9.9.9.dist-info: "), "{stdout}");
     let stale = section(&stdout, "stale bytecode");
     assert!(
-        has(&stale, "minitorch minitorch/utils/__pycache__/__init__.cpython-311.pyc: compiled from another __init__.py"),
+        has(
+            &stale,
+            "minitorch minitorch/utils/__pycache__/__init__.cpython-311.pyc: compiled from another __init__.py"
+        ),
         "{stdout}"
     );
     assert!(
-        has(&stale, "minitorch/distributed/__pycache__/run.cpython-311.pyc"),
+        has(
+            &stale,
+            "minitorch/distributed/__pycache__/run.cpython-311.pyc"
+        ),
         "{stdout}"
     );
     assert!(
@@ -170,7 +197,10 @@ fn every_kind_of_damage_is_named() {
         ),
         "{stdout}"
     );
-    assert!(stderr.contains("dst: ") && stderr.contains("problems ("), "{stderr}");
+    assert!(
+        stderr.contains("dst: ") && stderr.contains("problems ("),
+        "{stderr}"
+    );
 
     // --json: the same findings, each with kind, dist, path and reason.
     let (code, json, _) = doctor(&tb, &["dst", "--json"]);
@@ -180,8 +210,10 @@ fn every_kind_of_damage_is_named() {
     assert_eq!(v["ok"], false);
     assert_eq!(v["report"]["venv"], common::VENV);
     let findings = v["report"]["findings"].as_array().unwrap();
-    let kinds: std::collections::BTreeSet<&str> =
-        findings.iter().map(|f| f["kind"].as_str().unwrap()).collect();
+    let kinds: std::collections::BTreeSet<&str> = findings
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap())
+        .collect();
     for k in [
         "damaged",
         "changed",
@@ -193,13 +225,15 @@ fn every_kind_of_damage_is_named() {
     ] {
         assert!(kinds.contains(k), "{k} not in {kinds:?}");
     }
-    let damaged = findings
-        .iter()
-        .find(|f| f["kind"] == "damaged")
-        .unwrap();
+    let damaged = findings.iter().find(|f| f["kind"] == "damaged").unwrap();
     assert_eq!(damaged["dist"], "minitorch");
     assert_eq!(damaged["path"], "minitorch/lib/libminitorch_cuda.so");
-    assert!(damaged["reason"].as_str().unwrap().contains("truncated copy"));
+    assert!(
+        damaged["reason"]
+            .as_str()
+            .unwrap()
+            .contains("truncated copy")
+    );
 }
 
 /// The preflight's ELF check on the venv as it stands: an extension whose
@@ -218,7 +252,10 @@ fn a_deleted_needed_library_is_named() {
     let (code, stdout, stderr) = doctor(&tb, &["dst"]);
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(
-        has(&section(&stdout, "missing"), "minitorch minitorch/lib/libminitorch_cpu.so"),
+        has(
+            &section(&stdout, "missing"),
+            "minitorch minitorch/lib/libminitorch_cpu.so"
+        ),
         "{stdout}"
     );
     // ENABLE AFTER MERGING loadmodel (PreflightRequest.whole implemented):
@@ -227,8 +264,10 @@ fn a_deleted_needed_library_is_named() {
     if std::env::var_os("OVERLAY_TEST_WHOLE_PREFLIGHT").is_some() {
         let elf = section(&stdout, "elf");
         assert!(
-            has(&elf, "minitorch minitorch/_C.cpython-311-x86_64-linux-gnu.so")
-                && has(&elf, "libminitorch_cpu.so"),
+            has(
+                &elf,
+                "minitorch minitorch/_C.cpython-311-x86_64-linux-gnu.so"
+            ) && has(&elf, "libminitorch_cpu.so"),
             "{stdout}"
         );
     }
@@ -263,7 +302,9 @@ fn plan_notes_carried_files_that_differ_from_their_record() {
     assert!(!stderr.contains("differs from its RECORD"), "{stderr}");
 
     // A truncated library in a carried dist is a warning, in the plan too.
-    let cuda = tb.site_packages(0).join("minitorch/lib/libminitorch_cuda.so");
+    let cuda = tb
+        .site_packages(0)
+        .join("minitorch/lib/libminitorch_cuda.so");
     let bytes = fs::read(&cuda).unwrap();
     fs::write(&cuda, &bytes[..bytes.len() / 3]).unwrap();
     let out = common::ok(

@@ -26,7 +26,10 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
             "ok": r.findings.is_empty(),
             "report": r,
         });
-        println!("{}", serde_json::to_string_pretty(&doc).expect("serializes"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("serializes")
+        );
     } else {
         print_report(r);
     }

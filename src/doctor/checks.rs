@@ -4,7 +4,9 @@
 //! target-side ELF check with `whole` set).
 
 use crate::error::Result;
-use crate::model::{Dist, DoctorRequest, Finding, FindingKind, PreflightRequest, Problem, ScanReport};
+use crate::model::{
+    Dist, DoctorRequest, Finding, FindingKind, PreflightRequest, Problem, ScanReport,
+};
 use crate::preflight::{self, cuda, requirements};
 
 /// The findings, and how many shared objects the ELF check loaded.

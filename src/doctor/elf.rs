@@ -5,7 +5,6 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 use object::LittleEndian;
 use object::elf as oelf;
@@ -17,11 +16,10 @@ const ENDIAN: LittleEndian = LittleEndian;
 /// Largest program header table read (real ones are a few hundred bytes).
 const MAX_PHDRS: u64 = 1 << 20;
 
-/// Why the ELF file at `path` is damaged, if it is; `None` for an intact
-/// object, a file that is not a 64-bit little-endian ELF, or one that
-/// cannot be read (the RECORD check reports those).
-pub fn damage(path: &Path) -> Option<String> {
-    let file = File::open(path).ok()?;
+/// Why the ELF `file` is damaged, if it is; `None` for an intact object,
+/// a file that is not a 64-bit little-endian ELF, or one that cannot be
+/// read (the RECORD check reports those).
+pub fn damage(file: &File) -> Option<String> {
     let len = file.metadata().ok()?.len();
     let mut head = [0u8; 64];
     let n = file.read_at(&mut head, 0).ok()?;
@@ -41,7 +39,9 @@ pub fn damage(path: &Path) -> Option<String> {
         return None;
     }
     if phsize > MAX_PHDRS {
-        return Some(format!("{phsize} bytes of program headers: not a sane ELF file"));
+        return Some(format!(
+            "{phsize} bytes of program headers: not a sane ELF file"
+        ));
     }
     let Some(end) = phoff.checked_add(phsize).filter(|e| *e <= len) else {
         return Some(format!(
@@ -73,18 +73,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // This test binary is a whole ELF file.
         let me = std::env::current_exe().unwrap();
-        assert_eq!(damage(&me), None);
+        let open = |p: &std::path::Path| File::open(p).unwrap();
+        assert_eq!(damage(&open(&me)), None);
         let bytes = std::fs::read(&me).unwrap();
         let cut = dir.path().join("cut.so");
         // Past the program headers, short of the first segment's end.
         std::fs::write(&cut, &bytes[..2000]).unwrap();
-        let why = damage(&cut).expect("damaged");
+        let why = damage(&open(&cut)).expect("damaged");
         assert!(why.contains("truncated copy"), "{why}");
         let tiny = dir.path().join("tiny.so");
         std::fs::write(&tiny, &bytes[..20]).unwrap();
-        assert!(damage(&tiny).unwrap().contains("less than an ELF header"));
+        assert!(
+            damage(&open(&tiny))
+                .unwrap()
+                .contains("less than an ELF header")
+        );
         let text = dir.path().join("a.py");
         std::fs::write(&text, b"print(1)\n").unwrap();
-        assert_eq!(damage(&text), None);
+        assert_eq!(damage(&open(&text)), None);
     }
 }

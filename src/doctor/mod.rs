@@ -51,7 +51,7 @@ pub fn run(req: &DoctorRequest, counters: &Counters) -> Result<DoctorReport> {
             only: None,
         },
         counters,
-    );
+    )?;
     cache.save();
     let mut findings = checked.findings;
     for d in &dists {
@@ -113,7 +113,7 @@ pub fn record_check(req: &RecordCheckRequest, counters: &Counters) -> Result<Vec
             only: (!only.is_empty()).then_some(&only),
         },
         counters,
-    );
+    )?;
     cache.save();
     let mut out = checked.findings;
     out.sort();

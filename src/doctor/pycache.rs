@@ -18,7 +18,10 @@ pub fn source_of(pyc: &str, tag: &str) -> Option<String> {
     let (dir, name) = pyc.rsplit_once("/__pycache__/")?;
     let stem = name.strip_suffix(".pyc")?;
     let (module, rest) = stem.split_once('.')?;
-    let ok = rest == tag || rest.strip_prefix(tag).is_some_and(|o| o.starts_with(".opt-"));
+    let ok = rest == tag
+        || rest
+            .strip_prefix(tag)
+            .is_some_and(|o| o.starts_with(".opt-"));
     ok.then(|| format!("{dir}/{module}.py"))
 }
 

@@ -16,9 +16,11 @@ use base64::Engine as _;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::error::io_cause;
+use std::os::fd::AsFd;
+
+use crate::error::{Result, io_cause};
 use crate::hashcache::StampCache;
-use crate::inventory::{Counters, Venv};
+use crate::inventory::{Blocked, Counters, Venv, Walker};
 use crate::model::{Dist, Finding, FindingKind};
 
 /// The sha256 cache's kind (its folder under `~/.cache/overlay`); values
@@ -80,8 +82,10 @@ pub struct Hashing<'a> {
     pub only: Option<&'a std::collections::HashSet<&'a str>>,
 }
 
-/// Check every file of `dists` against its RECORD.
-pub fn check(venv: &Venv, dists: &[&Dist], how: &Hashing, counters: &Counters) -> Checked {
+/// Check every file of `dists` against its RECORD. Files are reached from
+/// the venv root's fd without following a symlinked parent directory
+/// ([`Walker`]): what lies behind one is named, never read.
+pub fn check(venv: &Venv, dists: &[&Dist], how: &Hashing, counters: &Counters) -> Result<Checked> {
     let mut findings = Vec::new();
     let mut jobs: Vec<(&str, Row)> = Vec::new();
     for d in dists {
@@ -103,25 +107,33 @@ pub fn check(venv: &Venv, dists: &[&Dist], how: &Hashing, counters: &Counters) -
             )),
         }
     }
+    // In path order, so that each worker's open chain of directories is reused.
+    jobs.sort_by(|a, b| a.1.path.cmp(&b.1.path));
     counters
         .total_files
         .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+    let root = venv.beneath()?;
+    let root_fd = root.as_fd();
     let (hashed, cached) = (AtomicU64::new(0), AtomicU64::new(0));
-    let found: Vec<Finding> = jobs
+    let found: Vec<Vec<Finding>> = jobs
         .par_iter()
-        .flat_map_iter(|(dist, row)| {
-            let out = check_row(venv, dist, row, how, counters, (&hashed, &cached));
-            counters.files.fetch_add(1, Ordering::Relaxed);
-            out
-        })
+        .with_min_len(32)
+        .map_init(
+            || Walker::new(root_fd),
+            |w, (dist, row)| {
+                let out = check_row(venv, w, dist, row, how, counters, (&hashed, &cached));
+                counters.files.fetch_add(1, Ordering::Relaxed);
+                out
+            },
+        )
         .collect();
-    findings.extend(found);
-    Checked {
+    findings.extend(found.into_iter().flatten());
+    Ok(Checked {
         findings,
         files: jobs.len() as u64,
         hashed: hashed.into_inner(),
         cached: cached.into_inner(),
-    }
+    })
 }
 
 fn finding(kind: FindingKind, d: &Dist, path: &str, reason: String) -> Finding {
@@ -136,56 +148,77 @@ fn finding(kind: FindingKind, d: &Dist, path: &str, reason: String) -> Finding {
 /// The findings of one RECORD row.
 fn check_row(
     venv: &Venv,
+    w: &mut Walker<'_>,
     dist: &str,
     row: &Row,
     how: &Hashing,
     counters: &Counters,
     (hashed, cached): (&AtomicU64, &AtomicU64),
 ) -> Vec<Finding> {
-    let found = |kind, reason: String| Finding {
-        kind,
-        dist: Some(dist.to_string()),
-        path: Some(row.path.clone()),
-        reason,
+    let found = |kind, reason: String| {
+        vec![Finding {
+            kind,
+            dist: Some(dist.to_string()),
+            path: Some(row.path.clone()),
+            reason,
+        }]
     };
     // The scan refuses a RECORD with paths outside the venv; not read here either.
-    let Ok((abs, _)) = venv.resolve(&row.path) else {
-        return vec![found(
+    let Ok((abs, rel)) = venv.resolve(&row.path) else {
+        return found(
             FindingKind::Changed,
             "RECORD names a path outside the venv".into(),
-        )];
+        );
     };
-    let meta = match std::fs::symlink_metadata(&abs) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return vec![found(FindingKind::Missing, "listed in RECORD, not on disk".into())];
+    let blocked = |b: Blocked| match b {
+        Blocked::Missing => found(FindingKind::Missing, "listed in RECORD, not on disk".into()),
+        Blocked::Link(l) => found(
+            FindingKind::Changed,
+            format!("lies behind the symlink {l}: not read"),
+        ),
+        Blocked::Error(e) => found(FindingKind::Changed, format!("cannot be read: {e}")),
+    };
+    match w.lstat(&rel) {
+        Ok(None) => return blocked(Blocked::Missing),
+        Err(b) => return blocked(b),
+        // A symlink or directory where RECORD lists a file: pip records
+        // neither, so only its absence would matter.
+        Ok(Some(st))
+            if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                != rustix::fs::FileType::RegularFile =>
+        {
+            return Vec::new();
         }
+        Ok(Some(_)) => {}
+    }
+    let file = match w.open(&rel) {
+        Ok(f) => f,
+        Err(b) => return blocked(b),
+    };
+    let meta = match file.metadata() {
+        Ok(m) => m,
         Err(e) => {
-            return vec![found(
+            return found(
                 FindingKind::Changed,
                 format!("cannot be read: {}", io_cause(&e)),
-            )];
+            );
         }
     };
-    if !meta.is_file() {
-        // A symlink or directory where RECORD lists a file: pip never
-        // records either, so only its absence would matter.
-        return Vec::new();
-    }
     let mut out = Vec::new();
+    let mut add = |kind, reason| out.extend(found(kind, reason));
     if (crate::preflight::looks_shared(&row.path) || meta.mode() & 0o111 != 0)
-        && let Some(why) = super::elf::damage(&abs)
+        && let Some(why) = super::elf::damage(&file)
     {
-        out.push(found(FindingKind::Damaged, why));
+        add(FindingKind::Damaged, why);
     }
     let size = meta.len();
     if let Some(want) = row.size
         && want != size
     {
-        out.push(found(
+        add(
             FindingKind::Changed,
             format!("size {size}, RECORD says {want}"),
-        ));
+        );
         return out;
     }
     let Some(want) = &row.sha256 else {
@@ -199,33 +232,37 @@ fn check_row(
             cached.fetch_add(1, Ordering::Relaxed);
             h
         }
-        None => match sha256_file(&abs, counters) {
+        None => match sha256_of(file, counters) {
             Ok(h) => {
                 hashed.fetch_add(1, Ordering::Relaxed);
                 how.cache.put(&abs, &meta, &h);
                 h
             }
             Err(e) => {
-                out.push(found(
+                add(
                     FindingKind::Changed,
                     format!("cannot be read: {}", io_cause(&e)),
-                ));
+                );
                 return out;
             }
         },
     };
     if have != *want {
-        out.push(found(
+        add(
             FindingKind::Changed,
             format!("sha256 differs from RECORD (size {size})"),
-        ));
+        );
     }
     out
 }
 
 /// A file's sha256 as RECORD writes it (urlsafe base64, no padding).
 pub fn sha256_file(path: &Path, counters: &Counters) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
+    sha256_of(std::fs::File::open(path)?, counters)
+}
+
+/// [`sha256_file`] of a file already open.
+fn sha256_of(mut f: std::fs::File, counters: &Counters) -> std::io::Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -101,7 +101,8 @@ mod tests {
             std::fs::write(v.join("pyvenv.cfg"), "version = 3.11.2\n").unwrap();
             std::fs::write(v.join("bin/python"), "").unwrap();
         }
-        let script = |name: &str, text: String| std::fs::write(here.join("bin").join(name), text).unwrap();
+        let script =
+            |name: &str, text: String| std::fs::write(here.join("bin").join(name), text).unwrap();
         script("ok", format!("#!{}/bin/python\nimport x\n", here.display()));
         script("env", "#!/usr/bin/env python3\n".into());
         script("gone", "#!/nowhere/bin/python\n".into());

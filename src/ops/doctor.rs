@@ -39,7 +39,12 @@ pub fn doctor(opts: &DoctorOptions, obs: &dyn Observer) -> Result<Doctored> {
             .as_ref()
             .and_then(|m| m.verify.as_ref())
             .and_then(|v| v.env.get("LD_LIBRARY_PATH"))
-            .map(|v| v.split(':').filter(|s| !s.is_empty()).map(String::from).collect())
+            .map(|v| {
+                v.split(':')
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
             .unwrap_or_default(),
         cuda_family: manifest
             .map(|m| m.preflight.cuda_family)
