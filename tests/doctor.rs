@@ -329,3 +329,22 @@ fn plan_notes_carried_files_that_differ_from_their_record() {
         .any(|w| w["path"] == "minitorch/lib/libminitorch_cuda.so");
     assert!(warned, "{plan}");
 }
+
+/// The same command on a host of the local transport (no ssh).
+#[test]
+fn doctor_runs_on_a_local_host() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(common::SCENARIO_SETS);
+    let (code, stdout, stderr) = doctor(&tb, &["dst"]);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert_eq!(
+        stdout,
+        "extra (in no RECORD) (1):\n  minisglang minisglang/srt/speculative/dflash_utils.py: in minisglang/, listed in no RECORD\n"
+    );
+    remove_target_stray(&tb.site_packages(1));
+    let (code, stdout, stderr) = doctor(&tb, &["dst"]);
+    assert_eq!((code, stdout.as_str()), (0, "no problems\n"), "{stderr}");
+    // A host the manifest does not name is a usage error.
+    let (code, _, stderr) = doctor(&tb, &["nowhere"]);
+    assert_eq!(code, 2, "{stderr}");
+}

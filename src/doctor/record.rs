@@ -112,6 +112,14 @@ pub fn check(venv: &Venv, dists: &[&Dist], how: &Hashing, counters: &Counters) -
     counters
         .total_files
         .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+    // At most this much is read (files the cache vouches for are not).
+    let to_hash: u64 = jobs
+        .iter()
+        .filter(|(_, r)| r.sha256.is_some())
+        .filter_map(|(_, r)| r.size)
+        .filter(|s| how.max_bytes.is_none_or(|m| *s <= m))
+        .sum();
+    counters.total_bytes.fetch_add(to_hash, Ordering::Relaxed);
     let root = venv.beneath()?;
     let root_fd = root.as_fd();
     let (hashed, cached) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -317,6 +325,69 @@ mod tests {
         assert_eq!(
             sha256_file(&f, &Counters::default()).unwrap(),
             "WJG1tSLV3whtD_CxEPvZ0hu0_HFjrzTQgoai6Eb2vgM"
+        );
+    }
+
+    #[test]
+    fn rows_are_checked_beneath_the_venv_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("venv");
+        let site = root.join("lib/python3.11/site-packages");
+        std::fs::create_dir_all(site.join("pkg")).unwrap();
+        std::fs::create_dir_all(site.join("d-1.dist-info")).unwrap();
+        std::fs::write(root.join("pyvenv.cfg"), "version = 3.11.2\n").unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "s3cret\n").unwrap();
+        std::os::unix::fs::symlink(&outside, site.join("link")).unwrap();
+        std::fs::write(site.join("pkg/ok.py"), "hello\n").unwrap();
+        std::fs::write(site.join("pkg/edited.py"), "HELLO\n").unwrap();
+        let h = "WJG1tSLV3whtD_CxEPvZ0hu0_HFjrzTQgoai6Eb2vgM";
+        std::fs::write(
+            site.join("d-1.dist-info/RECORD"),
+            format!(
+                "pkg/ok.py,sha256={h},6\npkg/edited.py,sha256={h},6\npkg/gone.py,sha256={h},6\n\
+                 link/secret,sha256={h},7\nd-1.dist-info/RECORD,,\n"
+            ),
+        )
+        .unwrap();
+        let venv = Venv::open(root.to_str().unwrap()).unwrap();
+        let mut d = Dist::for_test("d", "1");
+        d.dist_info = "d-1.dist-info".into();
+        let cache = StampCache::disabled();
+        let how = Hashing {
+            cache: &cache,
+            max_bytes: None,
+            only: None,
+        };
+        let checked = check(&venv, &[&d], &how, &Counters::default()).unwrap();
+        assert_eq!(checked.files, 5);
+        assert_eq!(checked.hashed, 2, "ok.py and edited.py; never the secret");
+        let mut got: Vec<(FindingKind, String, String)> = checked
+            .findings
+            .into_iter()
+            .map(|f| (f.kind, f.path.unwrap(), f.reason))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    FindingKind::Changed,
+                    "link/secret".into(),
+                    "lies behind the symlink lib/python3.11/site-packages/link: not read".into()
+                ),
+                (
+                    FindingKind::Changed,
+                    "pkg/edited.py".into(),
+                    "sha256 differs from RECORD (size 6)".into()
+                ),
+                (
+                    FindingKind::Missing,
+                    "pkg/gone.py".into(),
+                    "listed in RECORD, not on disk".into()
+                ),
+            ]
         );
     }
 }
