@@ -17,10 +17,9 @@ use super::protocol::{
     Frame, PROTOCOL_VERSION, Request, Response, read_any, read_frame, write_data, write_frame,
 };
 use crate::model::{
-    Compression, DoctorReport, DoctorRequest, ElfInfo, Endpoint, Entry, Finding, GenerationInfo,
-    HashMode, PreflightReport, PreflightRequest, PrepareRequest, Progress, RecordCheckRequest,
-    RollbackReport, ScanReport, SendFile, Sent, Set, ShebangRewrite, SourceHash, VerifyReport,
-    VerifyRequest, Written,
+    Compression, ElfInfo, Endpoint, Entry, GenerationInfo, HashMode, PreflightReport,
+    PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Sent, Set,
+    ShebangRewrite, SourceHash, VerifyReport, VerifyRequest, Written,
 };
 
 /// A generation opened on the target ([`Client::prepare`]).
@@ -405,9 +404,9 @@ impl Client {
     /// `on_progress` sees the hashing as it goes.
     pub fn doctor(
         &mut self,
-        req: DoctorRequest,
+        req: crate::model::DoctorRequest,
         on_progress: &mut dyn FnMut(Progress),
-    ) -> Result<DoctorReport> {
+    ) -> Result<crate::model::DoctorReport> {
         let req = Request::Doctor(Box::new(req));
         match self.call(&req, on_progress)? {
             Response::Doctor(r) => Ok(r),
@@ -416,7 +415,10 @@ impl Client {
     }
 
     /// Check some distributions' files against their own RECORD.
-    pub fn record_check(&mut self, req: RecordCheckRequest) -> Result<Vec<Finding>> {
+    pub fn record_check(
+        &mut self,
+        req: crate::model::RecordCheckRequest,
+    ) -> Result<Vec<crate::model::Finding>> {
         let req = Request::RecordCheck(Box::new(req));
         answer!(self, &req, "a RECORD check", Response::RecordChecked { findings } => findings)
     }

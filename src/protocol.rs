@@ -23,10 +23,9 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::err;
 use crate::error::{Error, Result};
 use crate::model::{
-    BLOCK, Compression, DoctorReport, DoctorRequest, ElfInfo, Finding, GenerationInfo, HashMode,
-    LevelWindow, PreflightReport, PreflightRequest, PrepareRequest, Progress, RecordCheckRequest,
-    RollbackReport, ScanReport, SendFile, Set, ShebangRewrite, SourceHash, StatEntry, VerifyReport,
-    VerifyRequest, Written,
+    BLOCK, Compression, ElfInfo, GenerationInfo, HashMode, LevelWindow, PreflightReport,
+    PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Set,
+    ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
 };
 
 /// Bumped whenever a frame changes shape. 9: a source's hash and a
@@ -197,10 +196,10 @@ pub enum Request {
     /// Target side: predict what fails to load after the overlay.
     Preflight(Box<PreflightRequest>),
     /// Check the venv as it stands (`overlay doctor`).
-    Doctor(Box<DoctorRequest>),
+    Doctor(Box<crate::model::DoctorRequest>),
     /// Check some distributions' files against their own RECORD (the
     /// source's carried dists, for `plan`'s note).
-    RecordCheck(Box<RecordCheckRequest>),
+    RecordCheck(Box<crate::model::RecordCheckRequest>),
     Bye,
 }
 
@@ -275,9 +274,9 @@ pub enum Response {
     },
     Prefetching,
     Preflight(PreflightReport),
-    Doctor(DoctorReport),
+    Doctor(crate::model::DoctorReport),
     RecordChecked {
-        findings: Vec<Finding>,
+        findings: Vec<crate::model::Finding>,
     },
     Error(Error),
     Bye,

@@ -93,15 +93,37 @@ pub fn run(req: &DoctorRequest, counters: &Counters) -> Result<DoctorReport> {
 }
 
 /// The files of the distributions `req` names against their own RECORD:
-/// what differs (changed, missing, damaged), sorted.
+/// what differs (changed, missing, damaged), sorted. Only their RECORDs are
+/// read (no scan of the venv); each finding's `dist` is the dist-info
+/// directory's name, for the caller to map to the distribution.
 pub fn record_check(req: &RecordCheckRequest, counters: &Counters) -> Result<Vec<Finding>> {
-    let scan = crate::inventory::scan(&req.venv, &[])?;
     let venv = Venv::open(&req.venv)?;
-    let dists: Vec<&Dist> = scan
-        .dists
+    let named: Vec<Dist> = req
+        .dist_infos
         .iter()
-        .filter(|d| req.dist_infos.contains(&d.dist_info))
-        .collect();
+        .map(|d| {
+            if d.ends_with(".dist-info") && !d.contains('/') && !d.starts_with('.') {
+                Ok(Dist {
+                    name: d.clone(),
+                    normalized: String::new(),
+                    version: String::new(),
+                    build: None,
+                    dist_info: d.clone(),
+                    files: Vec::new(),
+                    problem: None,
+                    requires_dist: Vec::new(),
+                    provides_extra: Vec::new(),
+                    cuda: None,
+                })
+            } else {
+                Err(crate::err!(
+                    kind = Protocol,
+                    "a RECORD check names {d:?}, which is not a dist-info directory"
+                ))
+            }
+        })
+        .collect::<Result<_>>()?;
+    let dists: Vec<&Dist> = named.iter().collect();
     let cache = StampCache::<String>::open_kind(&venv.root, SHA256_CACHE);
     let only: std::collections::HashSet<&str> = req.paths.iter().map(String::as_str).collect();
     let checked = record::check(

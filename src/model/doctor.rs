@@ -23,7 +23,8 @@ pub struct DoctorRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RecordCheckRequest {
     pub venv: String,
-    /// Their dist-info directories, relative to site-packages.
+    /// Their dist-info directories, relative to site-packages (the
+    /// findings name each distribution by its dist-info).
     pub dist_infos: Vec<String>,
     /// Only these RECORD rows (paths as RECORD writes them); empty: all.
     #[serde(default)]

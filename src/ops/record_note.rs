@@ -54,6 +54,12 @@ pub fn record_note(
         paths: placed.keys().map(|p| p.to_string()).collect(),
         max_hash_bytes: Some(MAX_HASH_BYTES),
     };
+    // The agent names each finding's distribution by its dist-info.
+    let names: BTreeMap<&str, &str> = scan
+        .dists
+        .iter()
+        .map(|d| (d.dist_info.as_str(), d.name.as_str()))
+        .collect();
     let findings = match src.record_check(req) {
         Ok(f) => f,
         Err(e) => {
@@ -68,16 +74,23 @@ pub fn record_note(
     let mut objects: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     let mut patched: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for f in findings {
-        let (Some(path), dist) = (f.path, f.dist.unwrap_or_default()) else {
+        let dist = f.dist.unwrap_or_default();
+        let dist = names
+            .get(dist.as_str())
+            .map_or(dist.clone(), |n| n.to_string());
+        let Some(path) = f.path else {
             continue;
         };
+        // A file whose content differs is a hand patch, unless it is a
+        // shared object; anything else (damage, a file that cannot be read)
+        // is a warning.
+        let content = f.reason.starts_with("size ") || f.reason.starts_with("sha256 ");
         match f.kind {
             FindingKind::Missing => {}
-            FindingKind::Damaged => objects.entry((path, dist)).or_default().push(f.reason),
-            _ if crate::preflight::looks_shared(&path) => {
-                objects.entry((path, dist)).or_default().push(f.reason)
+            FindingKind::Changed if content && !crate::preflight::looks_shared(&path) => {
+                patched.entry(dist).or_default().push(path)
             }
-            _ => patched.entry(dist).or_default().push(path),
+            _ => objects.entry((path, dist)).or_default().push(f.reason),
         }
     }
     for (dist, mut paths) in patched {
