@@ -15,14 +15,18 @@ use crate::model::{Finding, FindingKind};
 /// The source of a pyc path of interpreter `tag` (`cpython-311`), if the
 /// path is one.
 pub fn source_of(pyc: &str, tag: &str) -> Option<String> {
-    let (dir, name) = pyc.rsplit_once("/__pycache__/")?;
+    // Top-level modules (`six.py`) have theirs in site-packages' own `__pycache__`.
+    let (dir, name) = match pyc.rsplit_once("/__pycache__/") {
+        Some((dir, name)) => (format!("{dir}/"), name),
+        None => (String::new(), pyc.strip_prefix("__pycache__/")?),
+    };
     let stem = name.strip_suffix(".pyc")?;
     let (module, rest) = stem.split_once('.')?;
     let ok = rest == tag
         || rest
             .strip_prefix(tag)
             .is_some_and(|o| o.starts_with(".opt-"));
-    ok.then(|| format!("{dir}/{module}.py"))
+    ok.then(|| format!("{dir}{module}.py"))
 }
 
 /// Check the pyc files among `pycache` (site-packages relative);
@@ -88,5 +92,9 @@ mod tests {
         );
         assert_eq!(source_of("a/__pycache__/x.cpython-310.pyc", t), None);
         assert_eq!(source_of("a/x.pyc", t), None);
+        assert_eq!(
+            source_of("__pycache__/six.cpython-311.pyc", t).as_deref(),
+            Some("six.py")
+        );
     }
 }
