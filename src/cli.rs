@@ -10,8 +10,8 @@ use overlay::transport::ConnectOptions;
 /// Overlay package sets from a working Python venv on one host onto another
 /// host's venv, over SSH: exact, predictable, reversible.
 ///
-/// Exit codes: 0 success; 1 `--check` found changes; 2 error; 3 the
-/// `[verify]` check failed.
+/// Exit codes: 0 success; 1 `--check` found changes, or `doctor` found
+/// problems; 2 error; 3 the `[verify]` check failed.
 #[derive(Debug, Parser)]
 #[command(name = "overlay", version, propagate_version = true)]
 pub struct Cli {
@@ -93,6 +93,12 @@ pub enum Command {
     /// Run the manifest's `[verify]` smoke test in the host's venv and show
     /// its whole output. Exit 3 when the check fails.
     Verify(VerifyArgs),
+
+    /// Check a host's venv as it stands, without a source: files against
+    /// their RECORD, damaged shared objects, extra files, duplicate
+    /// dist-infos, stale bytecode, broken scripts, and the preflight's
+    /// requirement, CUDA and ELF checks. Exit 1 when it finds a problem.
+    Doctor(DoctorArgs),
 
     /// Serve the controller on stdin/stdout (started by overlay itself on each host).
     #[command(hide = true)]
@@ -203,6 +209,20 @@ pub struct VerifyArgs {
     pub timeout: Option<u64>,
 
     /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The plan that names the default host.
+    #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
+    pub plan: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The host whose venv to check (default: the target of the last plan).
+    pub host: Option<String>,
+
+    /// Print the findings as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 

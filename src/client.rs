@@ -410,6 +410,29 @@ impl Client {
         answer!(self, &req, "a preflight", Response::Preflight(r) => r)
     }
 
+    /// Check the venv as it stands (`overlay doctor`).
+    /// `on_progress` sees the hashing as it goes.
+    pub fn doctor(
+        &mut self,
+        req: crate::model::DoctorRequest,
+        on_progress: &mut dyn FnMut(Progress),
+    ) -> Result<crate::model::DoctorReport> {
+        let req = Request::Doctor(Box::new(req));
+        match self.call(&req, on_progress)? {
+            Response::Doctor(r) => Ok(r),
+            other => Err(self.unexpected("a doctor", &other)),
+        }
+    }
+
+    /// Check some distributions' files against their own RECORD.
+    pub fn record_check(
+        &mut self,
+        req: crate::model::RecordCheckRequest,
+    ) -> Result<Vec<crate::model::Finding>> {
+        let req = Request::RecordCheck(Box::new(req));
+        answer!(self, &req, "a RECORD check", Response::RecordChecked { findings } => findings)
+    }
+
     /// Finish an interrupted generation: roll it back, or with `resume`
     /// complete it. Returns what was done, if there was one.
     pub fn recover(&mut self, venv: &str, resume: bool) -> Result<Option<String>> {

@@ -24,6 +24,9 @@ use serde::{Deserialize, Serialize};
 pub const EXIT_OK: u8 = 0;
 /// `plan --check` found something to change.
 pub const EXIT_CHANGES: u8 = 1;
+/// `doctor` found problems (the same number as [`EXIT_CHANGES`]: both say
+/// "there is something to act on", never an error).
+pub const EXIT_PROBLEMS: u8 = 1;
 
 /// What kind of failure an error is: one per exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

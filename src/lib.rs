@@ -23,6 +23,7 @@
 //! | | [`stream`] | the file stream: the source's send half, the target's receive half |
 //! | | [`verify`] | the smoke test run with the venv's interpreter |
 //! | | [`preflight`] | breakage predicted from requirements, CUDA majors and ELF facts |
+//! | | [`doctor`] | a venv checked as it stands: RECORD, damage, bytecode, shebangs, preflight |
 //! | transport | [`transport`] | starting an agent: local child, SSH (libssh2), OpenSSH |
 //! | client | [`client`] | a typed client of one agent |
 //! | agent, operations | [`agent`] | the agent: serve loop and one handler per request |
@@ -34,6 +35,7 @@
 pub mod agent;
 pub mod beneath;
 pub mod client;
+pub mod doctor;
 pub mod error;
 pub mod hashcache;
 pub mod inventory;

@@ -72,6 +72,7 @@ fn main() -> ExitCode {
         cli::Command::History(args) => commands::history::run(&cli.global, &args),
         cli::Command::Prune(args) => commands::prune::run(&cli.global, &args),
         cli::Command::Verify(args) => commands::verify::run(&cli.global, &args),
+        cli::Command::Doctor(args) => commands::doctor::run(&cli.global, &args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -203,6 +203,11 @@ pub enum Request {
     },
     /// Target side: predict what fails to load after the overlay.
     Preflight(Box<PreflightRequest>),
+    /// Check the venv as it stands (`overlay doctor`).
+    Doctor(Box<crate::model::DoctorRequest>),
+    /// Check some distributions' files against their own RECORD (the
+    /// source's carried dists, for `plan`'s note).
+    RecordCheck(Box<crate::model::RecordCheckRequest>),
     Bye,
 }
 
@@ -277,6 +282,10 @@ pub enum Response {
     },
     Prefetching,
     Preflight(PreflightReport),
+    Doctor(crate::model::DoctorReport),
+    RecordChecked {
+        findings: Vec<crate::model::Finding>,
+    },
     Error(Error),
     Bye,
 }

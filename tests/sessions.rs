@@ -67,6 +67,18 @@ const FILTERS: &[(&str, &str)] = &[
     (r"\b\d+(\.\d+)?\s?(B|KiB|MiB|GiB|kB|MB|GB)/s\b", "[RATE]"),
     // Host key fingerprints and content hashes.
     (r"SHA256:[A-Za-z0-9+/]{43}", "SHA256:[FINGERPRINT]"),
+    // doctor: what its hash cache vouched for depends on when the venv was
+    // copied; a pyc's recorded mtime on when it was built; the sizes of
+    // gcc-built objects on the compiler.
+    (
+        r"\(\d+ hashed, \d+ from the cache\)",
+        "([N] hashed, [N] from the cache)",
+    ),
+    (r"mtime \d+", "mtime [N]"),
+    (
+        r"(\.so: size|need) \d+(,| bytes,) (RECORD says|the file has) \d+",
+        "$1 [N]$2 $3 [N]",
+    ),
     (r"\b[0-9a-f]{64}\b", "[HASH]"),
 ];
 
@@ -362,4 +374,38 @@ wait_for_the_gpu()
 "#
     ));
     s.step("timeout", &["verify", "dst"]);
+}
+
+/// `overlay doctor` on the target as the fixture builds it (one stray
+/// file), then damaged by hand: a truncated library, a patched and a
+/// deleted file, a second dist-info, a broken script.
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn doctor() {
+    let tb = Testbed::new(2);
+    tb.write_manifest(&manifest());
+    let mut s = Session::new(&tb, "doctor");
+    s.step("as-built", &["doctor", "dst"]);
+    let site = tb.site_packages(1);
+    let cuda = site.join("minitorch/lib/libminitorch_cuda.so");
+    let bytes = fs::read(&cuda).unwrap();
+    fs::write(&cuda, &bytes[..bytes.len() / 3]).unwrap();
+    let run_py = site.join("minitorch/distributed/run.py");
+    let text = fs::read_to_string(&run_py).unwrap();
+    fs::write(&run_py, format!("{text}# patched by hand\n")).unwrap();
+    fs::remove_file(site.join("minitorch/_old_in_291.py")).unwrap();
+    common::run(
+        Command::new("cp")
+            .arg("-a")
+            .arg(site.join("minitorch-2.9.1.dist-info"))
+            .arg(site.join("minitorch-9.9.9.dist-info")),
+    );
+    let script = tb.host_venv_dir(1).join("bin/minitorchrun");
+    let body = fs::read_to_string(&script).unwrap();
+    let rest = body.split_once('\n').unwrap().1;
+    fs::write(&script, format!("#!/nonexistent/venv/bin/python\n{rest}")).unwrap();
+    s.step("damaged", &["doctor", "dst"]);
 }

@@ -142,6 +142,8 @@ impl Session {
             Request::PrefetchElf { venv, paths } => h::prefetch_elf(self, venv, paths),
             Request::PrefetchPreflight { venv } => h::prefetch_preflight(self, venv),
             Request::Preflight(req) => h::preflight(self, output, &req),
+            Request::Doctor(req) => h::doctor(output, &req),
+            Request::RecordCheck(req) => h::record_check(output, &req),
         };
         Ok(Next::Answer(answer.unwrap_or_else(Response::Error)))
     }

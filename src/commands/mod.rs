@@ -5,6 +5,7 @@
 //! `crate::progress`).
 
 pub mod apply;
+pub mod doctor;
 pub mod history;
 pub mod plan;
 pub mod prune;

@@ -8,6 +8,7 @@
 //! `crate::model::entry::Entry`.
 
 mod dist;
+mod doctor;
 mod elf;
 mod endpoint;
 mod entry;
@@ -19,6 +20,7 @@ mod stream;
 mod verify;
 
 pub use dist::*;
+pub use doctor::*;
 pub use elf::*;
 pub use endpoint::*;
 pub use entry::*;

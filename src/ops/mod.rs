@@ -1,5 +1,5 @@
-//! The controller's operations: plan, apply, rollback, history, prune and
-//! verify, each as one function that takes an options struct (plain data)
+//! The controller's operations: plan, apply, rollback, history, prune,
+//! verify and doctor, each as one function that takes an options struct (plain data)
 //! and an [`Observer`], talks to the hosts' agents through the
 //! [`Client`], and returns a typed report. The binary's commands parse
 //! arguments into the options, call one operation and print its report.
@@ -13,8 +13,10 @@
 //! ([`load_plan`]) and connecting ([`connect`]).
 
 pub mod apply;
+pub mod doctor;
 pub mod history;
 pub mod plan;
+mod record_note;
 pub mod rollback;
 pub mod verify;
 

@@ -394,7 +394,7 @@ fn make_plan(
     } = stated;
     let plan::Computed {
         sets: set_plans,
-        warnings,
+        mut warnings,
     } = plan::compute_with(
         sets,
         &Side {
@@ -422,6 +422,13 @@ fn make_plan(
         &clock,
     )?;
     clock.mark("preflight");
+    warnings.extend(super::record_note::record_note(
+        &mut src.client,
+        (&src_host.name, &src_host.venv, &src.scan),
+        &set_plans,
+        obs,
+    ));
+    clock.mark("the source's carried files against their RECORD");
     let (src_client, dst_client) = (src.client, dst.client);
     let closing = std::thread::spawn(move || {
         let _ = both(|| src_client.close(), || dst_client.close());

@@ -12,6 +12,7 @@
 
 mod abort;
 mod commit;
+mod doctor;
 mod elf_info;
 mod hello;
 mod history;
@@ -33,6 +34,7 @@ mod verify;
 
 pub(super) use abort::abort;
 pub(super) use commit::commit;
+pub(super) use doctor::{doctor, record_check};
 pub(super) use elf_info::{elf_info, prefetch_elf};
 pub(super) use hello::hello;
 pub(super) use history::history;

@@ -1,0 +1,393 @@
+//! Files against their distribution's RECORD, as `rpm -V` or debsums check
+//! system packages: every row's file must exist, have the recorded size and
+//! (where RECORD gives one) the recorded sha256. Rows without a hash (the
+//! RECORD itself, bytecode pip wrote) get the existence and size checks.
+//! Shared objects are also checked for ELF damage ([`super::elf`]), hash or
+//! no hash. Files are checked on all cores; each sha256 is remembered in a
+//! [`StampCache`] (kind [`SHA256_CACHE`]) by the file's stamp, so a second
+//! run reads no unchanged file.
+
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use base64::Engine as _;
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+use std::os::fd::AsFd;
+
+use crate::error::{Result, io_cause};
+use crate::hashcache::StampCache;
+use crate::inventory::{Blocked, Counters, Venv, Walker};
+use crate::model::{Dist, Finding, FindingKind};
+
+/// The sha256 cache's kind (its folder under `~/.cache/overlay`); values
+/// are RECORD's spelling of the digest (urlsafe base64, no padding).
+pub const SHA256_CACHE: &str = "sha256";
+
+/// One RECORD row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// As RECORD writes it, relative to site-packages.
+    pub path: String,
+    /// The `sha256=` digest (urlsafe base64, no padding), if the row has one.
+    pub sha256: Option<String>,
+    pub size: Option<u64>,
+}
+
+/// Parse a RECORD's rows (hash and size included). Rows with another hash
+/// algorithm keep only their size. Errors name the line.
+pub fn parse_rows(text: &str) -> std::result::Result<Vec<Row>, String> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let mut out = Vec::new();
+    for (i, row) in rdr.records().enumerate() {
+        let row = row.map_err(|e| format!("line {}: {e}", i + 1))?;
+        let path = row.get(0).unwrap_or("");
+        if path.is_empty() && row.len() <= 1 {
+            continue;
+        }
+        let hash = row.get(1).unwrap_or("");
+        out.push(Row {
+            path: path.to_string(),
+            sha256: hash.strip_prefix("sha256=").map(str::to_string),
+            size: row.get(2).and_then(|s| s.trim().parse().ok()),
+        });
+    }
+    Ok(out)
+}
+
+/// What checking some distributions' files found.
+#[derive(Debug, Default)]
+pub struct Checked {
+    pub findings: Vec<Finding>,
+    /// RECORD rows checked.
+    pub files: u64,
+    /// Files hashed now.
+    pub hashed: u64,
+    /// Files whose hash the cache vouched for.
+    pub cached: u64,
+}
+
+/// How the check hashes.
+pub struct Hashing<'a> {
+    pub cache: &'a StampCache<String>,
+    /// Hash only files up to this size; `None`: every file.
+    pub max_bytes: Option<u64>,
+    /// Check only these RECORD rows; `None`: all.
+    pub only: Option<&'a std::collections::HashSet<&'a str>>,
+}
+
+/// Check every file of `dists` against its RECORD. Files are reached from
+/// the venv root's fd without following a symlinked parent directory
+/// ([`Walker`]): what lies behind one is named, never read.
+pub fn check(venv: &Venv, dists: &[&Dist], how: &Hashing, counters: &Counters) -> Result<Checked> {
+    let mut findings = Vec::new();
+    let mut jobs: Vec<(&str, Row)> = Vec::new();
+    for d in dists {
+        let record = format!("{}/RECORD", d.dist_info);
+        match std::fs::read_to_string(venv.site().join(&record)) {
+            Ok(text) => match parse_rows(&text) {
+                Ok(rows) => jobs.extend(
+                    rows.into_iter()
+                        .filter(|r| how.only.is_none_or(|o| o.contains(r.path.as_str())))
+                        .map(|r| (d.name.as_str(), r)),
+                ),
+                Err(e) => findings.push(finding(FindingKind::Changed, d, &record, e)),
+            },
+            Err(e) => findings.push(finding(
+                FindingKind::Missing,
+                d,
+                &record,
+                format!("cannot be read: {}", io_cause(&e)),
+            )),
+        }
+    }
+    // In path order, so that each worker's open chain of directories is reused.
+    jobs.sort_by(|a, b| a.1.path.cmp(&b.1.path));
+    counters
+        .total_files
+        .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+    // At most this much is read (files the cache vouches for are not).
+    let to_hash: u64 = jobs
+        .iter()
+        .filter(|(_, r)| r.sha256.is_some())
+        .filter_map(|(_, r)| r.size)
+        .filter(|s| how.max_bytes.is_none_or(|m| *s <= m))
+        .sum();
+    counters.total_bytes.fetch_add(to_hash, Ordering::Relaxed);
+    let root = venv.beneath()?;
+    let root_fd = root.as_fd();
+    let (hashed, cached) = (AtomicU64::new(0), AtomicU64::new(0));
+    let found: Vec<Vec<Finding>> = jobs
+        .par_iter()
+        .with_min_len(32)
+        .map_init(
+            || Walker::new(root_fd),
+            |w, (dist, row)| {
+                let out = check_row(venv, w, dist, row, how, counters, (&hashed, &cached));
+                counters.files.fetch_add(1, Ordering::Relaxed);
+                out
+            },
+        )
+        .collect();
+    findings.extend(found.into_iter().flatten());
+    Ok(Checked {
+        findings,
+        files: jobs.len() as u64,
+        hashed: hashed.into_inner(),
+        cached: cached.into_inner(),
+    })
+}
+
+fn finding(kind: FindingKind, d: &Dist, path: &str, reason: String) -> Finding {
+    Finding {
+        kind,
+        dist: Some(d.name.clone()),
+        path: Some(path.to_string()),
+        reason,
+    }
+}
+
+/// The findings of one RECORD row.
+fn check_row(
+    venv: &Venv,
+    w: &mut Walker<'_>,
+    dist: &str,
+    row: &Row,
+    how: &Hashing,
+    counters: &Counters,
+    (hashed, cached): (&AtomicU64, &AtomicU64),
+) -> Vec<Finding> {
+    let found = |kind, reason: String| {
+        vec![Finding {
+            kind,
+            dist: Some(dist.to_string()),
+            path: Some(row.path.clone()),
+            reason,
+        }]
+    };
+    // The scan refuses a RECORD with paths outside the venv; not read here either.
+    let Ok((abs, rel)) = venv.resolve(&row.path) else {
+        return found(
+            FindingKind::Changed,
+            "RECORD names a path outside the venv".into(),
+        );
+    };
+    let blocked = |b: Blocked| match b {
+        Blocked::Missing => found(FindingKind::Missing, "listed in RECORD, not on disk".into()),
+        Blocked::Link(l) => found(
+            FindingKind::Changed,
+            format!("lies behind the symlink {l}: not read"),
+        ),
+        Blocked::Error(e) => found(FindingKind::Changed, format!("cannot be read: {e}")),
+    };
+    match w.lstat(&rel) {
+        Ok(None) => return blocked(Blocked::Missing),
+        Err(b) => return blocked(b),
+        // A symlink or directory where RECORD lists a file: pip records
+        // neither, so only its absence would matter.
+        Ok(Some(st))
+            if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                != rustix::fs::FileType::RegularFile =>
+        {
+            return Vec::new();
+        }
+        Ok(Some(_)) => {}
+    }
+    let file = match w.open(&rel) {
+        Ok(f) => f,
+        Err(b) => return blocked(b),
+    };
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => {
+            return found(
+                FindingKind::Changed,
+                format!("cannot be read: {}", io_cause(&e)),
+            );
+        }
+    };
+    let mut out = Vec::new();
+    let mut add = |kind, reason| out.extend(found(kind, reason));
+    if (crate::preflight::looks_shared(&row.path) || meta.mode() & 0o111 != 0)
+        && let Some(why) = super::elf::damage(&file)
+    {
+        add(FindingKind::Damaged, why);
+    }
+    let size = meta.len();
+    if let Some(want) = row.size
+        && want != size
+    {
+        add(
+            FindingKind::Changed,
+            format!("size {size}, RECORD says {want}"),
+        );
+        return out;
+    }
+    let Some(want) = &row.sha256 else {
+        return out;
+    };
+    if how.max_bytes.is_some_and(|max| size > max) {
+        return out;
+    }
+    let have = match how.cache.get(&abs, &meta) {
+        Some(h) => {
+            cached.fetch_add(1, Ordering::Relaxed);
+            h
+        }
+        None => match sha256_of(file, counters) {
+            Ok(h) => {
+                hashed.fetch_add(1, Ordering::Relaxed);
+                how.cache.put(&abs, &meta, &h);
+                h
+            }
+            Err(e) => {
+                add(
+                    FindingKind::Changed,
+                    format!("cannot be read: {}", io_cause(&e)),
+                );
+                return out;
+            }
+        },
+    };
+    if have != *want {
+        add(
+            FindingKind::Changed,
+            format!("sha256 differs from RECORD (size {size})"),
+        );
+    }
+    out
+}
+
+/// A file's sha256 as RECORD writes it (urlsafe base64, no padding).
+pub fn sha256_file(path: &Path, counters: &Counters) -> std::io::Result<String> {
+    sha256_of(std::fs::File::open(path)?, counters)
+}
+
+/// [`sha256_file`] of a file already open.
+fn sha256_of(mut f: std::fs::File, counters: &Counters) -> std::io::Result<String> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(h.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_keep_hash_and_size() {
+        let rows = parse_rows(
+            "a/x.py,sha256=abc,12\na/__pycache__/x.cpython-311.pyc,,\n\"we,ird.py\",sha512=zz,3\n\n",
+        )
+        .unwrap();
+        assert_eq!(
+            rows,
+            vec![
+                Row {
+                    path: "a/x.py".into(),
+                    sha256: Some("abc".into()),
+                    size: Some(12)
+                },
+                Row {
+                    path: "a/__pycache__/x.cpython-311.pyc".into(),
+                    sha256: None,
+                    size: None
+                },
+                Row {
+                    path: "we,ird.py".into(),
+                    sha256: None,
+                    size: Some(3)
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn sha256_is_spelled_as_record_spells_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("x");
+        std::fs::write(&f, b"hello\n").unwrap();
+        // python3 -c 'import hashlib,base64;print(base64.urlsafe_b64encode(hashlib.sha256(b"hello\n").digest()).rstrip(b"="))'
+        assert_eq!(
+            sha256_file(&f, &Counters::default()).unwrap(),
+            "WJG1tSLV3whtD_CxEPvZ0hu0_HFjrzTQgoai6Eb2vgM"
+        );
+    }
+
+    #[test]
+    fn rows_are_checked_beneath_the_venv_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("venv");
+        let site = root.join("lib/python3.11/site-packages");
+        std::fs::create_dir_all(site.join("pkg")).unwrap();
+        std::fs::create_dir_all(site.join("d-1.dist-info")).unwrap();
+        std::fs::write(root.join("pyvenv.cfg"), "version = 3.11.2\n").unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "s3cret\n").unwrap();
+        std::os::unix::fs::symlink(&outside, site.join("link")).unwrap();
+        std::fs::write(site.join("pkg/ok.py"), "hello\n").unwrap();
+        std::fs::write(site.join("pkg/edited.py"), "HELLO\n").unwrap();
+        let h = "WJG1tSLV3whtD_CxEPvZ0hu0_HFjrzTQgoai6Eb2vgM";
+        std::fs::write(
+            site.join("d-1.dist-info/RECORD"),
+            format!(
+                "pkg/ok.py,sha256={h},6\npkg/edited.py,sha256={h},6\npkg/gone.py,sha256={h},6\n\
+                 link/secret,sha256={h},7\nd-1.dist-info/RECORD,,\n"
+            ),
+        )
+        .unwrap();
+        let venv = Venv::open(root.to_str().unwrap()).unwrap();
+        let mut d = Dist::for_test("d", "1");
+        d.dist_info = "d-1.dist-info".into();
+        let cache = StampCache::disabled();
+        let how = Hashing {
+            cache: &cache,
+            max_bytes: None,
+            only: None,
+        };
+        let checked = check(&venv, &[&d], &how, &Counters::default()).unwrap();
+        assert_eq!(checked.files, 5);
+        assert_eq!(checked.hashed, 2, "ok.py and edited.py; never the secret");
+        let mut got: Vec<(FindingKind, String, String)> = checked
+            .findings
+            .into_iter()
+            .map(|f| (f.kind, f.path.unwrap(), f.reason))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    FindingKind::Changed,
+                    "link/secret".into(),
+                    "lies behind the symlink lib/python3.11/site-packages/link: not read".into()
+                ),
+                (
+                    FindingKind::Changed,
+                    "pkg/edited.py".into(),
+                    "sha256 differs from RECORD (size 6)".into()
+                ),
+                (
+                    FindingKind::Missing,
+                    "pkg/gone.py".into(),
+                    "listed in RECORD, not on disk".into()
+                ),
+            ]
+        );
+    }
+}

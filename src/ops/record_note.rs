@@ -1,0 +1,122 @@
+//! `plan`'s note on the source's carried files that differ from their own
+//! RECORD: a hand-patched `.py` is expected, and named as such in one status
+//! line per distribution; a shared object that differs (or is cut short) is
+//! a [`Warning`] in the plan. Cheap: only the files the plan places (adds or
+//! replaces) are checked, on the source's agent, by size, ELF headers, and
+//! the sha256 of files up to [`MAX_HASH_BYTES`] (remembered by the source's
+//! sha256 cache, so a warm plan reads none of them again).
+
+use std::collections::BTreeMap;
+
+use crate::client::Client;
+use crate::model::{Action, FindingKind, RecordCheckRequest, ScanReport};
+use crate::plan::{SetPlan, Warning};
+
+use super::Observer;
+
+/// Larger carried files get only the size and ELF checks here (`overlay
+/// doctor` hashes everything).
+pub const MAX_HASH_BYTES: u64 = 1 << 20;
+
+/// How many paths a note names before "and N more".
+const NAMED: usize = 5;
+
+/// Check the carried files of the source (`host`, its `venv` and `scan`)
+/// against their RECORD; notes go to `obs`, warnings are returned. A check
+/// that fails is a note too: it never fails the plan.
+pub fn record_note(
+    src: &mut Client,
+    (host, venv, scan): (&str, &str, &ScanReport),
+    set_plans: &[SetPlan],
+    obs: &dyn Observer,
+) -> Vec<Warning> {
+    let placed: BTreeMap<&str, &str> = set_plans
+        .iter()
+        .flat_map(|s| {
+            s.changes
+                .iter()
+                .filter(|c| c.action != Action::Delete)
+                .map(|c| (c.path.as_str(), s.name.as_str()))
+        })
+        .collect();
+    let dist_infos: Vec<String> = scan
+        .dists
+        .iter()
+        .filter(|d| d.files.iter().any(|f| placed.contains_key(f.as_str())))
+        .map(|d| d.dist_info.clone())
+        .collect();
+    if dist_infos.is_empty() {
+        return Vec::new();
+    }
+    let req = RecordCheckRequest {
+        venv: venv.to_string(),
+        dist_infos,
+        paths: placed.keys().map(|p| p.to_string()).collect(),
+        max_hash_bytes: Some(MAX_HASH_BYTES),
+    };
+    // The agent names each finding's distribution by its dist-info.
+    let names: BTreeMap<&str, &str> = scan
+        .dists
+        .iter()
+        .map(|d| (d.dist_info.as_str(), d.name.as_str()))
+        .collect();
+    let findings = match src.record_check(req) {
+        Ok(f) => f,
+        Err(e) => {
+            obs.status(&format!(
+                "note: the carried files on {host} were not checked against their RECORD: {e}"
+            ));
+            return Vec::new();
+        }
+    };
+    // Missing files are the plan's own warning already ("listed in a RECORD
+    // on HOST but missing there").
+    let mut objects: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    let mut patched: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for f in findings {
+        let dist = f.dist.unwrap_or_default();
+        let dist = names
+            .get(dist.as_str())
+            .map_or(dist.clone(), |n| n.to_string());
+        let Some(path) = f.path else {
+            continue;
+        };
+        // A file whose content differs is a hand patch, unless it is a
+        // shared object; anything else (damage, a file that cannot be read)
+        // is a warning.
+        let content = f.reason.starts_with("size ") || f.reason.starts_with("sha256 ");
+        match f.kind {
+            FindingKind::Missing => {}
+            FindingKind::Changed if content && !crate::preflight::looks_shared(&path) => {
+                patched.entry(dist).or_default().push(path)
+            }
+            _ => objects.entry((path, dist)).or_default().push(f.reason),
+        }
+    }
+    for (dist, mut paths) in patched {
+        paths.sort();
+        paths.dedup();
+        let n = paths.len();
+        let mut named = paths[..n.min(NAMED)].join(", ");
+        if n > NAMED {
+            named.push_str(&format!(", and {} more", n - NAMED));
+        }
+        obs.status(&format!(
+            "note: {n} file{} of {dist} on {host} differ{} from {} RECORD (hand-patched): {named}",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "s" } else { "" },
+            if n == 1 { "its" } else { "their" },
+        ));
+    }
+    objects
+        .into_iter()
+        .map(|((path, dist), reasons)| Warning {
+            set: placed.get(path.as_str()).map(|s| s.to_string()),
+            message: format!(
+                "{path} of {dist} on {host} differs from its RECORD: {}",
+                reasons.join("; ")
+            ),
+            path: Some(path),
+        })
+        .collect()
+}
