@@ -413,7 +413,7 @@ fn make_plan(
         dst_members,
     )?;
     clock.mark("decide");
-    let problems = preflight(
+    let Preflighted { problems, record } = preflight(
         manifest,
         sets,
         (&mut src.client, &src.scan, &src_host.venv),
@@ -421,14 +421,15 @@ fn make_plan(
         &set_plans,
         &clock,
     )?;
-    clock.mark("preflight");
-    warnings.extend(super::record_note::record_note(
-        &mut src.client,
-        (&src_host.name, &src_host.venv, &src.scan),
-        &set_plans,
-        obs,
-    ));
-    clock.mark("the source's carried files against their RECORD");
+    clock.mark("preflight, and the source's carried files against their RECORD");
+    if let Some(answer) = record {
+        warnings.extend(super::record_note::record_note(
+            answer,
+            (&src_host.name, &src.scan),
+            &set_plans,
+            obs,
+        ));
+    }
     let (src_client, dst_client) = (src.client, dst.client);
     let closing = std::thread::spawn(move || {
         let _ = both(|| src_client.close(), || dst_client.close());
@@ -532,7 +533,17 @@ fn ld_library_path(manifest: &Manifest, dst_scan: &ScanReport, dst_venv: &str) -
         .unwrap_or_default()
 }
 
-/// Predict what would fail after the overlay: requirements, CUDA majors, ELF loading.
+/// The predicted problems, and the source's answer to the RECORD check
+/// that ran beside the target's loader check.
+struct Preflighted {
+    problems: Vec<Problem>,
+    record: Option<Result<Vec<crate::model::Finding>>>,
+}
+
+/// Predict what would fail after the overlay: requirements, CUDA majors, ELF
+/// loading. While the target simulates its loader, the source checks the
+/// files the plan carries against their RECORD
+/// ([`super::record_note::record_request`]).
 fn preflight(
     manifest: &Manifest,
     sets: &[Set],
@@ -540,7 +551,7 @@ fn preflight(
     (dst, dst_scan, dst_venv): (&mut Client, &ScanReport, &str),
     set_plans: &[SetPlan],
     clock: &Clock,
-) -> Result<Vec<Problem>> {
+) -> Result<Preflighted> {
     let (deleted, placed) = deleted_and_placed(set_plans);
     let after = crate::preflight::dists_after(&dst_scan.dists, &src_scan.dists, sets, &deleted);
     // 1. Requirements.
@@ -582,7 +593,12 @@ fn preflight(
         imported_first: crate::preflight::imported_first(&after),
         whole: false,
     };
-    let report = dst.preflight(req)?;
+    let record = super::record_note::record_request(src_venv, src_scan, set_plans);
+    let (record, report) = both(
+        || record.map(|r| src.record_check(r)),
+        || dst.preflight(req),
+    );
+    let report = report?;
     for f in report.problems {
         problems.push(Problem {
             check: Check::Elf,
@@ -603,7 +619,7 @@ fn preflight(
     ));
     problems.sort();
     problems.dedup();
-    Ok(problems)
+    Ok(Preflighted { problems, record })
 }
 
 /// Write the plan atomically (temp file, then rename).

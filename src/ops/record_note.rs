@@ -4,12 +4,14 @@
 //! a [`Warning`] in the plan. Cheap: only the files the plan places (adds or
 //! replaces) are checked, on the source's agent, by size, ELF headers, and
 //! the sha256 of files up to [`MAX_HASH_BYTES`] (remembered by the source's
-//! sha256 cache, so a warm plan reads none of them again).
+//! sha256 cache, so a warm plan reads none of them again). The source's
+//! agent answers [`record_request`] while the target runs its loader check
+//! (see `plan::preflight`), so the note costs a warm plan nothing extra.
 
 use std::collections::BTreeMap;
 
-use crate::client::Client;
-use crate::model::{Action, FindingKind, RecordCheckRequest, ScanReport};
+use crate::error::Result;
+use crate::model::{Action, Finding, FindingKind, RecordCheckRequest, ScanReport};
 use crate::plan::{SetPlan, Warning};
 
 use super::Observer;
@@ -21,24 +23,15 @@ pub const MAX_HASH_BYTES: u64 = 1 << 20;
 /// How many paths a note names before "and N more".
 const NAMED: usize = 5;
 
-/// Check the carried files of the source (`host`, its `venv` and `scan`)
-/// against their RECORD; notes go to `obs`, warnings are returned. A check
-/// that fails is a note too: it never fails the plan.
-pub fn record_note(
-    src: &mut Client,
-    (host, venv, scan): (&str, &str, &ScanReport),
+/// What to ask the source's agent (`venv`, its `scan`): the RECORD rows of
+/// the files the plan places, in the dist-infos that list them; `None` when
+/// the plan places no file a RECORD lists.
+pub fn record_request(
+    venv: &str,
+    scan: &ScanReport,
     set_plans: &[SetPlan],
-    obs: &dyn Observer,
-) -> Vec<Warning> {
-    let placed: BTreeMap<&str, &str> = set_plans
-        .iter()
-        .flat_map(|s| {
-            s.changes
-                .iter()
-                .filter(|c| c.action != Action::Delete)
-                .map(|c| (c.path.as_str(), s.name.as_str()))
-        })
-        .collect();
+) -> Option<RecordCheckRequest> {
+    let placed = placed_sets(set_plans);
     let dist_infos: Vec<String> = scan
         .dists
         .iter()
@@ -46,21 +39,46 @@ pub fn record_note(
         .map(|d| d.dist_info.clone())
         .collect();
     if dist_infos.is_empty() {
-        return Vec::new();
+        return None;
     }
-    let req = RecordCheckRequest {
+    Some(RecordCheckRequest {
         venv: venv.to_string(),
         dist_infos,
         paths: placed.keys().map(|p| p.to_string()).collect(),
         max_hash_bytes: Some(MAX_HASH_BYTES),
-    };
+    })
+}
+
+/// Each placed path, with the set that places it.
+fn placed_sets(set_plans: &[SetPlan]) -> BTreeMap<&str, &str> {
+    set_plans
+        .iter()
+        .flat_map(|s| {
+            s.changes
+                .iter()
+                .filter(|c| c.action != Action::Delete)
+                .map(|c| (c.path.as_str(), s.name.as_str()))
+        })
+        .collect()
+}
+
+/// The source's answer to [`record_request`] (`host`, its `scan`) as notes
+/// to `obs` and the returned warnings. A check that failed is a note too:
+/// it never fails the plan.
+pub fn record_note(
+    answer: Result<Vec<Finding>>,
+    (host, scan): (&str, &ScanReport),
+    set_plans: &[SetPlan],
+    obs: &dyn Observer,
+) -> Vec<Warning> {
+    let placed = placed_sets(set_plans);
     // The agent names each finding's distribution by its dist-info.
     let names: BTreeMap<&str, &str> = scan
         .dists
         .iter()
         .map(|d| (d.dist_info.as_str(), d.name.as_str()))
         .collect();
-    let findings = match src.record_check(req) {
+    let findings = match answer {
         Ok(f) => f,
         Err(e) => {
             obs.status(&format!(

@@ -87,25 +87,7 @@ pub fn run_on_target(
     let (view, listed, cache) = facts::target_view(&venv, listed);
     let mut overlaid = overlay(req, &venv, view)?;
     let mut report = PreflightReport::default();
-    let placed_set: HashSet<&str> = req.placed.iter().map(|(r, _)| r.as_str()).collect();
-    let deleted_set: HashSet<&str> = req.deleted.iter().map(String::as_str).collect();
-
-    // The shared objects after the overlay: those that stay, and those placed.
-    let mut after: Vec<Object> = Vec::new();
-    for (rel, path) in &listed {
-        if placed_set.contains(rel.as_str()) || deleted_set.contains(rel.as_str()) {
-            continue;
-        }
-        if let Some(info) = overlaid.view.elf(path) {
-            after.push(Object::new(rel, path, info, false));
-        }
-    }
-    for (rel, path) in &overlaid.placed_objects {
-        if let Some(info) = overlaid.view.elf(path) {
-            after.push(Object::new(rel, path, info, true));
-        }
-    }
-    after.sort_by(|a, b| a.rel.cmp(&b.rel));
+    let after = objects_after(req, &listed, &mut overlaid);
     for o in &after {
         let majors = cudart_majors(&o.info);
         if !majors.is_empty() {
@@ -125,73 +107,11 @@ pub fn run_on_target(
         &cfg,
         &mut overlaid.view,
     );
-
-    // Extension modules and what they reach; the rest are plugins.
-    let placed_paths: HashSet<PathBuf> = overlaid
-        .placed_objects
-        .iter()
-        .map(|(_, p)| lexical(p))
-        .collect();
-    let affects = |c: &elf::Closure| {
-        c.objects.iter().any(|p| placed_paths.contains(&lexical(p)))
-            || c.needed.iter().any(|n| overlaid.disturbed.contains(n))
-    };
-    let mut reached: HashSet<PathBuf> = preloads.all_objects().into_iter().collect();
-    let mut reached_real: HashSet<PathBuf> = HashSet::new();
-    let mut roots: Vec<Root> = Vec::new();
-    for (i, o) in after.iter().enumerate().filter(|(_, o)| o.extension) {
-        let c = preloads.config_for(&cfg, &o.rel, &o.path);
-        let closure = elf::closure_of(&o.path, &mut overlaid.view, &c);
-        let affected = o.placed || affects(&closure);
-        for p in &closure.objects {
-            // A library needed through a symlink (libcudart.so.13 ->
-            // libcudart.so.13.0.96): the walk lists the file it points to.
-            if reached.insert(lexical(p))
-                && std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
-                && let Ok(real) = std::fs::canonicalize(p)
-            {
-                reached_real.insert(real);
-            }
-        }
-        roots.push(Root {
-            index: i,
-            optional: false,
-            affected,
-        });
-    }
-    for (i, o) in after.iter().enumerate() {
-        if o.extension
-            || reached.contains(&lexical(&o.path))
-            || !reached_real.is_empty()
-                && std::fs::canonicalize(&o.path).is_ok_and(|r| reached_real.contains(&r))
-        {
-            continue;
-        }
-        let affected = o.placed || {
-            let c = preloads.config_for(&cfg, &o.rel, &o.path);
-            affects(&elf::closure_of(&o.path, &mut overlaid.view, &c))
-        };
-        roots.push(Root {
-            index: i,
-            optional: true,
-            affected,
-        });
-    }
-
+    let roots = classify_roots(&after, &preloads, &cfg, &mut overlaid);
+    let checked: Vec<&Root> = roots.iter().filter(|r| r.affected || req.whole).collect();
+    report.checked = checked.len() as u64;
     let site_str = site.to_string_lossy().into_owned();
-    let mut found_in: Vec<(&Root, Vec<Found>)> = Vec::new();
-    for root in &roots {
-        if !(root.affected || req.whole) {
-            continue;
-        }
-        let o = &after[root.index];
-        let c = preloads.config_for(&cfg, &o.rel, &o.path);
-        report.checked += 1;
-        let found = root_problems(&o.rel, &o.path, &mut overlaid.view, &c, &site_str);
-        if !found.is_empty() {
-            found_in.push((root, found));
-        }
-    }
+    let found_in = check_roots(&after, &checked, &preloads, &cfg, &overlaid.view, &site_str);
 
     // Pre-existing: the same problem on the venv as it is, for roots that stay.
     let mut before: Option<(OverlayView, Preloads)> = None;
@@ -239,6 +159,124 @@ pub fn run_on_target(
     report.problems.dedup();
     cache.save();
     Ok(report)
+}
+
+/// The shared objects after the overlay, in path order: those that stay,
+/// and those placed.
+fn objects_after(
+    req: &PreflightRequest,
+    listed: &SharedObjects,
+    overlaid: &mut Overlaid,
+) -> Vec<Object> {
+    let placed_set: HashSet<&str> = req.placed.iter().map(|(r, _)| r.as_str()).collect();
+    let deleted_set: HashSet<&str> = req.deleted.iter().map(String::as_str).collect();
+    let mut after: Vec<Object> = Vec::new();
+    for (rel, path) in listed {
+        if placed_set.contains(rel.as_str()) || deleted_set.contains(rel.as_str()) {
+            continue;
+        }
+        if let Some(info) = overlaid.view.elf(path) {
+            after.push(Object::new(rel, path, info, false));
+        }
+    }
+    for (rel, path) in &overlaid.placed_objects {
+        if let Some(info) = overlaid.view.elf(path) {
+            after.push(Object::new(rel, path, info, true));
+        }
+    }
+    after.sort_by(|a, b| a.rel.cmp(&b.rel));
+    after
+}
+
+/// Every root of the load model: the extension modules, then the objects
+/// none of them reaches (optional plugins), each marked affected when the
+/// overlay places it, or its closure holds a placed object or needs a name
+/// the overlay replaces or deletes.
+fn classify_roots(
+    after: &[Object],
+    preloads: &Preloads,
+    cfg: &LoaderConfig,
+    overlaid: &mut Overlaid,
+) -> Vec<Root> {
+    let placed_paths: HashSet<PathBuf> = overlaid
+        .placed_objects
+        .iter()
+        .map(|(_, p)| lexical(p))
+        .collect();
+    let disturbed = &overlaid.disturbed;
+    let affects = |c: &elf::Closure| {
+        c.objects.iter().any(|p| placed_paths.contains(&lexical(p)))
+            || c.needed.iter().any(|n| disturbed.contains(n))
+    };
+    let view = &mut overlaid.view;
+    let mut reached: HashSet<PathBuf> = preloads.all_objects().into_iter().collect();
+    let mut reached_real: HashSet<PathBuf> = HashSet::new();
+    let mut roots: Vec<Root> = Vec::new();
+    for (i, o) in after.iter().enumerate().filter(|(_, o)| o.extension) {
+        let c = preloads.config_for(cfg, &o.rel, &o.path);
+        let closure = elf::closure_of(&o.path, view, &c);
+        let affected = o.placed || affects(&closure);
+        for p in &closure.objects {
+            // A library needed through a symlink (libcudart.so.13 ->
+            // libcudart.so.13.0.96): the walk lists the file it points to.
+            if reached.insert(lexical(p))
+                && std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
+                && let Ok(real) = std::fs::canonicalize(p)
+            {
+                reached_real.insert(real);
+            }
+        }
+        roots.push(Root {
+            index: i,
+            optional: false,
+            affected,
+        });
+    }
+    for (i, o) in after.iter().enumerate() {
+        if o.extension
+            || reached.contains(&lexical(&o.path))
+            || !reached_real.is_empty()
+                && std::fs::canonicalize(&o.path).is_ok_and(|r| reached_real.contains(&r))
+        {
+            continue;
+        }
+        let affected = o.placed || {
+            let c = preloads.config_for(cfg, &o.rel, &o.path);
+            affects(&elf::closure_of(&o.path, view, &c))
+        };
+        roots.push(Root {
+            index: i,
+            optional: true,
+            affected,
+        });
+    }
+    roots
+}
+
+/// The problems of each root in `checked`, on all cores: each worker loads
+/// its roots in its own copy of the view (what the closures already read is
+/// in it; anything else comes through the shared facts cache).
+fn check_roots<'r>(
+    after: &[Object],
+    checked: &[&'r Root],
+    preloads: &Preloads,
+    cfg: &LoaderConfig,
+    view: &OverlayView,
+    site_str: &str,
+) -> Vec<(&'r Root, Vec<Found>)> {
+    use rayon::prelude::*;
+    checked
+        .par_iter()
+        .map_init(
+            || view.clone(),
+            |view, root| {
+                let o = &after[root.index];
+                let c = preloads.config_for(cfg, &o.rel, &o.path);
+                (*root, root_problems(&o.rel, &o.path, view, &c, site_str))
+            },
+        )
+        .filter(|(_, found)| !found.is_empty())
+        .collect()
 }
 
 /// The venv as it will be after the overlay, and what the overlay disturbs.

@@ -11,8 +11,9 @@ use std::process::{Command, Stdio};
 #[derive(Debug, Clone, Default)]
 pub struct LoaderConfig {
     pub ld_library_path: Vec<PathBuf>,
-    /// soname -> path from the ld.so cache.
-    pub ld_cache: HashMap<String, PathBuf>,
+    /// soname -> path from the ld.so cache; shared, as every root's
+    /// configuration is a copy of the host's.
+    pub ld_cache: std::sync::Arc<HashMap<String, PathBuf>>,
     /// e.g. /lib/x86_64-linux-gnu, /usr/lib/x86_64-linux-gnu, /lib64, /usr/lib64, /lib, /usr/lib
     pub default_dirs: Vec<PathBuf>,
     /// Objects already in the global scope before the root is loaded: the
@@ -65,7 +66,7 @@ impl LoaderConfig {
             .unwrap_or_default();
         LoaderConfig {
             ld_library_path: Vec::new(),
-            ld_cache: parse_ldconfig(&String::from_utf8_lossy(&output)),
+            ld_cache: std::sync::Arc::new(parse_ldconfig(&String::from_utf8_lossy(&output))),
             default_dirs: Self::default_dirs(),
             global: Vec::new(),
             loaded: HashMap::new(),

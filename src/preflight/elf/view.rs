@@ -32,7 +32,7 @@ enum OnDisk {
 
 /// An overlay of changes on top of the real file system, with a cache of
 /// what was read from disk.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct OverlayView {
     /// After the overlay: `Some` = this object is there, `None` = deleted.
     overrides: HashMap<PathBuf, Option<Arc<ElfInfo>>>,
