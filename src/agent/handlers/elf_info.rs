@@ -61,28 +61,10 @@ pub fn elf_info(
 
 #[cfg(test)]
 mod tests {
-    use crate::agent::serve;
+    use crate::agent::handlers::testing::exchange;
     use crate::preflight::elf::read_elf;
     use crate::preflight::elf::testutil::{BaseAndUser, base_and_user};
-    use crate::protocol::{Request, Response, read_frame, write_frame};
-
-    /// Serve `requests` in one session; the answers, without progress frames.
-    fn exchange(requests: &[Request]) -> Vec<Response> {
-        let mut input = Vec::new();
-        for r in requests {
-            write_frame(&mut input, r).unwrap();
-        }
-        let mut output = Vec::new();
-        serve(&mut input.as_slice(), &mut output).unwrap();
-        let mut answers = Vec::new();
-        let mut r = output.as_slice();
-        while let Some(m) = read_frame::<Response>(&mut r).unwrap() {
-            if !matches!(m, Response::Progress(_)) {
-                answers.push(m);
-            }
-        }
-        answers
-    }
+    use crate::protocol::{Request, Response};
 
     #[test]
     fn elf_info_after_a_prefetch_is_what_a_direct_read_gives() {

@@ -39,27 +39,10 @@ pub fn preflight(
 
 #[cfg(test)]
 mod tests {
-    use crate::agent::serve;
+    use crate::agent::handlers::testing::exchange;
     use crate::model::{ElfInfo, PreflightRequest};
     use crate::preflight::elf::testutil::{BaseAndUser, base_and_user};
-    use crate::protocol::{Request, Response, read_frame, write_frame};
-
-    fn exchange(requests: &[Request]) -> Vec<Response> {
-        let mut input = Vec::new();
-        for r in requests {
-            write_frame(&mut input, r).unwrap();
-        }
-        let mut output = Vec::new();
-        serve(&mut input.as_slice(), &mut output).unwrap();
-        let mut answers = Vec::new();
-        let mut r = output.as_slice();
-        while let Some(m) = read_frame::<Response>(&mut r).unwrap() {
-            if !matches!(m, Response::Progress(_)) {
-                answers.push(m);
-            }
-        }
-        answers
-    }
+    use crate::protocol::{Request, Response};
 
     #[test]
     fn a_prefetched_preflight_predicts_what_a_cold_one_does() {

@@ -58,10 +58,10 @@ pub fn stat_members(
 
 #[cfg(test)]
 mod tests {
-    use crate::agent::serve;
+    use crate::agent::handlers::testing::exchange;
     use crate::inventory;
     use crate::model::{HashMode, Set};
-    use crate::protocol::{Request, Response, read_frame, write_frame};
+    use crate::protocol::{Request, Response};
 
     /// A venv with one distribution `a` of three files plus its dist-info.
     fn venv() -> tempfile::TempDir {
@@ -85,24 +85,6 @@ mod tests {
             std::fs::write(site.join(p), text).unwrap();
         }
         t
-    }
-
-    /// Serve `requests` in one session; the answers, without progress frames.
-    fn exchange(requests: &[Request]) -> Vec<Response> {
-        let mut input = Vec::new();
-        for r in requests {
-            write_frame(&mut input, r).unwrap();
-        }
-        let mut output = Vec::new();
-        serve(&mut input.as_slice(), &mut output).unwrap();
-        let mut answers = Vec::new();
-        let mut r = output.as_slice();
-        while let Some(m) = read_frame::<Response>(&mut r).unwrap() {
-            if !matches!(m, Response::Progress(_)) {
-                answers.push(m);
-            }
-        }
-        answers
     }
 
     #[test]
