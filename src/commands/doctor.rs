@@ -76,7 +76,7 @@ fn summary(host: &str, r: &DoctorReport) -> String {
         .iter()
         .filter_map(|k| {
             let n = r.findings.iter().filter(|f| f.kind == *k).count();
-            (n > 0).then(|| format!("{n} {}", short(*k)))
+            (n > 0).then(|| format!("{n} {}", k.short()))
         })
         .collect();
     let n = r.findings.len();
@@ -85,19 +85,4 @@ fn summary(host: &str, r: &DoctorReport) -> String {
         if n == 1 { "" } else { "s" },
         counts.join(", ")
     )
-}
-
-fn short(k: FindingKind) -> &'static str {
-    match k {
-        FindingKind::Damaged => "damaged",
-        FindingKind::Changed => "changed",
-        FindingKind::Missing => "missing",
-        FindingKind::Extra => "extra",
-        FindingKind::DuplicateDistInfo => "duplicate dist-info",
-        FindingKind::StaleBytecode => "stale bytecode",
-        FindingKind::BrokenShebang => "broken shebang",
-        FindingKind::Requirement => "requirement",
-        FindingKind::Cuda => "cuda",
-        FindingKind::Elf => "elf",
-    }
 }

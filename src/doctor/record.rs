@@ -40,25 +40,19 @@ pub struct Row {
 /// Parse a RECORD's rows (hash and size included). Rows with another hash
 /// algorithm keep only their size. Errors name the line.
 pub fn parse_rows(text: &str) -> std::result::Result<Vec<Row>, String> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_reader(text.as_bytes());
-    let mut out = Vec::new();
-    for (i, row) in rdr.records().enumerate() {
-        let row = row.map_err(|e| format!("line {}: {e}", i + 1))?;
-        let path = row.get(0).unwrap_or("");
-        if path.is_empty() && row.len() <= 1 {
-            continue;
-        }
-        let hash = row.get(1).unwrap_or("");
-        out.push(Row {
-            path: path.to_string(),
-            sha256: hash.strip_prefix("sha256=").map(str::to_string),
-            size: row.get(2).and_then(|s| s.trim().parse().ok()),
-        });
-    }
-    Ok(out)
+    crate::inventory::record_rows(text)
+        .map(|row| {
+            let (_, row) = row?;
+            Ok(Row {
+                path: row.get(0).unwrap_or("").to_string(),
+                sha256: row
+                    .get(1)
+                    .and_then(|h| h.strip_prefix("sha256="))
+                    .map(str::to_string),
+                size: row.get(2).and_then(|s| s.trim().parse().ok()),
+            })
+        })
+        .collect()
 }
 
 /// What checking some distributions' files found.

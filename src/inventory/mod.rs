@@ -32,7 +32,7 @@ mod walk;
 pub use hash::{
     ContentHasher, Hashed, content_hex, hash_file, hash_open, rewrite_shebang, stamp_of,
 };
-pub use scan::{Header, parse_metadata, parse_record, scan};
+pub use scan::{Header, parse_metadata, parse_record, record_rows, scan};
 pub use stat::stat;
 pub use walk::{Blocked, Walker};
 

@@ -51,20 +51,30 @@ fn values<'h>(headers: &'h [Header], name: &'h str) -> impl Iterator<Item = &'h 
         .map(|h| h.value.as_str())
 }
 
-/// Parse a RECORD file's paths. Errors name the line.
-pub fn parse_record(text: &str, site_rel: &str) -> std::result::Result<Vec<String>, String> {
-    let mut rdr = csv::ReaderBuilder::new()
+/// The rows of a RECORD file (CSV, no header), blank lines skipped: each
+/// with its line number, for errors that name it.
+pub fn record_rows(
+    text: &str,
+) -> impl Iterator<Item = std::result::Result<(u64, csv::StringRecord), String>> + '_ {
+    csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
-        .from_reader(text.as_bytes());
+        .from_reader(text.as_bytes())
+        .into_records()
+        .enumerate()
+        .filter_map(|(i, row)| match row {
+            Err(e) => Some(Err(format!("line {}: {e}", i + 1))),
+            Ok(row) if row.get(0).unwrap_or("").is_empty() && row.len() <= 1 => None,
+            Ok(row) => Some(Ok((row.position().map_or(i as u64 + 1, |p| p.line()), row))),
+        })
+}
+
+/// Parse a RECORD file's paths. Errors name the line.
+pub fn parse_record(text: &str, site_rel: &str) -> std::result::Result<Vec<String>, String> {
     let mut out = Vec::new();
-    for (i, row) in rdr.records().enumerate() {
-        let row = row.map_err(|e| format!("line {}: {e}", i + 1))?;
-        let line = row.position().map_or(i as u64 + 1, |p| p.line());
+    for row in record_rows(text) {
+        let (line, row) = row?;
         let path = row.get(0).unwrap_or("");
-        if path.is_empty() && row.len() <= 1 {
-            continue;
-        }
         if row.len() != 3 {
             return Err(format!(
                 "line {line}: expected 3 fields (path,hash,size), found {}",

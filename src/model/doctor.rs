@@ -75,6 +75,16 @@ impl FindingKind {
     ];
 
     /// The report's heading for this kind.
+    /// The kind in a count ("2 changed, 1 extra").
+    pub fn short(self) -> &'static str {
+        match self {
+            FindingKind::Changed => "changed",
+            FindingKind::Missing => "missing",
+            FindingKind::Extra => "extra",
+            other => other.heading(),
+        }
+    }
+
     pub fn heading(self) -> &'static str {
         match self {
             FindingKind::Damaged => "damaged",
