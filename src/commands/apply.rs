@@ -2,6 +2,7 @@
 //! `overlay::ops::apply`), then say what was done: status on stderr, and
 //! with `--json` one document on stdout.
 
+use indicatif::HumanBytes;
 use overlay::error::{EXIT_OK, ErrorKind, Result};
 use overlay::ops::Observer;
 use overlay::ops::apply::{ApplyOptions, ApplyReport, apply};
@@ -13,11 +14,13 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
     let opts = ApplyOptions {
         plan: args.plan.clone(),
         manifest: global.manifest.clone(),
+        manifest_explicit: global.manifest_explicit,
         connect: global.connect_options(),
         resume: args.resume,
         force: args.force,
         direct: args.direct,
-        backup: args.backup,
+        // Backups are the default; --backup is accepted and changes nothing.
+        backup: !args.no_backup,
         keep: args.keep,
         same_owner: args.same_owner,
         compression: args.compress,
@@ -54,10 +57,17 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             Ok(EXIT_OK)
         }
         ApplyReport::Applied(applied) => {
-            if applied.backup && !applied.rolled_back {
+            if applied.rolled_back {
+            } else if applied.backup {
                 console.status(&format!(
-                    "Roll back with `overlay rollback {}`.",
-                    applied.target
+                    "Backup: {} on {t}. Roll back with `overlay rollback {t}`; `overlay prune {t} --keep N` keeps the newest N generations and removes older ones with their backups.",
+                    HumanBytes(applied.backup_bytes),
+                    t = applied.target
+                ));
+            } else {
+                console.status(&format!(
+                    "No backup (--no-backup): `overlay rollback` cannot undo generation {} on {}.",
+                    applied.generation, applied.target
                 ));
             }
             if args.json {

@@ -47,7 +47,13 @@ pub struct Plan {
     pub format: u32,
     /// Seconds since the epoch when the plan was made.
     pub created: u64,
+    /// The manifest the plan was made from: its absolute path (as given,
+    /// in plans made before overlay recorded its hash).
     pub manifest: String,
+    /// The sha256 of the manifest's bytes when the plan was made: `apply`
+    /// refuses an explicit `--manifest` whose bytes differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_sha256: Option<String>,
     pub source: HostInfo,
     pub target: HostInfo,
     pub sets: Vec<SetPlan>,
@@ -85,13 +91,8 @@ pub struct SetPlan {
     pub stale_bytecode: Vec<String>,
 }
 
-/// A distribution's version before and after (`None`: absent).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Transition {
-    pub name: String,
-    pub from: Option<String>,
-    pub to: Option<String>,
-}
+/// A distribution's version before and after (in `model`: generations record them too).
+pub use crate::model::Transition;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Change {
