@@ -137,8 +137,9 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
     );
     assert!(
         err.contains("Backup: ")
-            && err.contains("on dst. Roll back with `overlay rollback dst`")
-            && err.contains("`overlay prune dst --keep N`"),
+            && err.contains(
+                " on dst; undo with `overlay rollback dst`, free older backups with `overlay prune dst --keep N`."
+            ),
         "{err}"
     );
 

@@ -5,7 +5,7 @@
 use indicatif::HumanBytes;
 use overlay::error::{EXIT_OK, ErrorKind, Result};
 use overlay::ops::Observer;
-use overlay::ops::apply::{ApplyOptions, ApplyReport, apply};
+use overlay::ops::apply::{Applied, ApplyOptions, ApplyReport, apply};
 
 use crate::cli::{ApplyArgs, GlobalArgs};
 use crate::progress::{CheckOutput, Console};
@@ -57,18 +57,8 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             Ok(EXIT_OK)
         }
         ApplyReport::Applied(applied) => {
-            if applied.rolled_back {
-            } else if applied.backup {
-                console.status(&format!(
-                    "Backup: {} on {t}. Roll back with `overlay rollback {t}`; `overlay prune {t} --keep N` keeps the newest N generations and removes older ones with their backups.",
-                    HumanBytes(applied.backup_bytes),
-                    t = applied.target
-                ));
-            } else {
-                console.status(&format!(
-                    "No backup (--no-backup): `overlay rollback` cannot undo generation {} on {}.",
-                    applied.generation, applied.target
-                ));
+            if !applied.rolled_back {
+                console.status(&backup_line(&applied));
             }
             if args.json {
                 println!(
@@ -82,5 +72,22 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
                 EXIT_OK
             })
         }
+    }
+}
+
+/// What the apply kept to roll back with: the backup's size and the
+/// commands that use or free it, or that there is none.
+fn backup_line(applied: &Applied) -> String {
+    let t = &applied.target;
+    if applied.backup {
+        format!(
+            "Backup: {} on {t}; undo with `overlay rollback {t}`, free older backups with `overlay prune {t} --keep N`.",
+            HumanBytes(applied.backup_bytes)
+        )
+    } else {
+        format!(
+            "No backup (--no-backup): `overlay rollback` cannot undo generation {} on {t}.",
+            applied.generation
+        )
     }
 }

@@ -272,13 +272,14 @@ pub fn announcement(plan: &Plan, file: &std::path::Path) -> String {
             .map(|s| s.changes.iter().filter(|c| c.action == a).count())
             .sum()
     };
+    let adds = count(Action::Add);
     format!(
-        "Applying {}: {} -> {} ({}), {} files to add, {} to replace, {} to delete",
+        "Applying {}: {} -> {} ({}), {adds} file{} to add, {} to replace, {} to delete",
         file.display(),
         plan.source.name,
         plan.target.name,
         plan.target.venv,
-        count(Action::Add),
+        if adds == 1 { "" } else { "s" },
         count(Action::Replace),
         count(Action::Delete)
     )
