@@ -117,3 +117,39 @@ fn transition(t: &Transition) -> String {
         t.to.as_deref().map_or("(removed)".into(), quote)
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str, from: Option<&str>, to: Option<&str>) -> Transition {
+        Transition {
+            name: name.into(),
+            from: from.map(Into::into),
+            to: to.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn the_first_few_changed_versions_then_how_many_more() {
+        let v = vec![
+            t("torch", Some("2.9.1+cu128"), Some("2.15.0+cu132")),
+            t("sglang", Some("0.5.0"), Some("0.5.0")),
+            t("triton", Some("3.5.1"), Some("3.9.0")),
+            t("nvidia-cublas", None, Some("13.1.0.3")),
+            t("nvidia-cublas-cu12", Some("12.8.4.1"), None),
+            t("nvidia-nccl", Some("2.27"), Some("2.28")),
+        ];
+        assert_eq!(
+            version_lines(&v, false),
+            [
+                "torch 2.9.1+cu128 -> 2.15.0+cu132, triton 3.5.1 -> 3.9.0, nvidia-cublas (absent) -> 13.1.0.3, +2 more"
+            ]
+        );
+        let all = version_lines(&v, true);
+        assert_eq!(all.len(), 5, "{all:?}");
+        assert_eq!(all[3], "nvidia-cublas-cu12 12.8.4.1 -> (removed)");
+        assert!(version_lines(&v[1..2], false).is_empty());
+        assert!(version_lines(&[], true).is_empty());
+    }
+}

@@ -176,6 +176,19 @@ impl Plan {
 mod tests {
     use super::*;
 
+    /// Plans saved before the manifest's hash was recorded still load.
+    #[test]
+    fn a_plan_without_the_manifest_hash_loads() {
+        let host = r#"{"name":"a","ssh":null,"venv":"/v","site_packages":"lib","python":"3.11"}"#;
+        let text = format!(
+            r#"{{"format":2,"created":1,"manifest":"overlay.toml","source":{host},"target":{host},"sets":[],"warnings":[]}}"#
+        );
+        let plan: Plan = serde_json::from_str(&text).unwrap();
+        assert_eq!(plan.manifest_sha256, None);
+        let again = serde_json::to_string(&plan).unwrap();
+        assert!(!again.contains("manifest_sha256"), "{again}");
+    }
+
     #[test]
     fn python_minor_must_match() {
         let h = |n: &str, py: &str| HostInfo {
