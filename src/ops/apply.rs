@@ -3,9 +3,13 @@
 //! switching them in through the target's journal; optionally run the
 //! `[verify]` check and roll back when it fails.
 //!
-//! [`apply`] runs the steps in order, each its own function: the resume
-//! check ([`resume`]), the strict check, prepare, stream (`transfer`),
-//! switch and commit, verify with rollback on failure.
+//! [`apply`] runs the steps in order, each its own function: the manifest
+//! check (an explicit `--manifest` must be the one the plan recorded), the
+//! line naming the plan and its target ([`announcement`]), the resume check
+//! ([`resume`]), the strict check, prepare (which hands the target the
+//! plan's versions to record), stream (`transfer`), switch and commit
+//! (keeping the backup unless `--no-backup`; the target says its size),
+//! verify with rollback on failure.
 //!
 //! If an agent or its connection dies on either host, the apply stops at
 //! once (a thread watches the target while this one waits on the source)
@@ -315,7 +319,7 @@ fn same_manifest(plan: &Plan, opts: &ApplyOptions) -> Result<()> {
     Err(err!(
         kind = Usage,
         hint = format!(
-            "re-run `overlay plan -m {} {} {}` to plan with it, or drop --manifest to apply {planfile} as it was planned",
+            "re-run `overlay plan -m {} {} {}` to plan with it, or drop --manifest (and OVERLAY_MANIFEST) to apply {planfile} as it was planned",
             crate::text::shell_quote(&opts.manifest.to_string_lossy()),
             crate::text::shell_quote(&plan.source.name),
             crate::text::shell_quote(&plan.target.name)
@@ -334,9 +338,18 @@ fn check_request(plan: &Plan, opts: &ApplyOptions, obs: &dyn Observer) -> Result
     let manifest = if opts.manifest_explicit {
         opts.manifest.as_path()
     } else if recorded.exists() {
+        let edited = match &plan.manifest_sha256 {
+            Some(sha) => super::plan::manifest_stamp(recorded)?.sha256 != *sha,
+            None => false,
+        };
         obs.status(&format!(
-            "The check is the [verify] of {}, the manifest the plan was made from",
-            plan.manifest
+            "The check is the [verify] of {}, the manifest the plan was made from{}",
+            plan.manifest,
+            if edited {
+                " (edited since: its check as it is now)"
+            } else {
+                ""
+            }
         ));
         recorded
     } else if plan.manifest_sha256.is_some() {
