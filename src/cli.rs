@@ -33,6 +33,11 @@ pub struct GlobalArgs {
     )]
     pub manifest: PathBuf,
 
+    /// Whether `--manifest` (or OVERLAY_MANIFEST) was given rather than
+    /// defaulted: `apply` then refuses a plan made from another manifest.
+    #[arg(skip)]
+    pub manifest_explicit: bool,
+
     /// Trust and record a host key seen for the first time (never a changed one).
     #[arg(long, global = true)]
     pub accept_new_host_key: bool,
@@ -48,6 +53,25 @@ pub struct GlobalArgs {
     /// Print only data and errors, no status or progress.
     #[arg(long, short = 'q', global = true)]
     pub quiet: bool,
+}
+
+impl Cli {
+    /// Parse the command line, noting whether `--manifest` was given (on
+    /// the command line or in the environment) rather than defaulted.
+    pub fn try_parse_marked() -> Result<Cli, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+        let matches = Cli::command().try_get_matches()?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        let given = |m: &clap::ArgMatches| {
+            matches!(
+                m.value_source("manifest"),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        };
+        cli.global.manifest_explicit =
+            given(&matches) || matches.subcommand().is_some_and(|(_, m)| given(m));
+        Ok(cli)
+    }
 }
 
 impl GlobalArgs {
@@ -105,6 +129,9 @@ pub enum Command {
     Agent,
 }
 
+/// Where `plan` saves its plan, and where the other commands look for it.
+pub const DEFAULT_PLAN: &str = ".overlay/plan.json";
+
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// The host with the working venv (a name from the manifest's [hosts]).
@@ -145,9 +172,15 @@ pub struct ApplyArgs {
     #[arg(default_value = ".overlay/plan.json")]
     pub plan: PathBuf,
 
-    /// Keep the old files (and the generation) so that `overlay rollback` can restore them.
+    /// Keep the old files so that `overlay rollback` can restore them (the
+    /// default; accepted for scripts that pass it).
     #[arg(long)]
     pub backup: bool,
+
+    /// Keep no backup: less space on the target, but `overlay rollback`
+    /// cannot undo this generation.
+    #[arg(long, conflicts_with = "backup")]
+    pub no_backup: bool,
 
     /// After a successful apply, keep only the newest N generations.
     #[arg(long, value_name = "N")]
@@ -193,8 +226,8 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub verify: bool,
 
-    /// When the `--verify` check fails, roll the generation back (needs `--backup`).
-    #[arg(long, requires_all = ["verify", "backup"])]
+    /// When the `--verify` check fails, roll the generation back (not with `--no-backup`).
+    #[arg(long, requires = "verify", conflicts_with = "no_backup")]
     pub rollback_on_failure: bool,
 }
 

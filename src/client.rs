@@ -31,6 +31,15 @@ pub struct Prepared {
     pub recovered: Option<String>,
 }
 
+/// A generation committed on the target ([`Client::commit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// The generation's id.
+    pub generation: String,
+    /// Bytes its backup holds on the target (0 without one).
+    pub backup_bytes: u64,
+}
+
 /// What the target staged ([`Client::end_stage`], [`Client::staged_direct`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Staged {
@@ -567,10 +576,16 @@ impl Client {
         answer!(self, &Request::Switch, "a switch", Response::Switched { changed } => changed)
     }
 
-    /// Mark the switched generation complete; returns its id.
-    pub fn commit(&mut self, keep_backup: bool, keep: Option<usize>) -> Result<String> {
+    /// Mark the switched generation complete.
+    pub fn commit(&mut self, keep_backup: bool, keep: Option<usize>) -> Result<Committed> {
         let req = Request::Commit { keep_backup, keep };
-        answer!(self, &req, "a commit", Response::Committed { generation } => generation)
+        answer!(self, &req, "a commit", Response::Committed {
+            generation,
+            backup_bytes,
+        } => Committed {
+            generation,
+            backup_bytes,
+        })
     }
 
     /// Roll back generations down to and including `to` (default: the newest).

@@ -12,8 +12,6 @@ mod progress;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use overlay::error::{EXIT_OK, ErrorKind};
 
 unsafe extern "C" {
@@ -49,7 +47,7 @@ fn no_huge_pages() {
 }
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse() {
+    let cli = match cli::Cli::try_parse_marked() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();

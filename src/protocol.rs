@@ -262,6 +262,9 @@ pub enum Response {
     },
     Committed {
         generation: String,
+        /// Bytes the generation's backup holds on the target (0 without one).
+        #[serde(default)]
+        backup_bytes: u64,
     },
     Aborted,
     RolledBack(RollbackReport),
@@ -511,6 +514,7 @@ mod tests {
                     backup: false,
                     resume: false,
                     same_owner: false,
+                    versions: Vec::new(),
                 }));
                 let mut m = rmp_serde::to_vec_named(&req).unwrap();
                 for (at, b) in flips {

@@ -81,6 +81,16 @@ pub fn quote(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// One word for a POSIX shell: as it is when it holds only characters no
+/// shell treats specially, else in single quotes (a `'` as `'\''`).
+pub fn shell_quote(s: &str) -> Cow<'_, str> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./+=:,@%".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(format!("'{}'", s.replace('\'', "'\\''")))
+}
+
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
@@ -118,6 +128,16 @@ pub fn format_time(secs: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn shell_quote_leaves_plain_words_and_quotes_the_rest() {
+        use super::shell_quote;
+        assert_eq!(shell_quote("c-plan.json"), "c-plan.json");
+        assert_eq!(shell_quote("/tmp/a b.json"), "'/tmp/a b.json'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote("$x"), "'$x'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
     use super::*;
 
     #[test]

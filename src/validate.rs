@@ -27,6 +27,9 @@ use crate::model::{Action, GenChange, Kind, PrepareRequest, STATE_DIR};
 pub const HINT: &str =
     "the plan is damaged or was made by a hostile source; run `overlay plan` again";
 
+/// The longest distribution name or version a generation records, in bytes.
+const MAX_VERSION_TEXT: usize = 1024;
+
 /// The permission bits a plan may carry: setuid, setgid and sticky never travel.
 pub const MODE_MASK: u32 = 0o777;
 
@@ -137,6 +140,15 @@ pub fn check_prepare(req: &PrepareRequest, site_rel: &str) -> Result<()> {
             req.venv
         )
     };
+    // The versions are only recorded and shown (escaped), but kept small.
+    if let Some(t) = req.versions.iter().find(|t| {
+        [Some(&t.name), t.from.as_ref(), t.to.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|s| s.len() > MAX_VERSION_TEXT)
+    }) {
+        return Err(refuse(&t.name, "its version record is too long"));
+    }
     let mut rels: Vec<String> = Vec::with_capacity(req.changes.len());
     let mut seen: HashSet<&str> = HashSet::with_capacity(req.changes.len());
     // Paths the list turns into a file or a symlink.
@@ -229,6 +241,7 @@ mod tests {
             backup: false,
             resume: false,
             same_owner: false,
+            versions: Vec::new(),
         }
     }
 

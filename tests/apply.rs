@@ -1,4 +1,5 @@
-//! End-to-end tests of `overlay apply --backup` and `overlay rollback`: real
+//! End-to-end tests of `overlay apply` (which keeps a backup by default)
+//! and `overlay rollback`: real
 //! venvs made by pip from the fixture wheels, real sshd test hosts (as root),
 //! the local transport for the many crash points.
 
@@ -120,16 +121,27 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
     assert!(carried.len() > 10, "{plan}");
     assert!(carried.contains(&big), "{big} not in {carried:?}");
 
-    let out = ok(
-        tb.overlay(&["apply", "--backup", "--json"])
-            .output()
-            .unwrap(),
-        "apply",
-    );
+    // No flag: the backup is the default.
+    let out = ok(tb.overlay(&["apply", "--json"]).output().unwrap(), "apply");
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(result["generation"].is_string(), "{result}");
     assert!(result["sent_bytes"].as_u64().unwrap() > 0);
     assert_eq!(result["route"], "relay", "{result}");
+    assert_eq!(result["backup"], true, "{result}");
+    // The backup holds the replaced and deleted files.
+    assert!(result["backup_bytes"].as_u64().unwrap() > 0, "{result}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("Applying .overlay/plan.json: src -> dst (/root/venv), "),
+        "{err}"
+    );
+    assert!(
+        err.contains("Backup: ")
+            && err.contains(
+                " on dst; undo with `overlay rollback dst`, free older backups with `overlay prune dst --keep N`."
+            ),
+        "{err}"
+    );
 
     // Every carried file is now identical to the source.
     let after = snapshot(tb.host_venv_dir(1));
@@ -242,17 +254,67 @@ fn a_hardlinked_file_keeps_its_old_content() {
 }
 
 #[test]
-fn without_backup_the_old_files_are_dropped_and_rollback_says_why() {
+fn with_no_backup_the_old_files_are_dropped_and_rollback_says_why() {
     let tb = Testbed::local(2);
     tb.write_manifest(SETS);
-    plan_and_apply(&tb, &[]);
+    let out = plan_and_apply(&tb, &["--no-backup", "--json"]);
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["backup"], false, "{result}");
+    assert_eq!(result["backup_bytes"], 0, "{result}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("No backup (--no-backup): `overlay rollback` cannot undo generation"),
+        "{err}"
+    );
+    let gens = tb.host_venv_dir(1).join(".overlay/generations");
+    for g in fs::read_dir(&gens).unwrap() {
+        assert!(!g.unwrap().path().join("backup").exists(), "backup kept");
+    }
     let out = tb.overlay(&["rollback", "dst"]).output().unwrap();
     assert_eq!(out.status.code(), Some(7));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("without --backup") && err.contains("hint:"),
+        err.contains("was applied with --no-backup") && err.contains("hint:"),
         "{err}"
     );
+}
+
+/// `--backup` is still accepted (the default); it conflicts with
+/// `--no-backup`, and so does `--rollback-on-failure`, which no longer
+/// needs `--backup`.
+#[test]
+fn backup_flags_conflict_only_with_no_backup() {
+    // No hosts needed: run where there is no plan.
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_overlay"))
+            .args(args)
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for args in [
+        &["apply", "--backup", "--no-backup"][..],
+        &["apply", "--verify", "--rollback-on-failure", "--no-backup"],
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains("cannot be used with"), "{args:?}: {err}");
+    }
+    // These parse: what stops them is the missing plan.
+    for args in [
+        &["apply", "--backup"][..],
+        &["apply", "--verify", "--rollback-on-failure"],
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains("Failed to read the plan"), "{args:?}: {err}");
+    }
 }
 
 #[test]
@@ -769,4 +831,172 @@ fn owners_come_from_the_target_unless_same_owner_and_no_setuid_arrives() {
     let m = fs::metadata(&dst).unwrap();
     assert_eq!((m.uid(), m.gid()), (4242, 4243), "--same-owner");
     assert_eq!(m.mode() & 0o7777, 0o755);
+}
+
+/// `plan -o FILE` names the file in the command it prints; a plan records
+/// its manifest, so an explicit `--manifest` (or OVERLAY_MANIFEST) that
+/// differs, or the same file edited since, is refused with nothing applied;
+/// without `--manifest`, `--verify` runs the recorded manifest's check and
+/// says so; `history` shows the versions each generation changed.
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn plans_are_named_and_never_mixed_up_and_history_shows_versions() {
+    let tb = Testbed::new(3);
+    let manifest = tb.write_manifest(&format!("{SETS}{}", common::VERIFY));
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    let out = ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
+    assert!(
+        stderr(&out)
+            .contains("Plan saved to .overlay/plan.json; run `overlay apply` to carry it out."),
+        "{}",
+        stderr(&out)
+    );
+    let out = ok(
+        tb.overlay(&["plan", "src", "dst2", "-o", "c-plan.json"])
+            .output()
+            .unwrap(),
+        "plan -o",
+    );
+    assert!(
+        stderr(&out).contains(
+            "Plan saved to c-plan.json; run `overlay apply c-plan.json` to carry it out."
+        ),
+        "{}",
+        stderr(&out)
+    );
+    let saved: serde_json::Value =
+        serde_json::from_slice(&fs::read(tb.work.join("c-plan.json")).unwrap()).unwrap();
+    assert_eq!(
+        saved["manifest"],
+        fs::canonicalize(&manifest).unwrap().to_str().unwrap()
+    );
+    assert_eq!(saved["manifest_sha256"].as_str().unwrap().len(), 64);
+
+    // Another manifest, by flag or by environment: refused, nothing changes.
+    let (dst, dst2) = (snapshot(tb.host_venv_dir(1)), snapshot(tb.host_venv_dir(2)));
+    let other = tb.work.join("other.toml");
+    fs::write(
+        &other,
+        fs::read_to_string(&manifest)
+            .unwrap()
+            .replace("nvidia-*", "nvidia-cu*"),
+    )
+    .unwrap();
+    let refused = |out: Output, what: &str| {
+        assert_eq!(out.status.code(), Some(2), "{what}: {}", stderr(&out));
+        assert_same(&dst, &snapshot(tb.host_venv_dir(1)), what);
+        assert_same(&dst2, &snapshot(tb.host_venv_dir(2)), what);
+        stderr(&out)
+    };
+    let err = refused(
+        tb.overlay(&["apply", "-m", "other.toml", "c-plan.json", "--verify"])
+            .output()
+            .unwrap(),
+        "apply -m other.toml",
+    );
+    assert!(
+        err.contains("error: The plan c-plan.json was made from ")
+            && err.contains("nothing was applied to dst2")
+            && err.contains("hint: re-run `overlay plan -m other.toml src dst2`"),
+        "{err}"
+    );
+    refused(
+        tb.overlay(&["apply", "c-plan.json"])
+            .env("OVERLAY_MANIFEST", &other)
+            .output()
+            .unwrap(),
+        "OVERLAY_MANIFEST=other.toml",
+    );
+    // The same file, edited since the plan.
+    let text = fs::read_to_string(&manifest).unwrap();
+    fs::write(&manifest, format!("{text}\n# edited\n")).unwrap();
+    let err = refused(
+        tb.overlay(&["apply", "-m", "overlay.toml", "c-plan.json"])
+            .output()
+            .unwrap(),
+        "apply -m edited overlay.toml",
+    );
+    assert!(
+        err.contains("has changed since the plan c-plan.json"),
+        "{err}"
+    );
+    fs::write(&manifest, text).unwrap();
+
+    // Without -m, from a folder with no manifest: the named plan's target
+    // only, and its manifest's check.
+    let elsewhere = tb.work.join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    let plan_file = tb.work.join("c-plan.json");
+    let out = ok(
+        tb.overlay(&["apply", plan_file.to_str().unwrap(), "--verify"])
+            .current_dir(&elsewhere)
+            .output()
+            .unwrap(),
+        "apply c-plan.json --verify",
+    );
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(&format!(
+            "Applying {}: src -> dst2 (/root/venv), ",
+            plan_file.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "The check is the [verify] of {}, the manifest the plan was made from",
+            fs::canonicalize(&manifest).unwrap().display()
+        )),
+        "{err}"
+    );
+    assert_same(
+        &dst,
+        &snapshot(tb.host_venv_dir(1)),
+        "dst after applying dst2's plan",
+    );
+
+    // History: the versions the generation changed.
+    let out = ok(
+        tb.overlay(&["history", "dst2"]).output().unwrap(),
+        "history",
+    );
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    assert!(
+        lines[2].starts_with("    minitorch 2.9.1+cu128 -> 2.11.0+cu130, ")
+            && lines[2].ends_with(" more"),
+        "{table}"
+    );
+    let out = ok(
+        tb.overlay(&["history", "dst2", "-v"]).output().unwrap(),
+        "history -v",
+    );
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in [
+        "    minitorch 2.9.1+cu128 -> 2.11.0+cu130",
+        "    minitorchvision 0.24.1+cu128 -> 0.26.0+cu130",
+        "    nvidia-cublas (absent) -> 13.1.0.3",
+        "    nvidia-cublas-cu12 12.8.4.1 -> (removed)",
+    ] {
+        assert!(table.lines().any(|l| l == line), "{line:?} not in\n{table}");
+    }
+    let out = ok(
+        tb.overlay(&["history", "dst2", "--json"]).output().unwrap(),
+        "history --json",
+    );
+    let gens: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let versions = gens[0]["versions"].as_array().unwrap();
+    assert!(
+        versions.contains(&serde_json::json!({
+            "name": "nvidia-cublas-cu12", "from": "12.8.4.1", "to": null
+        })),
+        "{gens}"
+    );
 }

@@ -149,6 +149,7 @@ impl Target {
             backup: false,
             resume: false,
             same_owner: false,
+            versions: Vec::new(),
         })));
         match agent.recv() {
             Some(Response::Prepared { .. }) => {}

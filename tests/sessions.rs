@@ -197,9 +197,10 @@ impl<'a> Session<'a> {
     }
 }
 
-/// plan (text, --json, --check), apply --backup, history, verify, rollback,
-/// history, rollback with nothing left, drift, apply without --backup and
-/// a rollback that refuses it, prune.
+/// plan (text, --json, --check), apply (a backup by default), history,
+/// verify, rollback, history, rollback with nothing left, drift (refused,
+/// with --backup, still accepted), apply --no-backup and a rollback that
+/// refuses it, prune.
 #[test]
 #[cfg_attr(
     not(overlay_test_root),
@@ -213,7 +214,7 @@ fn lifecycle() {
     s.step("plan", &["plan", "src", "dst"]);
     s.step("plan-json", &["plan", "src", "dst", "--json"]);
     s.step("plan-check", &["plan", "src", "dst", "--check"]);
-    s.step("apply-backup", &["apply", "--backup"]);
+    s.step("apply-backup", &["apply"]);
     s.step("history", &["history", "dst"]);
     s.step("verify-passes", &["verify", "dst"]);
     s.step("rollback", &["rollback", "dst"]);
@@ -231,13 +232,13 @@ fn lifecycle() {
     s.step("apply-drifted", &["apply", "--backup"]);
     fs::write(&edited, good).unwrap();
 
-    // As the hint says: plan again. Applied without --backup, the
+    // As the hint says: plan again. Applied with --no-backup, the
     // generation cannot be rolled back.
     s.step(
         "plan-after-drift",
         &["plan", "src", "dst", "--set", "sglang-patches"],
     );
-    s.step("apply-no-backup", &["apply"]);
+    s.step("apply-no-backup", &["apply", "--no-backup"]);
     s.step("rollback-no-backup", &["rollback", "dst"]);
     s.step("history-mixed", &["history", "dst"]);
     s.step("prune", &["prune", "dst", "--keep", "1"]);

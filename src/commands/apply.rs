@@ -2,9 +2,10 @@
 //! `overlay::ops::apply`), then say what was done: status on stderr, and
 //! with `--json` one document on stdout.
 
+use indicatif::HumanBytes;
 use overlay::error::{EXIT_OK, ErrorKind, Result};
 use overlay::ops::Observer;
-use overlay::ops::apply::{ApplyOptions, ApplyReport, apply};
+use overlay::ops::apply::{Applied, ApplyOptions, ApplyReport, apply};
 
 use crate::cli::{ApplyArgs, GlobalArgs};
 use crate::progress::{CheckOutput, Console};
@@ -13,11 +14,13 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
     let opts = ApplyOptions {
         plan: args.plan.clone(),
         manifest: global.manifest.clone(),
+        manifest_explicit: global.manifest_explicit,
         connect: global.connect_options(),
         resume: args.resume,
         force: args.force,
         direct: args.direct,
-        backup: args.backup,
+        // Backups are the default; --backup is accepted and changes nothing.
+        backup: !args.no_backup,
         keep: args.keep,
         same_owner: args.same_owner,
         compression: args.compress,
@@ -54,11 +57,8 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             Ok(EXIT_OK)
         }
         ApplyReport::Applied(applied) => {
-            if applied.backup && !applied.rolled_back {
-                console.status(&format!(
-                    "Roll back with `overlay rollback {}`.",
-                    applied.target
-                ));
+            if !applied.rolled_back {
+                console.status(&backup_line(&applied));
             }
             if args.json {
                 println!(
@@ -72,5 +72,22 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
                 EXIT_OK
             })
         }
+    }
+}
+
+/// What the apply kept to roll back with: the backup's size and the
+/// commands that use or free it, or that there is none.
+fn backup_line(applied: &Applied) -> String {
+    let t = &applied.target;
+    if applied.backup {
+        format!(
+            "Backup: {} on {t}; undo with `overlay rollback {t}`, free older backups with `overlay prune {t} --keep N`.",
+            HumanBytes(applied.backup_bytes)
+        )
+    } else {
+        format!(
+            "No backup (--no-backup): `overlay rollback` cannot undo generation {} on {t}.",
+            applied.generation
+        )
     }
 }

@@ -8,7 +8,7 @@ use overlay::plan::Plan;
 use overlay::report;
 use overlay::text;
 
-use crate::cli::{GlobalArgs, PlanArgs};
+use crate::cli::{DEFAULT_PLAN, GlobalArgs, PlanArgs};
 use crate::progress::{self, Console};
 
 pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
@@ -47,8 +47,9 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
     }
     if !global.quiet {
         eprintln!(
-            "Plan saved to {}; run `overlay apply` to carry it out.",
-            text::escape(&args.out.to_string_lossy())
+            "Plan saved to {}; run `{}` to carry it out.",
+            text::escape(&args.out.to_string_lossy()),
+            text::escape(&apply_command(&args.out))
         );
     }
     Ok(if args.check && plan.has_changes() {
@@ -56,6 +57,22 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
     } else {
         EXIT_OK
     })
+}
+
+/// The command that applies the plan saved at `out`: `overlay apply`
+/// for the default place, else `overlay apply FILE`, quoted for a shell.
+fn apply_command(out: &std::path::Path) -> String {
+    if out == std::path::Path::new(DEFAULT_PLAN) {
+        return "overlay apply".into();
+    }
+    let file = out.to_string_lossy();
+    // A file name that starts with `-` would read as an option.
+    let file = if file.starts_with('-') {
+        format!("./{file}")
+    } else {
+        file.into_owned()
+    };
+    format!("overlay apply {}", text::shell_quote(&file))
 }
 
 /// The plan's warnings and predicted problems, on stderr (see

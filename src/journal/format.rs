@@ -56,6 +56,9 @@ pub struct Meta {
     /// See [`crate::model::PrepareRequest::same_owner`].
     #[serde(default)]
     pub same_owner: bool,
+    /// See [`crate::model::PrepareRequest::versions`]; none in older generations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<crate::model::Transition>,
     /// The content hash of every digest in this generation. Generations
     /// from before BLAKE3 have none recorded and used sha256.
     #[serde(default = "sha256_name")]
@@ -334,6 +337,7 @@ impl Generation {
                 .sum(),
             backup_bytes: du(&self.dir.join("backup")) + du(&self.dir.join("whole")),
             backup: self.meta.backup,
+            versions: self.meta.versions.clone(),
             status: self.status(),
             damaged: None,
         }

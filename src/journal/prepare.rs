@@ -196,6 +196,7 @@ fn new_meta(req: &PrepareRequest, id: &str, created: u64, list: ChangeList) -> M
         plan_created: req.plan_created,
         backup: req.backup,
         same_owner: req.same_owner,
+        versions: req.versions.clone(),
         digest: DIGEST.into(),
         changes: list
             .changes

@@ -176,8 +176,8 @@ impl State {
             if !g.meta.backup {
                 return Err(err!(
                     kind = Conflict,
-                    hint = "only generations applied with --backup can be rolled back",
-                    "Generation {id} was applied without --backup; rollback stops before it"
+                    hint = "a generation applied with --no-backup (or by an older overlay without --backup) kept no old files and cannot be rolled back; to restore its files, plan from a host that has the old versions",
+                    "Generation {id} was applied with --no-backup; rollback stops before it"
                 ));
             }
             if id == &to {

@@ -195,6 +195,7 @@ impl State {
                     backup_bytes: du(&self.gen_dir(id).join("backup"))
                         + du(&self.gen_dir(id).join("whole")),
                     backup: false,
+                    versions: Vec::new(),
                     status: Status::Damaged,
                     damaged: Some(format!(
                         "{}{}",

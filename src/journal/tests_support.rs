@@ -141,6 +141,7 @@ pub(super) fn request(fx: &Fx, changes: Vec<GenChange>) -> PrepareRequest {
         backup: true,
         resume: false,
         same_owner: false,
+        versions: Vec::new(),
     }
 }
 

@@ -217,8 +217,8 @@ impl State {
         if g.status() == Status::Complete && !g.meta.backup {
             return Err(err!(
                 kind = Conflict,
-                hint = "only generations applied with --backup can be rolled back",
-                "Generation {} was applied without --backup; its old files were not kept",
+                hint = "a generation applied with --no-backup (or by an older overlay without --backup) kept no old files and cannot be rolled back; to restore its files, plan from a host that has the old versions",
+                "Generation {} was applied with --no-backup; its old files were not kept",
                 g.meta.id
             ));
         }

@@ -1,5 +1,6 @@
 //! A generation as it travels and is listed: the plan's [`Action`]s, the
-//! [`GenChange`]s of a [`PrepareRequest`], what `history` shows
+//! [`GenChange`]s of a [`PrepareRequest`], the distribution versions it
+//! moves between ([`Transition`]), what `history` shows
 //! ([`GenerationInfo`]) and what a rollback did ([`RollbackReport`]).
 
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,22 @@ impl Action {
             Action::Replace => "replace",
             Action::Delete => "delete",
         }
+    }
+}
+
+/// A distribution's version before and after (`None`: absent): a line of
+/// the plan's version column, and what a generation records.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Transition {
+    pub name: String,
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+impl Transition {
+    /// The version changes (an install, an upgrade or a removal).
+    pub fn changes(&self) -> bool {
+        self.from != self.to
     }
 }
 
@@ -75,6 +92,10 @@ pub struct PrepareRequest {
     /// --same-owner`) instead of taking the owner of what they replace.
     #[serde(default)]
     pub same_owner: bool,
+    /// The plan's distribution versions before and after, each name once,
+    /// recorded with the generation for `history`.
+    #[serde(default)]
+    pub versions: Vec<Transition>,
 }
 
 /// What `overlay history` shows for a generation.
@@ -91,6 +112,10 @@ pub struct GenerationInfo {
     /// Bytes held in its backup folder.
     pub backup_bytes: u64,
     pub backup: bool,
+    /// The distributions' versions before and after, as the plan saw them
+    /// (none for generations made before overlay recorded them).
+    #[serde(default)]
+    pub versions: Vec<Transition>,
     pub status: Status,
     /// Why the generation's state cannot be read (status `damaged`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -3,9 +3,13 @@
 //! switching them in through the target's journal; optionally run the
 //! `[verify]` check and roll back when it fails.
 //!
-//! [`apply`] runs the steps in order, each its own function: the resume
-//! check ([`resume`]), the strict check, prepare, stream (`transfer`),
-//! switch and commit, verify with rollback on failure.
+//! [`apply`] runs the steps in order, each its own function: the manifest
+//! check (an explicit `--manifest` must be the one the plan recorded), the
+//! line naming the plan and its target ([`announcement`]), the resume check
+//! ([`resume`]), the strict check, prepare (which hands the target the
+//! plan's versions to record), stream (`transfer`), switch and commit
+//! (keeping the backup unless `--no-backup`; the target says its size),
+//! verify with rollback on failure.
 //!
 //! If an agent or its connection dies on either host, the apply stops at
 //! once (a thread watches the target while this one waits on the source)
@@ -33,8 +37,11 @@ use super::{Clock, Observer, endpoint, load_plan};
 pub struct ApplyOptions {
     /// The saved plan.
     pub plan: PathBuf,
-    /// The manifest to read `[verify]` from when the plan's own is gone.
+    /// `--manifest`: checked against the one the plan was made from when
+    /// `manifest_explicit`; `[verify]` is read from it when the plan's own is gone.
     pub manifest: PathBuf,
+    /// `--manifest` (or OVERLAY_MANIFEST) was given, not defaulted.
+    pub manifest_explicit: bool,
     pub connect: ConnectOptions,
     /// Only complete an interrupted generation.
     pub resume: bool,
@@ -42,7 +49,7 @@ pub struct ApplyOptions {
     pub force: bool,
     /// Stream from the source straight to the target.
     pub direct: bool,
-    /// Keep a backup, to roll back to.
+    /// Keep a backup, to roll back to (the default; off with `--no-backup`).
     pub backup: bool,
     /// Generations to keep after the commit.
     pub keep: Option<usize>,
@@ -98,6 +105,8 @@ pub struct Applied {
     pub route: Option<Route>,
     pub seconds: f64,
     pub backup: bool,
+    /// Bytes the backup holds on the target (0 without one).
+    pub backup_bytes: u64,
     /// With `verify`: whether the check passed.
     pub verified: Option<bool>,
     /// With `rollback_on_failure`: the generation was rolled back.
@@ -136,7 +145,11 @@ pub fn gen_changes(plan: &Plan) -> Vec<GenChange> {
 pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     let clock = Clock::start(obs);
     let plan = load_plan(&opts.plan)?;
+    same_manifest(&plan, opts)?;
     let tname = plan.target.name.clone();
+    if !opts.resume && plan.has_changes() {
+        obs.status(&announcement(&plan, &opts.plan));
+    }
     let mut dst = Client::connect(&tname, &endpoint(&plan.target.ssh), &opts.connect)?;
     if opts.resume {
         return resume(dst, &plan);
@@ -146,7 +159,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     // Read the check before touching anything, so a missing [verify] fails early.
     let check = opts
         .verify
-        .then(|| check_request(&plan, opts))
+        .then(|| check_request(&plan, opts, obs))
         .transpose()?;
     let changes = gen_changes(&plan);
     if changes.is_empty() {
@@ -171,7 +184,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
         obs,
     )?;
     clock.mark(&format!("stream and stage ({})", HumanBytes(moved.sent)));
-    switch_and_commit(&mut dst, opts, &tname, &generation, &clock)?;
+    let backup_bytes = switch_and_commit(&mut dst, opts, &tname, &generation, &clock)?;
     obs.status(&format!(
         "Applied generation {generation} on {tname}: {} changes, {files} files sent{}, {} on the wire for {} of files, in {:.1}s",
         changes.len(),
@@ -205,6 +218,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
         },
         seconds: clock.seconds(),
         backup: opts.backup,
+        backup_bytes,
         verified: checked.verified,
         rolled_back: checked.rolled_back,
     }))
@@ -253,12 +267,101 @@ fn direct_destination(plan: &Plan, direct: bool) -> Result<Option<String>> {
     }
 }
 
-/// The `[verify]` check of the manifest the plan was made from, if it is
-/// still there, else of `opts.manifest`.
-fn check_request(plan: &Plan, opts: &ApplyOptions) -> Result<VerifyRequest> {
-    let m = std::path::Path::new(&plan.manifest);
-    let manifest = if m.exists() {
-        m
+/// The line `apply` starts with: which plan, from where to where, and
+/// how many files it adds, replaces and deletes.
+pub fn announcement(plan: &Plan, file: &std::path::Path) -> String {
+    let count = |a: Action| -> usize {
+        plan.sets
+            .iter()
+            .map(|s| s.changes.iter().filter(|c| c.action == a).count())
+            .sum()
+    };
+    let adds = count(Action::Add);
+    format!(
+        "Applying {}: {} -> {} ({}), {adds} file{} to add, {} to replace, {} to delete",
+        file.display(),
+        plan.source.name,
+        plan.target.name,
+        plan.target.venv,
+        if adds == 1 { "" } else { "s" },
+        count(Action::Replace),
+        count(Action::Delete)
+    )
+}
+
+/// An explicit `--manifest` must be the manifest the plan was made from,
+/// byte for byte (a copy elsewhere is the same manifest). Plans made
+/// before overlay recorded the manifest's hash are not checked.
+fn same_manifest(plan: &Plan, opts: &ApplyOptions) -> Result<()> {
+    let Some(recorded) = &plan.manifest_sha256 else {
+        return Ok(());
+    };
+    if !opts.manifest_explicit {
+        return Ok(());
+    }
+    let given = super::plan::manifest_stamp(&opts.manifest)?;
+    if given.sha256 == *recorded {
+        return Ok(());
+    }
+    let planfile = opts.plan.display();
+    let what = if given.path == std::path::Path::new(&plan.manifest) {
+        format!(
+            "{} has changed since the plan {planfile} was made from it",
+            plan.manifest
+        )
+    } else {
+        format!(
+            "The plan {planfile} was made from {}, not from {}",
+            plan.manifest,
+            given.path.display()
+        )
+    };
+    Err(err!(
+        kind = Usage,
+        hint = format!(
+            "re-run `overlay plan -m {} {} {}` to plan with it, or drop --manifest (and OVERLAY_MANIFEST) to apply {planfile} as it was planned",
+            crate::text::shell_quote(&opts.manifest.to_string_lossy()),
+            crate::text::shell_quote(&plan.source.name),
+            crate::text::shell_quote(&plan.target.name)
+        ),
+        "{what}; nothing was applied to {}",
+        plan.target.name
+    ))
+}
+
+/// The `[verify]` check of the manifest the plan was made from: `--manifest`
+/// when it was given (it matches, see [`same_manifest`]), else the
+/// plan's recorded path, which must still be there. Plans made before
+/// overlay recorded the manifest's hash fall back to `--manifest`.
+fn check_request(plan: &Plan, opts: &ApplyOptions, obs: &dyn Observer) -> Result<VerifyRequest> {
+    let recorded = std::path::Path::new(&plan.manifest);
+    let manifest = if opts.manifest_explicit {
+        opts.manifest.as_path()
+    } else if recorded.exists() {
+        let edited = match &plan.manifest_sha256 {
+            Some(sha) => super::plan::manifest_stamp(recorded)?.sha256 != *sha,
+            None => false,
+        };
+        obs.status(&format!(
+            "The check is the [verify] of {}, the manifest the plan was made from{}",
+            plan.manifest,
+            if edited {
+                " (edited since: its check as it is now)"
+            } else {
+                ""
+            }
+        ));
+        recorded
+    } else if plan.manifest_sha256.is_some() {
+        return Err(err!(
+            kind = Usage,
+            hint =
+                "pass --manifest with that manifest (or a copy of it), or apply without --verify",
+            "The plan {} was made from {}, which is gone: its [verify] check cannot be read; nothing was applied to {}",
+            opts.plan.display(),
+            plan.manifest,
+            plan.target.name
+        ));
     } else {
         opts.manifest.as_path()
     };
@@ -282,9 +385,22 @@ fn prepare(
         backup: opts.backup,
         resume: false,
         same_owner: opts.same_owner,
+        versions: versions(plan),
     };
     let prepared = dst.prepare(req);
     prepared.map_err(|e| fate(e, dst.lost(), Phase::Prepare, tname, ""))
+}
+
+/// The plan's distribution versions, each name once (the first set that
+/// names it), for the generation to record.
+fn versions(plan: &Plan) -> Vec<crate::model::Transition> {
+    let mut seen = std::collections::HashSet::new();
+    plan.sets
+        .iter()
+        .flat_map(|s| &s.versions)
+        .filter(|t| seen.insert(t.name.clone()))
+        .cloned()
+        .collect()
 }
 
 /// The added and replaced files, to stream from the source.
@@ -354,21 +470,22 @@ fn transfer(
     })
 }
 
-/// Switch the staged generation in and commit it.
+/// Switch the staged generation in and commit it; returns the bytes its
+/// backup holds on the target.
 fn switch_and_commit(
     dst: &mut Client,
     opts: &ApplyOptions,
     tname: &str,
     generation: &str,
     clock: &Clock,
-) -> Result<()> {
+) -> Result<u64> {
     let switched = dst.switch();
     switched.map_err(|e| fate(e, dst.lost(), Phase::Switch, tname, generation))?;
     clock.mark("switch and check");
     let committed = dst.commit(opts.backup, opts.keep);
-    committed.map_err(|e| fate(e, dst.lost(), Phase::Switch, tname, generation))?;
+    let committed = committed.map_err(|e| fate(e, dst.lost(), Phase::Switch, tname, generation))?;
     clock.mark("commit");
-    Ok(())
+    Ok(committed.backup_bytes)
 }
 
 /// The `[verify]` check after an apply.

@@ -63,8 +63,11 @@ pub fn plan(opts: &PlanOptions, obs: &dyn Observer) -> Result<Planned> {
         ));
     }
     let sets = select_sets(&manifest, &opts.sets)?;
+    let stamp = manifest_stamp(&opts.manifest)?;
     let mut planned = make_plan(&manifest, &sets, src_host, dst_host, &opts.connect, obs)?;
     planned.plan.strict |= opts.strict;
+    planned.plan.manifest = stamp.path.display().to_string();
+    planned.plan.manifest_sha256 = Some(stamp.sha256);
     Ok(planned)
 }
 
@@ -441,6 +444,7 @@ fn make_plan(
         format: PLAN_FORMAT,
         created: now(),
         manifest: manifest.path.display().to_string(),
+        manifest_sha256: None,
         source,
         target,
         sets: set_plans,
@@ -649,4 +653,32 @@ pub fn save(plan: &Plan, out: &Path) -> Result<()> {
     drop(w);
     tmp.persist(out).map_err(|e| fail(e.error))?;
     Ok(())
+}
+
+/// A manifest file as a plan records it: where it is and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestStamp {
+    /// Absolute, symlinks resolved.
+    pub path: PathBuf,
+    /// The sha256 of its bytes, in hex.
+    pub sha256: String,
+}
+
+/// Read the manifest at `path` for its [`ManifestStamp`].
+pub fn manifest_stamp(path: &Path) -> Result<ManifestStamp> {
+    use sha2::{Digest, Sha256};
+    let fail = |e: std::io::Error| {
+        err!(
+            hint = "pass --manifest FILE, or create overlay.toml (see docs/manifest.md)",
+            "Failed to read manifest {}: {}",
+            path.display(),
+            crate::error::io_cause(&e)
+        )
+    };
+    let bytes = std::fs::read(path).map_err(fail)?;
+    let path = std::fs::canonicalize(path).map_err(fail)?;
+    Ok(ManifestStamp {
+        path,
+        sha256: crate::text::hex(&Sha256::digest(&bytes)),
+    })
 }

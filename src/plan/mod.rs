@@ -47,7 +47,13 @@ pub struct Plan {
     pub format: u32,
     /// Seconds since the epoch when the plan was made.
     pub created: u64,
+    /// The manifest the plan was made from: its absolute path (as given,
+    /// in plans made before overlay recorded its hash).
     pub manifest: String,
+    /// The sha256 of the manifest's bytes when the plan was made: `apply`
+    /// refuses an explicit `--manifest` whose bytes differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_sha256: Option<String>,
     pub source: HostInfo,
     pub target: HostInfo,
     pub sets: Vec<SetPlan>,
@@ -85,13 +91,8 @@ pub struct SetPlan {
     pub stale_bytecode: Vec<String>,
 }
 
-/// A distribution's version before and after (`None`: absent).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Transition {
-    pub name: String,
-    pub from: Option<String>,
-    pub to: Option<String>,
-}
+/// A distribution's version before and after (in `model`: generations record them too).
+pub use crate::model::Transition;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Change {
@@ -174,6 +175,19 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Plans saved before the manifest's hash was recorded still load.
+    #[test]
+    fn a_plan_without_the_manifest_hash_loads() {
+        let host = r#"{"name":"a","ssh":null,"venv":"/v","site_packages":"lib","python":"3.11"}"#;
+        let text = format!(
+            r#"{{"format":2,"created":1,"manifest":"overlay.toml","source":{host},"target":{host},"sets":[],"warnings":[]}}"#
+        );
+        let plan: Plan = serde_json::from_str(&text).unwrap();
+        assert_eq!(plan.manifest_sha256, None);
+        let again = serde_json::to_string(&plan).unwrap();
+        assert!(!again.contains("manifest_sha256"), "{again}");
+    }
 
     #[test]
     fn python_minor_must_match() {

@@ -735,6 +735,7 @@ mod tests {
             backup: false,
             resume: false,
             same_owner: false,
+            versions: Vec::new(),
         };
         let g = state.prepare(&req, &counters).unwrap();
         let mut tar = tar::Builder::new(Vec::new());

@@ -108,6 +108,7 @@ impl Intake {
             backup: false,
             resume: false,
             same_owner,
+            versions: Vec::new(),
         };
         let g = state.prepare(&req, &Counters::default()).expect("prepare");
         let before = tree(dir.path(), &g.dir.join("staging"));

@@ -1,5 +1,6 @@
 //! `Commit`: target side. Mark the open generation complete (keeping its
-//! backup if asked, pruning to `keep` generations) and close it.
+//! backup if asked, pruning to `keep` generations) and close it; the
+//! answer says how many bytes the backup holds.
 
 use crate::agent::serve::Session;
 use crate::error::Result;
@@ -10,6 +11,14 @@ pub fn commit(session: &mut Session, keep_backup: bool, keep: Option<usize>) -> 
     g.meta.backup = keep_backup;
     let _ = state.commit(g, keep)?;
     let generation = g.meta.id.clone();
+    let backup_bytes = if keep_backup {
+        g.info().backup_bytes
+    } else {
+        0
+    };
     session.generation = None;
-    Ok(Response::Committed { generation })
+    Ok(Response::Committed {
+        generation,
+        backup_bytes,
+    })
 }
