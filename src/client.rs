@@ -112,18 +112,24 @@ pub struct Client {
 }
 
 impl Client {
-    /// Start the agent on `host` and shake hands.
-    pub fn connect(host: &str, endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client> {
+    /// Start the agent on `host` and shake hands; `sudo`: run it as that
+    /// user through `sudo -n` (the manifest's `sudo`).
+    pub fn connect(
+        host: &str,
+        endpoint: &Endpoint,
+        sudo: Option<&str>,
+        opts: &ConnectOptions,
+    ) -> Result<Client> {
         if let Endpoint::Ssh(target) = endpoint {
             // Most runs find this build on the host already: start it
             // straight away. Only if it does not answer (first run of a new
             // build, a damaged copy) check over SFTP and upload.
-            let pipe = transport::ssh::start_cached_agent(host, target, opts)?;
+            let pipe = transport::ssh::start_cached_agent(host, target, sudo, opts)?;
             if let Ok(c) = Client::over(host, pipe) {
                 return Ok(c);
             }
         }
-        let pipe = transport::start_agent(host, endpoint, opts)?;
+        let pipe = transport::start_agent(host, endpoint, sudo, opts)?;
         Client::over(host, pipe)
     }
 
@@ -143,8 +149,19 @@ impl Client {
         let greeting = match greeting {
             Ok(g) => g,
             Err(e) => {
-                // What the agent, or the program that should have run it, said.
-                let said = c.abandon();
+                // What the agent, or the program that should have run it
+                // (sudo), said; an ending the transport explained with its
+                // own hint is that error.
+                let said = match c.pipe.take().map(|p| {
+                    drop(p.writer);
+                    drop(p.reader);
+                    (p.finish)()
+                }) {
+                    Some(Err(why)) if why.hint.is_some() => return Err(why),
+                    Some(Err(why)) => why.message,
+                    Some(Ok(text)) => text,
+                    None => String::new(),
+                };
                 let said = said.trim();
                 return Err(Error {
                     message: if said.is_empty() {
