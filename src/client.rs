@@ -149,19 +149,8 @@ impl Client {
         let greeting = match greeting {
             Ok(g) => g,
             Err(e) => {
-                // What the agent, or the program that should have run it
-                // (sudo), said; an ending the transport explained with its
-                // own hint is that error.
-                let said = match c.pipe.take().map(|p| {
-                    drop(p.writer);
-                    drop(p.reader);
-                    (p.finish)()
-                }) {
-                    Some(Err(why)) if why.hint.is_some() => return Err(why),
-                    Some(Err(why)) => why.message,
-                    Some(Ok(text)) => text,
-                    None => String::new(),
-                };
+                // What the agent, or the program that should have run it, said.
+                let said = c.abandon();
                 let said = said.trim();
                 return Err(Error {
                     message: if said.is_empty() {
@@ -224,6 +213,11 @@ impl Client {
             (p.finish)()
         });
         let message = match how {
+            // The agent never ran, and the transport knows why and what to
+            // do (sudo wanted a password, or is missing): that error.
+            Some(Err(e)) if e.message.starts_with(&format!("Failed to start the agent on {host}")) => {
+                return e;
+            }
             // "The agent on HOST was killed by signal 9 (KILL)", "... exited with status 2: ..."
             Some(Err(e)) if e.message.starts_with(&format!("The agent on {host} ")) => e.message,
             // Over SSH: the session (sshd) or the network died before the agent.

@@ -52,7 +52,7 @@ pub fn start_agent(host: &str, sudo: Option<&str>) -> Result<super::AgentPipe> {
                         "add to sudoers (visudo -f /etc/sudoers.d/overlay): {}",
                         sudoers(&login)
                     ),
-                    "Failed to start the agent for {host} as {user} through sudo: sudo needs a password for user {login}"
+                    "Failed to start the agent on {host} as {user} through sudo: sudo needs a password for user {login}"
                 )
             } else {
                 e
