@@ -68,10 +68,7 @@ fn sudo_runs_the_agent_as_root_and_a_user_without_it_is_told_what_to_do() {
     let before = snapshot(&venv);
 
     // A user who may not sudo, with `sudo = true`: the sudoers line it needs.
-    let out = tb
-        .overlay(&["plan", "src", "dst-plain-sudo"])
-        .output()
-        .unwrap();
+    let out = tb.overlay(&["history", "dst-plain-sudo"]).output().unwrap();
     let (_, err) = text(&out);
     assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(
@@ -85,7 +82,7 @@ fn sudo_runs_the_agent_as_root_and_a_user_without_it_is_told_what_to_do() {
 
     // The same user without sudo, the venv's home closed to it: the path,
     // the host and `sudo = true`.
-    let out = tb.overlay(&["plan", "src", "dst-plain"]).output().unwrap();
+    let out = tb.overlay(&["history", "dst-plain"]).output().unwrap();
     let (_, err) = text(&out);
     assert!(!out.status.success(), "{err}");
     assert!(

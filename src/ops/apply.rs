@@ -246,6 +246,13 @@ fn direct_destination(plan: &Plan, direct: bool) -> Result<Option<String>> {
     if !direct {
         return Ok(None);
     }
+    if let Some(user) = &plan.target.sudo {
+        let tname = &plan.target.name;
+        return Err(err!(
+            hint = "apply without --direct (the stream then passes through this machine)",
+            "--direct cannot start {tname}'s agent through sudo (as {user}): the source's ssh would run it as the login user; {tname} is unchanged"
+        ));
+    }
     match plan.target.direct_ssh.clone().or(plan.target.ssh.clone()) {
         Some(d) => Ok(Some(d)),
         None => {
