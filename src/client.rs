@@ -215,7 +215,10 @@ impl Client {
         let message = match how {
             // The agent never ran, and the transport knows why and what to
             // do (sudo wanted a password, or is missing): that error.
-            Some(Err(e)) if e.message.starts_with(&format!("Failed to start the agent on {host}")) => {
+            Some(Err(e))
+                if e.message
+                    .starts_with(&format!("Failed to start the agent on {host}")) =>
+            {
                 return e;
             }
             // "The agent on HOST was killed by signal 9 (KILL)", "... exited with status 2: ..."

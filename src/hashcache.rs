@@ -56,15 +56,8 @@ pub fn user_home(uid: u32) -> Option<PathBuf> {
     let mut out: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: every pointer is valid for the call; `buf` outlives the use
     // of the strings it holds.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut pw,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut out,
-        )
-    };
+    let rc =
+        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
     if rc != 0 || out.is_null() || pw.pw_dir.is_null() {
         return None;
     }
@@ -269,8 +262,7 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
             (false, Some(h)) => {
                 let key = crate::text::hex(&Sha256::digest(root.to_string_lossy().as_bytes()));
                 Some(
-                    h
-                        .join(".cache/overlay")
+                    h.join(".cache/overlay")
                         .join(kind)
                         .join(format!("{}.bin", &key[..16])),
                 )

@@ -474,11 +474,24 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
 
     #[test]
     fn sudo_values() {
-        let host = |v: &str| parse(&format!("[hosts.a]\nssh = \"a\"\nvenv = \"/v\"\nsudo = {v}\n"));
-        assert_eq!(host("true").unwrap().hosts["a"].sudo.as_deref(), Some("root"));
+        let host = |v: &str| {
+            parse(&format!(
+                "[hosts.a]\nssh = \"a\"\nvenv = \"/v\"\nsudo = {v}\n"
+            ))
+        };
+        assert_eq!(
+            host("true").unwrap().hosts["a"].sudo.as_deref(),
+            Some("root")
+        );
         assert_eq!(host("false").unwrap().hosts["a"].sudo, None);
-        assert_eq!(host("\"svc\"").unwrap().hosts["a"].sudo.as_deref(), Some("svc"));
-        assert_eq!(parse("[hosts.a]\nvenv = \"/v\"\n").unwrap().hosts["a"].sudo, None);
+        assert_eq!(
+            host("\"svc\"").unwrap().hosts["a"].sudo.as_deref(),
+            Some("svc")
+        );
+        assert_eq!(
+            parse("[hosts.a]\nvenv = \"/v\"\n").unwrap().hosts["a"].sudo,
+            None
+        );
         for bad in ["\"a b\"", "\"-u\"", "\"\"", "\"x;rm\"", "1", "[\"root\"]"] {
             let e = host(bad).unwrap_err();
             assert!(e.message.starts_with("m.toml:4:8:"), "{bad}: {}", e.message);

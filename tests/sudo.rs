@@ -43,7 +43,13 @@ fn owned_by(dir: &std::path::Path, uid: u32) -> Vec<String> {
         .into_iter()
         .flatten()
         .filter(|e| e.metadata().map(|m| m.uid() != uid).unwrap_or(false))
-        .map(|e| format!("{} (uid {})", e.path().display(), e.metadata().unwrap().uid()))
+        .map(|e| {
+            format!(
+                "{} (uid {})",
+                e.path().display(),
+                e.metadata().unwrap().uid()
+            )
+        })
         .collect()
 }
 
@@ -86,7 +92,9 @@ fn sudo_runs_the_agent_as_root_and_a_user_without_it_is_told_what_to_do() {
     let (_, err) = text(&out);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("dst-plain") && err.contains("/root/venv") && err.contains("permission denied"),
+        err.contains("dst-plain")
+            && err.contains("/root/venv")
+            && err.contains("permission denied"),
         "{err}"
     );
     assert!(err.contains("sudo = true"), "{err}");
@@ -97,9 +105,15 @@ fn sudo_runs_the_agent_as_root_and_a_user_without_it_is_told_what_to_do() {
     fs::set_permissions(&home, fs::Permissions::from_mode(0o755)).unwrap();
     let plain_plan = tb.work.join("plain.json");
     ok(
-        tb.overlay(&["plan", "src", "dst-plain", "-o", plain_plan.to_str().unwrap()])
-            .output()
-            .unwrap(),
+        tb.overlay(&[
+            "plan",
+            "src",
+            "dst-plain",
+            "-o",
+            plain_plan.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap(),
         "plan as ovplain",
     );
     let out = tb
@@ -109,7 +123,9 @@ fn sudo_runs_the_agent_as_root_and_a_user_without_it_is_told_what_to_do() {
     let (_, err) = text(&out);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("dst-plain") && err.contains("/root/venv/.overlay") && err.contains("permission denied"),
+        err.contains("dst-plain")
+            && err.contains("/root/venv/.overlay")
+            && err.contains("permission denied"),
         "{err}"
     );
     assert!(err.contains("sudo = true"), "{err}");
@@ -150,7 +166,9 @@ fn sudo_runs_the_agent_as_root_and_a_user_without_it_is_told_what_to_do() {
     let (_, err) = text(&out);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("dst-plain") && err.contains("/root/venv/.overlay") && err.contains("sudo = true"),
+        err.contains("dst-plain")
+            && err.contains("/root/venv/.overlay")
+            && err.contains("sudo = true"),
         "{err}"
     );
     ok(

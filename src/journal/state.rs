@@ -132,7 +132,11 @@ impl State {
         }
         let lock = match fs.open_read(".overlay/lock") {
             Ok(lock) => {
-                take_lock(&lock, &dir, rustix::fs::FlockOperation::NonBlockingLockShared)?;
+                take_lock(
+                    &lock,
+                    &dir,
+                    rustix::fs::FlockOperation::NonBlockingLockShared,
+                )?;
                 Some(lock)
             }
             Err(_) => None,

@@ -542,7 +542,7 @@ fn stream(
         plan.source.sudo.as_deref(),
         opts,
     )
-        .map_err(|e| StreamFailure::new(e, false))?;
+    .map_err(|e| StreamFailure::new(e, false))?;
     let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
         let e = err!(
             kind = Connection,

@@ -761,7 +761,11 @@ pub fn ensure_user(name: &str, sudoers: Option<&str>) {
             let tmp = PathBuf::from(format!("/etc/sudoers.d/.{name}.tmp"));
             fs::write(&tmp, format!("{line}\n")).unwrap();
             fs::set_permissions(&tmp, fs::Permissions::from_mode(0o440)).unwrap();
-            run(Command::new("visudo").arg("-c").arg("-q").arg("-f").arg(&tmp));
+            run(Command::new("visudo")
+                .arg("-c")
+                .arg("-q")
+                .arg("-f")
+                .arg(&tmp));
             fs::rename(&tmp, &file).unwrap();
         }
         None => {

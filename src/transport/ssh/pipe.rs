@@ -386,10 +386,7 @@ struct SudoRun {
 fn sudo_refusal(who: &str, s: &SudoRun, end: &AgentEnd) -> Option<crate::error::Error> {
     let said = end.stderr.trim();
     let sudo_said = said.lines().any(|l| l.starts_with("sudo:"));
-    let sudoers = format!(
-        "{} ALL=({}) NOPASSWD: {}/overlay-*",
-        s.login, s.user, s.dir
-    );
+    let sudoers = format!("{} ALL=({}) NOPASSWD: {}/overlay-*", s.login, s.user, s.dir);
     let line = said.lines().find(|l| l.contains("sudo")).unwrap_or(said);
     if end.status == 1
         && sudo_said
