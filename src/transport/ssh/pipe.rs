@@ -385,7 +385,9 @@ struct SudoRun {
 /// not run it, or there is no sudo; `None` when sudo is not what failed.
 fn sudo_refusal(who: &str, s: &SudoRun, end: &AgentEnd) -> Option<crate::error::Error> {
     let said = end.stderr.trim();
-    let sudo_said = said.lines().any(|l| l.starts_with("sudo:"));
+    let sudo_said = said
+        .lines()
+        .any(|l| l.starts_with("sudo:") || l.starts_with("Sorry, user "));
     let sudoers = format!("{} ALL=({}) NOPASSWD: {}/overlay-*", s.login, s.user, s.dir);
     let line = said.lines().find(|l| l.contains("sudo")).unwrap_or(said);
     if end.status == 1
@@ -480,4 +482,55 @@ fn agent_outcome(who: &str, remote: &str, end: AgentEnd) -> Result<String> {
         ));
     }
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(status: i32, stderr: &str) -> AgentEnd {
+        AgentEnd {
+            status,
+            signal: None,
+            stderr: stderr.into(),
+        }
+    }
+
+    #[test]
+    fn sudo_refusals_name_the_sudoers_line() {
+        let s = SudoRun {
+            user: "root".into(),
+            login: "ops".into(),
+            dir: "/home/ops/.cache/overlay".into(),
+        };
+        let line = "ops ALL=(root) NOPASSWD: /home/ops/.cache/overlay/overlay-*";
+        let e = sudo_refusal("ct200", &s, &ended(1, "sudo: a password is required\n")).unwrap();
+        assert!(
+            e.message
+                .contains("ct200 as root through sudo: sudo needs a password for user ops"),
+            "{}",
+            e.message
+        );
+        assert!(e.hint.as_deref().unwrap().contains(line), "{e:?}");
+        let e = sudo_refusal(
+            "ct200",
+            &s,
+            &ended(
+                1,
+                "Sorry, user ops is not allowed to execute '/x agent' as root on ct200.\n",
+            ),
+        )
+        .unwrap();
+        assert!(
+            e.message.contains("sudo does not allow it"),
+            "{}",
+            e.message
+        );
+        let e = sudo_refusal("ct200", &s, &ended(127, "sh: 1: sudo: not found\n")).unwrap();
+        assert!(e.message.contains("sudo is not installed"), "{}", e.message);
+        assert!(e.hint.as_deref().unwrap().contains(line), "{e:?}");
+        // The agent's own failures are not sudo's.
+        assert!(sudo_refusal("ct200", &s, &ended(1, "overlay agent: bad input\n")).is_none());
+        assert!(sudo_refusal("ct200", &s, &ended(0, "")).is_none());
+    }
 }
