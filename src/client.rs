@@ -121,18 +121,24 @@ pub struct Client {
 }
 
 impl Client {
-    /// Start the agent on `host` and shake hands.
-    pub fn connect(host: &str, endpoint: &Endpoint, opts: &ConnectOptions) -> Result<Client> {
+    /// Start the agent on `host` and shake hands; `sudo`: run it as that
+    /// user through `sudo -n` (the manifest's `sudo`).
+    pub fn connect(
+        host: &str,
+        endpoint: &Endpoint,
+        sudo: Option<&str>,
+        opts: &ConnectOptions,
+    ) -> Result<Client> {
         if let Endpoint::Ssh(target) = endpoint {
             // Most runs find this build on the host already: start it
             // straight away. Only if it does not answer (first run of a new
             // build, a damaged copy) check over SFTP and upload.
-            let pipe = transport::ssh::start_cached_agent(host, target, opts)?;
+            let pipe = transport::ssh::start_cached_agent(host, target, sudo, opts)?;
             if let Ok(c) = Client::over(host, pipe) {
                 return Ok(c);
             }
         }
-        let pipe = transport::start_agent(host, endpoint, opts)?;
+        let pipe = transport::start_agent(host, endpoint, sudo, opts)?;
         Client::over(host, pipe)
     }
 
@@ -216,6 +222,14 @@ impl Client {
             (p.finish)()
         });
         let message = match how {
+            // The agent never ran, and the transport knows why and what to
+            // do (sudo wanted a password, or is missing): that error.
+            Some(Err(e))
+                if e.message
+                    .starts_with(&format!("Failed to start the agent on {host}")) =>
+            {
+                return e;
+            }
             // "The agent on HOST was killed by signal 9 (KILL)", "... exited with status 2: ..."
             Some(Err(e)) if e.message.starts_with(&format!("The agent on {host} ")) => e.message,
             // Over SSH: the session (sshd) or the network died before the agent.

@@ -8,8 +8,9 @@
 //! hash would leave the stamp unchanged).
 //!
 //! The caches live outside the venv, in `~/.cache/overlay/{hashes,elf3}/` of
-//! the user the agent runs as, one file per venv; `OVERLAY_NO_HASH_CACHE=1`
-//! turns them off.
+//! the user the agent runs as ([`home_dir`]: under sudo that user's own
+//! home, not the login user's), one file per venv;
+//! `OVERLAY_NO_HASH_CACHE=1` turns them off.
 
 use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
@@ -22,6 +23,49 @@ use rustc_hash::FxHashMap;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+/// The home directory of the user this process runs as: `$HOME`, except
+/// when sudo started it as another user than the one who ran sudo
+/// (`SUDO_UID`, which sudo sets, differs from the effective uid): then
+/// the password database's home of the effective uid, as a login of that
+/// user would have, whatever HOME sudo kept (docs/sudo.md).
+pub fn home_dir() -> Option<PathBuf> {
+    let euid = rustix::process::geteuid().as_raw();
+    if sudo_login_uid().is_some_and(|u| u != euid)
+        && let Some(home) = user_home(euid)
+    {
+        return Some(home);
+    }
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The uid of the user who ran sudo (`SUDO_UID`), when sudo started this process.
+pub fn sudo_login_uid() -> Option<u32> {
+    std::env::var("SUDO_UID").ok()?.trim().parse().ok()
+}
+
+/// The home directory of `uid` in the password database (`getpwuid_r`).
+pub fn user_home(uid: u32) -> Option<PathBuf> {
+    use std::ffi::CStr;
+    use std::os::unix::ffi::OsStrExt;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: an all-zero passwd is a valid out-parameter for getpwuid_r.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; `buf` outlives the use
+    // of the strings it holds.
+    let rc =
+        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
+    if rc != 0 || out.is_null() || pw.pw_dir.is_null() {
+        return None;
+    }
+    // SAFETY: getpwuid_r succeeded, so pw_dir points at a C string in `buf`.
+    let dir = unsafe { CStr::from_ptr(pw.pw_dir) };
+    let dir = std::ffi::OsStr::from_bytes(dir.to_bytes());
+    (!dir.is_empty()).then(|| PathBuf::from(dir))
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Stamp {
@@ -213,13 +257,12 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
     pub fn open_kind(root: &Path, kind: &str) -> StampCache<V> {
         let disabled =
             std::env::var_os("OVERLAY_NO_HASH_CACHE").is_some_and(|v| !v.is_empty() && v != "0");
-        let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+        let home = home_dir();
         let file = match (disabled, home) {
             (false, Some(h)) => {
                 let key = crate::text::hex(&Sha256::digest(root.to_string_lossy().as_bytes()));
                 Some(
-                    PathBuf::from(h)
-                        .join(".cache/overlay")
+                    h.join(".cache/overlay")
                         .join(kind)
                         .join(format!("{}.bin", &key[..16])),
                 )
@@ -342,6 +385,12 @@ impl<V: Serialize + DeserializeOwned + Clone> StampCache<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_homes_come_from_the_password_database() {
+        assert_eq!(user_home(0), Some(PathBuf::from("/root")));
+        assert_eq!(user_home(4_000_000_000), None);
+    }
 
     #[test]
     fn an_entry_is_used_only_while_the_stamp_is_unchanged() {

@@ -41,6 +41,9 @@ pub struct Host {
     /// `direct_ssh`: how another host's own `ssh` reaches this one, for
     /// `apply --direct` (default: the `ssh` value).
     pub direct_ssh: Option<String>,
+    /// `sudo`: the user the agent runs as through `sudo -n` (`true` is
+    /// `"root"`); `None` runs it as the login user (docs/sudo.md).
+    pub sudo: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -77,6 +80,8 @@ struct RawHost {
     ssh: Option<Spanned<String>>,
     venv: Spanned<String>,
     direct_ssh: Option<Spanned<String>>,
+    /// `sudo = true | false | "user"`, checked in [`Locator::host`].
+    sudo: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -155,11 +160,31 @@ impl Locator<'_> {
             Some(s) => Some(s.into_inner()),
             None => None,
         };
+        let sudo = match host.sudo {
+            None => None,
+            Some(s) => {
+                let span = s.span();
+                match s.into_inner() {
+                    toml::Value::Boolean(false) => None,
+                    toml::Value::Boolean(true) => Some("root".to_string()),
+                    toml::Value::String(u) if crate::model::valid_user_name(&u) => Some(u),
+                    other => {
+                        return Err(self.at(
+                            span,
+                            format!(
+                                "host {name}: sudo must be true, false or a user name (letters, digits, `.`, `_`, `-`), not {other}"
+                            ),
+                        ));
+                    }
+                }
+            }
+        };
         Ok(Host {
             name,
             endpoint,
             venv: if venv.is_empty() { "/".into() } else { venv },
             direct_ssh,
+            sudo,
         })
     }
 
@@ -445,6 +470,33 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         assert!(e.message.starts_with("m.toml:2:"), "{}", e.message);
         let e = parse("[verify]\ntimeout = \"3m\"\n").unwrap_err();
         assert!(e.message.starts_with("m.toml:2:"), "{}", e.message);
+    }
+
+    #[test]
+    fn sudo_values() {
+        let host = |v: &str| {
+            parse(&format!(
+                "[hosts.a]\nssh = \"a\"\nvenv = \"/v\"\nsudo = {v}\n"
+            ))
+        };
+        assert_eq!(
+            host("true").unwrap().hosts["a"].sudo.as_deref(),
+            Some("root")
+        );
+        assert_eq!(host("false").unwrap().hosts["a"].sudo, None);
+        assert_eq!(
+            host("\"svc\"").unwrap().hosts["a"].sudo.as_deref(),
+            Some("svc")
+        );
+        assert_eq!(
+            parse("[hosts.a]\nvenv = \"/v\"\n").unwrap().hosts["a"].sudo,
+            None
+        );
+        for bad in ["\"a b\"", "\"-u\"", "\"\"", "\"x;rm\"", "1", "[\"root\"]"] {
+            let e = host(bad).unwrap_err();
+            assert!(e.message.starts_with("m.toml:4:8:"), "{bad}: {}", e.message);
+            assert!(e.message.contains("sudo"), "{bad}: {}", e.message);
+        }
     }
 
     #[test]

@@ -14,6 +14,14 @@
 //! the controller then checks the folder over SFTP and replaces the file
 //! or refuses with the same advice.
 //!
+//! Under sudo (the manifest's `sudo`, docs/sudo.md) the agent runs from the
+//! *login* user's cache folder as another user (root): the home checked is
+//! then the login user's (from `SUDO_UID`, which sudo sets), and files and
+//! folders owned by the login user pass too. A file the login user may
+//! write, run as root, gives that user nothing new: the sudoers rule that
+//! lets them run it already lets them run whatever they put there
+//! (docs/threat-model.md). Another user's file or folder still fails.
+//!
 //! This is a check by the file that may have been replaced, so it cannot
 //! catch a replacement that already happened; what it does is stop the
 //! cache from being used, quietly and every run, while it is replaceable.
@@ -37,9 +45,16 @@ pub struct Unsafe {
 /// Check the running executable when it was started from
 /// `~/.cache/overlay/`; `Ok` when it is safe or not the cached agent.
 pub fn check() -> Result<(), Unsafe> {
-    let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else {
-        return Ok(());
+    let euid = rustix::process::geteuid().as_raw();
+    let login = crate::hashcache::sudo_login_uid().filter(|u| *u != euid);
+    let home = match login.and_then(crate::hashcache::user_home) {
+        Some(h) => h.into_os_string(),
+        None => match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            Some(h) => h,
+            None => return Ok(()),
+        },
     };
+    let uids: Vec<u32> = std::iter::once(euid).chain(login).collect();
     let started = std::env::args_os()
         .next()
         .map(PathBuf::from)
@@ -52,13 +67,21 @@ pub fn check() -> Result<(), Unsafe> {
         Path::new("/proc/self/exe"),
         started.as_deref(),
         Path::new(&home),
-        rustix::process::geteuid().as_raw(),
+        &uids,
     )
 }
 
 /// `exe` is the running executable (`/proc/self/exe`), `started` the path
-/// it was started by, `home` the home directory, `uid` the effective uid.
-pub fn check_file(exe: &Path, started: Option<&Path>, home: &Path, uid: u32) -> Result<(), Unsafe> {
+/// it was started by, `home` the home directory, `uids` the users whose
+/// files pass besides root: the effective uid (and under sudo the login
+/// user's) — the first is named in messages.
+pub fn check_file(
+    exe: &Path,
+    started: Option<&Path>,
+    home: &Path,
+    uids: &[u32],
+) -> Result<(), Unsafe> {
+    let uid = uids.first().copied().unwrap_or(0);
     let (Ok(home), Ok(real)) = (std::fs::canonicalize(home), std::fs::canonicalize(exe)) else {
         return Ok(());
     };
@@ -98,7 +121,7 @@ pub fn check_file(exe: &Path, started: Option<&Path>, home: &Path, uid: u32) -> 
             }
         }
     }
-    let owner_ok = |m: &std::fs::Metadata| m.uid() == uid || m.uid() == 0;
+    let owner_ok = |m: &std::fs::Metadata| uids.contains(&m.uid()) || m.uid() == 0;
     let path = started.map_or(real.clone(), Path::to_path_buf);
     if !owner_ok(&running) || running.mode() & 0o022 != 0 {
         return refuse(
@@ -184,16 +207,16 @@ mod tests {
         let uid = rustix::process::geteuid().as_raw();
         let rel = Path::new(".cache/overlay/overlay-0123456789abcdef");
         let started = home.join(rel);
-        assert_eq!(check_file(&exe, Some(&started), &home, uid), Ok(()));
+        assert_eq!(check_file(&exe, Some(&started), &home, &[uid]), Ok(()));
 
         chmod(&exe, 0o775);
-        let e = check_file(&exe, Some(&started), &home, uid).unwrap_err();
+        let e = check_file(&exe, Some(&started), &home, &[uid]).unwrap_err();
         assert!(e.message.contains("writable by its group"), "{e:?}");
         assert!(e.hint.contains("rm "), "{e:?}");
         chmod(&exe, 0o755);
 
         chmod(&home.join(".cache"), 0o770);
-        let e = check_file(&exe, Some(&started), &home, uid).unwrap_err();
+        let e = check_file(&exe, Some(&started), &home, &[uid]).unwrap_err();
         assert!(e.message.contains("mode 0770"), "{e:?}");
         assert!(
             e.hint
@@ -204,21 +227,34 @@ mod tests {
         let other = t.path().join("overlay");
         std::fs::write(&other, b"#!").unwrap();
         chmod(&other, 0o777);
-        assert_eq!(check_file(&other, Some(&other), &home, uid), Ok(()));
+        assert_eq!(check_file(&other, Some(&other), &home, &[uid]), Ok(()));
         chmod(&home.join(".cache"), 0o700);
 
         // Another owner (as seen by a different uid) is refused.
         if uid == 0 {
             // Root-owned files are accepted for any user, as OpenSSH does.
-            assert_eq!(check_file(&exe, Some(&started), &home, 4242), Ok(()));
+            assert_eq!(check_file(&exe, Some(&started), &home, &[4242]), Ok(()));
         } else {
-            assert!(check_file(&exe, Some(&started), &home, uid + 1).is_err());
+            assert!(check_file(&exe, Some(&started), &home, &[uid + 1]).is_err());
+        }
+        if uid == 0 {
+            // Under sudo: the login user's (4242) file and folders pass too,
+            // another user's do not.
+            for p in [&home, &home.join(".cache"), &dir, &exe] {
+                std::os::unix::fs::chown(p, Some(4242), None).unwrap();
+            }
+            assert!(check_file(&exe, Some(&started), &home, &[0]).is_err());
+            assert_eq!(check_file(&exe, Some(&started), &home, &[0, 4242]), Ok(()));
+            assert!(check_file(&exe, Some(&started), &home, &[0, 4343]).is_err());
+            for p in [&home, &home.join(".cache"), &dir, &exe] {
+                std::os::unix::fs::chown(p, Some(0), None).unwrap();
+            }
         }
 
         // Started through a symlink in the cache folder.
         let link = dir.join("overlay-link");
         std::os::unix::fs::symlink(&other, &link).unwrap();
-        let e = check_file(&other, Some(&link), &home, uid).unwrap_err();
+        let e = check_file(&other, Some(&link), &home, &[uid]).unwrap_err();
         assert!(e.message.contains("symbolic link"), "{e:?}");
     }
 }

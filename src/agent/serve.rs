@@ -145,7 +145,9 @@ impl Session {
             Request::Doctor(req) => h::doctor(output, &req),
             Request::RecordCheck(req) => h::record_check(output, &req),
         };
-        Ok(Next::Answer(answer.unwrap_or_else(Response::Error)))
+        Ok(Next::Answer(
+            answer.unwrap_or_else(|e| Response::Error(explain_denied(e))),
+        ))
     }
 
     /// The venv's journal state, opened (and locked) on first use.
@@ -178,6 +180,29 @@ impl Session {
             let _ = s.discard(g);
         }
     }
+}
+
+/// Whether `e` is a file operation this user was not allowed (the
+/// message ends in `io_cause`'s "permission denied").
+pub(crate) fn permission_denied(e: &Error) -> bool {
+    e.message.ends_with(": permission denied")
+}
+
+/// A file operation refused to an agent that does not run as root gets
+/// the hint that says who it runs as and how to run it as root: the
+/// manifest's `sudo` (docs/sudo.md). The controller adds the host's name.
+fn explain_denied(e: Error) -> Error {
+    let uid = rustix::process::geteuid().as_raw();
+    if uid == 0 || !permission_denied(&e) {
+        return e;
+    }
+    let who = match std::env::var("USER") {
+        Ok(u) if !u.is_empty() && crate::model::valid_user_name(&u) => format!("{u} (uid {uid})"),
+        _ => format!("uid {uid}"),
+    };
+    e.hint(format!(
+        "the agent runs as {who} there, which may not do this: add `sudo = true` to this host's [hosts] table in the manifest to run it as root through sudo (docs/sudo.md), or log in as the venv's owner"
+    ))
 }
 
 fn send(out: &mut dyn Write, r: &Response) -> Result<()> {

@@ -89,8 +89,9 @@ pub struct State {
     fs: Beneath,
     /// The state folder, `<root>/.overlay`, for messages.
     dir: PathBuf,
-    /// The locked `.overlay/lock`, held while this value lives.
-    _lock: File,
+    /// The locked `.overlay/lock`, held while this value lives (`None`:
+    /// opened to read only, by a user who may not open it).
+    _lock: Option<File>,
     /// Test hook: fail with an error after this many switch or undo steps.
     stop_after: AtomicU64,
 }

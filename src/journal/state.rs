@@ -2,7 +2,9 @@
 //! root once, as a [`Beneath`]) and taking its lock, generation ids,
 //! loading a generation, history, prune and discard. Also the receiving
 //! end of a direct stream, which opens one prepared generation without
-//! the lock.
+//! the lock. A user who may read but not write the state folder opens it
+//! to read only ([`State::open_to_read`], for `history`): nothing is
+//! created, and the lock is shared, or not taken when it cannot be opened.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -35,11 +37,12 @@ fn open_root(venv_root: &str) -> Result<OpenedRoot> {
 }
 
 /// Take the exclusive lock on `lock` (the state folder `dir`'s lock
-/// file), waiting up to ten seconds for another overlay operation.
-fn take_lock(lock: &File, dir: &Path) -> Result<()> {
+/// file), waiting up to ten seconds for another overlay operation; `op`:
+/// `NonBlockingLockShared` for a reader.
+fn take_lock(lock: &File, dir: &Path, op: rustix::fs::FlockOperation) -> Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        match rustix::fs::flock(lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        match rustix::fs::flock(lock, op) {
             Ok(()) => return Ok(()),
             Err(_) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(100))
@@ -97,7 +100,47 @@ impl State {
         let lock = fs
             .open_append(".overlay/lock", 0o600)
             .map_err(|e| fs_err("open", &dir.join("lock"), &e))?;
-        take_lock(&lock, &dir)?;
+        take_lock(
+            &lock,
+            &dir,
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        )?;
+        Ok(State {
+            venv,
+            root,
+            fs,
+            dir,
+            _lock: Some(lock),
+            stop_after: AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// Open the state directory to read it only, for a user who may not
+    /// write it (`history` without sudo): nothing is created (a venv
+    /// without one has no generations); the lock is taken shared, so no
+    /// apply or rollback runs meanwhile, or, when this user may not open
+    /// the lock file, not at all (such a reader cannot hold writers off;
+    /// a generation changing as it is read is listed as damaged). Never
+    /// used for anything that writes.
+    pub fn open_to_read(venv_root: &str) -> Result<State> {
+        let OpenedRoot { venv, root, fs } = open_root(venv_root)?;
+        let dir = root.join(STATE_DIR);
+        match fs.list(GENERATIONS) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(fs_err("read", &dir.join("generations"), &e)),
+        }
+        let lock = match fs.open_read(".overlay/lock") {
+            Ok(lock) => {
+                take_lock(
+                    &lock,
+                    &dir,
+                    rustix::fs::FlockOperation::NonBlockingLockShared,
+                )?;
+                Some(lock)
+            }
+            Err(_) => None,
+        };
         Ok(State {
             venv,
             root,

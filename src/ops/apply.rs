@@ -150,7 +150,12 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     if !opts.resume && plan.has_changes() {
         obs.status(&announcement(&plan, &opts.plan));
     }
-    let mut dst = Client::connect(&tname, &endpoint(&plan.target.ssh), &opts.connect)?;
+    let mut dst = Client::connect(
+        &tname,
+        &endpoint(&plan.target.ssh),
+        plan.target.sudo.as_deref(),
+        &opts.connect,
+    )?;
     if opts.resume {
         return resume(dst, &plan);
     }
@@ -254,6 +259,13 @@ fn strict_check(plan: &Plan, force: bool) -> Result<()> {
 fn direct_destination(plan: &Plan, direct: bool) -> Result<Option<String>> {
     if !direct {
         return Ok(None);
+    }
+    if let Some(user) = &plan.target.sudo {
+        let tname = &plan.target.name;
+        return Err(err!(
+            hint = "apply without --direct (the stream then passes through this machine)",
+            "--direct cannot start {tname}'s agent through sudo (as {user}): the source's ssh would run it as the login user; {tname} is unchanged"
+        ));
     }
     match plan.target.direct_ssh.clone().or(plan.target.ssh.clone()) {
         Some(d) => Ok(Some(d)),
@@ -641,8 +653,13 @@ fn stream(
     obs: &dyn Observer,
 ) -> std::result::Result<Moved, StreamFailure> {
     let sname = plan.source.name.clone();
-    let mut src = Client::connect(&sname, &endpoint(&plan.source.ssh), opts)
-        .map_err(|e| StreamFailure::new(e, false))?;
+    let mut src = Client::connect(
+        &sname,
+        &endpoint(&plan.source.ssh),
+        plan.source.sudo.as_deref(),
+        opts,
+    )
+    .map_err(|e| StreamFailure::new(e, false))?;
     let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
         let e = err!(
             kind = Connection,

@@ -114,6 +114,8 @@ pub struct HostRef {
     pub name: String,
     pub endpoint: Endpoint,
     pub venv: String,
+    /// The user the agent runs as through sudo (the manifest's `sudo`).
+    pub sudo: Option<String>,
 }
 
 /// The host of `choice`: by manifest name, or else the target of the last plan.
@@ -128,6 +130,7 @@ pub fn resolve(choice: &HostChoice) -> Result<HostRef> {
             name: h.name.clone(),
             endpoint: h.endpoint.clone(),
             venv: h.venv.clone(),
+            sudo: h.sudo.clone(),
         });
     }
     let p = load_plan(plan).map_err(|e| {
@@ -147,12 +150,13 @@ pub fn resolve(choice: &HostChoice) -> Result<HostRef> {
         name: p.target.name.clone(),
         endpoint: endpoint(&p.target.ssh),
         venv: p.target.venv.clone(),
+        sudo: p.target.sudo.clone(),
     })
 }
 
 /// Start the agent on `host` and shake hands.
 pub fn connect(host: &HostRef, opts: &ConnectOptions) -> Result<Client> {
-    Client::connect(&host.name, &host.endpoint, opts)
+    Client::connect(&host.name, &host.endpoint, host.sudo.as_deref(), opts)
 }
 
 /// Read a saved plan, refusing one of another format.

@@ -81,6 +81,7 @@ pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
         },
         venv: host.venv.clone(),
         direct_ssh: host.direct_ssh.clone(),
+        sudo: host.sudo.clone(),
         site_packages: scan.site_packages.clone(),
         python: scan.python.clone(),
     }
@@ -231,7 +232,7 @@ fn connect_and_scan(
     opts: &ConnectOptions,
 ) -> Result<(Scanned, Scanned)> {
     let connect_scan = |host: &Host| -> Result<Scanned> {
-        let mut client = Client::connect(&host.name, &host.endpoint, opts)?;
+        let mut client = Client::connect(&host.name, &host.endpoint, host.sudo.as_deref(), opts)?;
         let scan = client.scan(&host.venv, globs)?;
         Ok(Scanned { client, scan })
     };

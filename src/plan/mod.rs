@@ -74,6 +74,10 @@ pub struct HostInfo {
     /// The manifest's `direct_ssh` value (see `apply --direct`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct_ssh: Option<String>,
+    /// The manifest's `sudo` user (`"root"` for `sudo = true`): the agent
+    /// runs as that user through `sudo -n` (docs/sudo.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sudo: Option<String>,
     pub venv: String,
     /// Relative to the venv.
     pub site_packages: String,
@@ -195,6 +199,7 @@ mod tests {
             name: n.into(),
             ssh: None,
             direct_ssh: None,
+            sudo: None,
             venv: "/v".into(),
             site_packages: String::new(),
             python: py.into(),

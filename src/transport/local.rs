@@ -1,6 +1,8 @@
 //! The local transport: the agent is this binary, started as a child process
 //! with piped stdin/stdout. Used for hosts without `ssh` in the manifest and by
-//! unit tests.
+//! unit tests. With the manifest's `sudo` it is started as
+//! `sudo -n -u USER -- <this binary> agent` (the user name checked as for
+//! the ssh transport).
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -9,11 +11,55 @@ use std::sync::{Arc, Mutex};
 use crate::err;
 use crate::error::Result;
 
-pub fn start_agent(host: &str) -> Result<super::AgentPipe> {
+pub fn start_agent(host: &str, sudo: Option<&str>) -> Result<super::AgentPipe> {
     let exe = super::agent_binary_path()?;
-    let mut cmd = Command::new(&exe);
-    cmd.arg("agent");
-    spawn(host, cmd)
+    let Some(user) = sudo else {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("agent");
+        return spawn(host, cmd);
+    };
+    if !crate::model::valid_user_name(user) {
+        return Err(err!(
+            kind = Usage,
+            hint = "set `sudo = true` or `sudo = \"USER\"` with a plain user name in the host's [hosts] table",
+            "Refusing to run the agent for {host} through sudo as {user:?}: not a user name"
+        ));
+    }
+    let mut cmd = Command::new("sudo");
+    cmd.args(["-n", "-u", user, "--"]).arg(&exe).arg("agent");
+    let exe_shown = exe.display().to_string();
+    let user = user.to_string();
+    let sudoers = move |login: &str| format!("{login} ALL=({user}) NOPASSWD: {exe_shown}");
+    let mut pipe = spawn(host, cmd).map_err(|e| {
+        e.hint(format!(
+            "install sudo, or remove `sudo` from [hosts.{host}] in the manifest (then add to sudoers: {})",
+            sudoers("USER")
+        ))
+    })?;
+    let finish = pipe.finish;
+    let login = std::env::var("USER").unwrap_or_else(|_| "USER".into());
+    let user = sudo.unwrap_or("root").to_string();
+    let host = host.to_string();
+    pipe.finish = Box::new(move || {
+        finish().map_err(|e| {
+            if e.message.contains("sudo:")
+                && (e.message.contains("password is required")
+                    || e.message.contains("not allowed"))
+            {
+                err!(
+                    kind = Connection,
+                    hint = format!(
+                        "add to sudoers (visudo -f /etc/sudoers.d/overlay): {}",
+                        sudoers(&login)
+                    ),
+                    "Failed to start the agent on {host} as {user} through sudo: sudo needs a password for user {login}"
+                )
+            } else {
+                e
+            }
+        })
+    });
+    Ok(pipe)
 }
 
 /// Run `cmd` with piped stdin/stdout as the agent pipe (stderr is collected

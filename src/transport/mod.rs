@@ -137,11 +137,17 @@ pub fn signal_number(num: i32) -> String {
         None => num.to_string(),
     }
 }
-/// Start an agent on `host` (the manifest's host name, used in messages).
-pub fn start_agent(host: &str, endpoint: &Endpoint, opts: &ConnectOptions) -> Result<AgentPipe> {
+/// Start an agent on `host` (the manifest's host name, used in messages),
+/// as the user `sudo` through `sudo -n` when given (docs/sudo.md).
+pub fn start_agent(
+    host: &str,
+    endpoint: &Endpoint,
+    sudo: Option<&str>,
+    opts: &ConnectOptions,
+) -> Result<AgentPipe> {
     match endpoint {
-        Endpoint::Local => local::start_agent(host),
-        Endpoint::Ssh(target) => ssh::start_agent(host, target, opts),
+        Endpoint::Local => local::start_agent(host, sudo),
+        Endpoint::Ssh(target) => ssh::start_agent(host, target, sudo, opts),
     }
 }
 

@@ -731,3 +731,51 @@ pub fn let_host_reach(tb: &Testbed, from: usize, to: usize, name: &str, trust_ke
     };
     fs::write(ssh.join("known_hosts"), kh).unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// sudo (tests/sudo.rs): ordinary login users on the SSH test hosts
+// ---------------------------------------------------------------------------
+
+/// Make sure the ordinary user `name` exists on this machine (the test hosts
+/// share /etc and /home with it), with a home of its own, an account sshd
+/// accepts a key for (password `*`: no password, not locked), and, when
+/// `sudoers` is given, that line in /etc/sudoers.d/`name` (checked with
+/// visudo). Idempotent; the test hosts' shared AuthorizedKeysFile lets the
+/// testbed's client key in as any user.
+pub fn ensure_user(name: &str, sudoers: Option<&str>) {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let exists = Command::new("id")
+        .args(["-u", name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !exists {
+        run(Command::new("useradd").args(["-m", "-s", "/bin/sh", name]));
+    }
+    run(Command::new("usermod").args(["-p", "*", name]));
+    let file = PathBuf::from(format!("/etc/sudoers.d/{name}"));
+    match sudoers {
+        Some(line) => {
+            let tmp = PathBuf::from(format!("/etc/sudoers.d/.{name}.tmp"));
+            fs::write(&tmp, format!("{line}\n")).unwrap();
+            fs::set_permissions(&tmp, fs::Permissions::from_mode(0o440)).unwrap();
+            run(Command::new("visudo")
+                .arg("-c")
+                .arg("-q")
+                .arg("-f")
+                .arg(&tmp));
+            fs::rename(&tmp, &file).unwrap();
+        }
+        None => {
+            let _ = fs::remove_file(&file);
+        }
+    }
+}
+
+/// The uid of user `name` on this machine.
+pub fn uid_of(name: &str) -> u32 {
+    let out = run(Command::new("id").args(["-u", name]));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}

@@ -7,6 +7,12 @@
 //! The only command ever sent to the remote shell is
 //! `'<home>/.cache/overlay/overlay-<hash>' agent`, built from the server's home
 //! directory and a hex digest; no manifest value or file name goes into it.
+//! With the manifest's `sudo` ([`agent_command`]) it is
+//! `sudo -n -u '<user>' -- '<home>/.cache/overlay/overlay-<hash>' agent`,
+//! where the user name was checked to be a POSIX user name
+//! ([`crate::model::valid_user_name`]) here, whatever the manifest or plan
+//! said. A sudo that wants a password, or none installed, is reported with
+//! the sudoers line that would let it run (docs/sudo.md).
 //! Before the upload path runs that file it checks over SFTP that no other
 //! user could have replaced it (OpenSSH's `StrictModes` rule for the file
 //! and its folders up to the home directory): an unsafe file is uploaded
@@ -74,9 +80,15 @@ pub const AGENT_DIR: &str = ".cache/overlay";
 /// Connect to `target` (an alias from ~/.ssh/config or `[user@]host[:port]`),
 /// make sure this agent build is on the host, and start `overlay agent` there.
 /// `host` is the manifest's host name, used in every message.
-pub fn start_agent(host: &str, target: &str, opts: &ConnectOptions) -> Result<AgentPipe> {
+/// `sudo`: run it as that user through `sudo -n` (the manifest's `sudo`).
+pub fn start_agent(
+    host: &str,
+    target: &str,
+    sudo: Option<&str>,
+    opts: &ConnectOptions,
+) -> Result<AgentPipe> {
     let env = LocalEnv::from_process().map_err(|e| e.context(format_args!("on {host}")))?;
-    start_agent_with(host, target, opts, &env)
+    start_with(host, target, sudo, opts, &env)
 }
 
 /// Connect to `target` and start the agent this build would have uploaded
@@ -84,7 +96,12 @@ pub fn start_agent(host: &str, target: &str, opts: &ConnectOptions) -> Result<Ag
 /// there: no SFTP session, which costs ~50 ms per host. When the agent then
 /// does not answer, the caller falls back to [`start_agent`]. Connection
 /// and host-key errors are returned as they are.
-pub fn start_cached_agent(host: &str, target: &str, opts: &ConnectOptions) -> Result<AgentPipe> {
+pub fn start_cached_agent(
+    host: &str,
+    target: &str,
+    sudo: Option<&str>,
+    opts: &ConnectOptions,
+) -> Result<AgentPipe> {
     let env = LocalEnv::from_process().map_err(|e| e.context(format_args!("on {host}")))?;
     let who = Who { host, target };
     let r = resolve_target(who, &env)?;
@@ -101,21 +118,78 @@ pub fn start_cached_agent(host: &str, target: &str, opts: &ConnectOptions) -> Re
     let conn = conn?;
     // Relative to the login directory, where sshd starts the command (and
     // where SFTP's "." is): the same file `upload_agent` would name.
-    exec_agent(who, conn, &format!("{AGENT_DIR}/{}", agent_name(&digest)))
+    let run = AgentRun {
+        path: format!("{AGENT_DIR}/{}", agent_name(&digest)),
+        sudo,
+        login: &r.user,
+    };
+    exec_agent(who, conn, &run)
 }
 
 /// [`start_agent`] with the local environment given (tests build their own).
+#[cfg(test)]
 pub(crate) fn start_agent_with(
     host: &str,
     target: &str,
     opts: &ConnectOptions,
     env: &LocalEnv,
 ) -> Result<AgentPipe> {
+    start_with(host, target, None, opts, env)
+}
+
+/// [`start_agent_with`], run through sudo as `sudo` when given.
+fn start_with(
+    host: &str,
+    target: &str,
+    sudo: Option<&str>,
+    opts: &ConnectOptions,
+    env: &LocalEnv,
+) -> Result<AgentPipe> {
     let who = Who { host, target };
     let r = resolve_target(who, env)?;
     let conn = connect(who, &r, opts, env)?;
-    let remote = upload_agent(who, &conn, opts, env)?;
-    exec_agent(who, conn, &remote)
+    let path = upload_agent(who, &conn, opts, env)?;
+    let run = AgentRun {
+        path,
+        sudo,
+        login: &r.user,
+    };
+    exec_agent(who, conn, &run)
+}
+
+/// How the agent is run on the host.
+struct AgentRun<'a> {
+    /// Its file: absolute, or relative to the login directory.
+    path: String,
+    /// The user to run it as through `sudo -n`, if any.
+    sudo: Option<&'a str>,
+    /// The login user (for the sudoers line in messages).
+    login: &'a str,
+}
+
+/// The one command sent to the remote shell to start the agent of `run`:
+/// `'<path>' agent`, or through sudo
+/// `sudo -n -u '<user>' -- '<absolute path>' agent` (a relative path is
+/// made absolute with the login shell's `$HOME`, as sudoers rules name
+/// absolute paths). A user name that is not a POSIX user name is refused
+/// here, whatever the manifest or plan said.
+fn agent_command(who: Who<'_>, run: &AgentRun<'_>) -> Result<String> {
+    let Some(user) = run.sudo else {
+        return Ok(format!("{} agent", sh_quote(&run.path)));
+    };
+    if !crate::model::valid_user_name(user) {
+        return Err(crate::err!(
+            kind = Usage,
+            hint = "set `sudo = true` or `sudo = \"USER\"` with a plain user name in the host's [hosts] table, then plan again",
+            "Refusing to run the agent on {who} through sudo as {user:?}: not a user name"
+        ));
+    }
+    let path = if run.path.starts_with('/') {
+        sh_quote(&run.path)
+    } else {
+        format!("\"$HOME\"/{}", sh_quote(&run.path))
+    };
+    Ok(format!("sudo -n -u {} -- {path} agent", sh_quote(user)))
 }
 
 /// How messages name the host: the manifest name and, if different, the ssh target.
@@ -188,5 +262,34 @@ mod tests {
         assert_eq!(String::from_utf8(out.stdout).unwrap(), weird);
         assert_eq!(fmt_secs(Duration::from_secs(10)), "10 s");
         assert_eq!(fmt_secs(Duration::from_millis(1500)), "1.5 s");
+    }
+
+    #[test]
+    fn agent_commands() {
+        let who = Who {
+            host: "h",
+            target: "h",
+        };
+        let run = |path: &str, sudo: Option<&'static str>| {
+            agent_command(
+                who,
+                &AgentRun {
+                    path: path.into(),
+                    sudo,
+                    login: "ops",
+                },
+            )
+        };
+        assert_eq!(run("/h/a", None).unwrap(), "'/h/a' agent");
+        assert_eq!(
+            run("/home/ops/.cache/overlay/overlay-ab", Some("root")).unwrap(),
+            "sudo -n -u 'root' -- '/home/ops/.cache/overlay/overlay-ab' agent"
+        );
+        assert_eq!(
+            run(".cache/overlay/overlay-ab", Some("svc")).unwrap(),
+            "sudo -n -u 'svc' -- \"$HOME\"/'.cache/overlay/overlay-ab' agent"
+        );
+        let e = run("/a", Some("x'; rm -rf /")).unwrap_err();
+        assert!(e.message.contains("not a user name"), "{}", e.message);
     }
 }

@@ -1,5 +1,8 @@
-//! The running agent: `'<path>' agent` on an exec channel, given to the
-//! caller as an [`AgentPipe`]. Its reader and writer share one libssh2
+//! The running agent: `'<path>' agent` on an exec channel (through
+//! `sudo -n` when the manifest says `sudo`), given to the caller as an
+//! [`AgentPipe`]. A sudo that refuses to run it without a password, or is
+//! not installed, is reported with the sudoers line it needs
+//! ([`sudo_refusal`]). Its reader and writer share one libssh2
 //! session behind a lock ([`Conn`]) that neither holds while it waits for
 //! the network ([`with_conn`]), so one thread may block in `read` while
 //! another writes. A write that finds no room asks whether the agent is
@@ -15,7 +18,7 @@ use ssh2::{BlockDirections, Channel, ErrorCode, Session};
 
 use super::connect::{Connected, quick_ack};
 use super::libssh2_sys_codes as codes;
-use super::{AgentPipe, EXIT_UNSAFE, Watch, Who, sh_quote, signal_name};
+use super::{AGENT_DIR, AgentPipe, AgentRun, EXIT_UNSAFE, Watch, Who, agent_command, signal_name};
 use crate::err;
 use crate::error::Result;
 
@@ -42,7 +45,17 @@ struct Conn {
 
 type Shared = Arc<Mutex<Conn>>;
 
-pub(super) fn exec_agent(who: Who<'_>, conn: Connected, remote: &str) -> Result<AgentPipe> {
+pub(super) fn exec_agent(who: Who<'_>, conn: Connected, run: &AgentRun<'_>) -> Result<AgentPipe> {
+    let command = agent_command(who, run)?;
+    let remote = run.path.as_str();
+    let sudo = run.sudo.map(|user| SudoRun {
+        user: user.to_string(),
+        login: run.login.to_string(),
+        dir: match remote.rsplit_once('/') {
+            Some((dir, _)) if remote.starts_with('/') => dir.to_string(),
+            _ => format!("/home/{}/{AGENT_DIR}", run.login),
+        },
+    });
     let Connected { session, fd, addr } = conn;
     let fail = |what: &str, e: ssh2::Error| {
         err!(
@@ -55,7 +68,6 @@ pub(super) fn exec_agent(who: Who<'_>, conn: Connected, remote: &str) -> Result<
         session.channel_open("session", CHANNEL_WINDOW, CHANNEL_PACKET, None)
     })
     .map_err(|e| fail("cannot open a channel", e))?;
-    let command = format!("{} agent", sh_quote(remote));
     acking(&session, fd, || channel.exec(&command))
         .map_err(|e| fail("the server refused to run it", e))?;
 
@@ -87,7 +99,7 @@ pub(super) fn exec_agent(who: Who<'_>, conn: Connected, remote: &str) -> Result<
         }),
         writer: Box::new(PipeWriter { shared }),
         finish: Box::new(move || {
-            let result = finish(&fin, &host, &remote);
+            let result = finish(&fin, &host, &remote, sudo.as_ref());
             // The channel is done: dropping the writer later must not wait on it.
             fin.lock().unwrap_or_else(|p| p.into_inner()).eof_sent = true;
             result
@@ -296,7 +308,7 @@ fn acking<T>(
 }
 
 /// Close the agent's input, wait for it to exit, and tell how it ended.
-fn finish(shared: &Shared, who: &str, remote: &str) -> Result<String> {
+fn finish(shared: &Shared, who: &str, remote: &str, sudo: Option<&SudoRun>) -> Result<String> {
     let lost = |e: io::Error| {
         err!(
             hint = "the connection dropped; run again",
@@ -353,7 +365,65 @@ fn finish(shared: &Shared, who: &str, remote: &str) -> Result<String> {
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
         }
     };
+    if let Some(e) = sudo.and_then(|s| sudo_refusal(who, s, &end)) {
+        return Err(e);
+    }
     agent_outcome(who, remote, end)
+}
+
+/// The agent was started through `sudo -n -u USER`.
+struct SudoRun {
+    user: String,
+    /// The login user, who runs sudo.
+    login: String,
+    /// The agent's folder on the host (absolute).
+    dir: String,
+}
+
+/// The error for an agent that sudo did not start: sudo wanted a password
+/// (`-n` makes it say so and exit 1 instead of asking), the login user may
+/// not run it, or there is no sudo; `None` when sudo is not what failed.
+fn sudo_refusal(who: &str, s: &SudoRun, end: &AgentEnd) -> Option<crate::error::Error> {
+    let said = end.stderr.trim();
+    let sudo_said = said
+        .lines()
+        .any(|l| l.starts_with("sudo:") || l.starts_with("Sorry, user "));
+    let sudoers = format!("{} ALL=({}) NOPASSWD: {}/overlay-*", s.login, s.user, s.dir);
+    let line = said.lines().find(|l| l.contains("sudo")).unwrap_or(said);
+    if end.status == 1
+        && sudo_said
+        && (said.contains("password is required")
+            || said.contains("a terminal is required")
+            || said.contains("not allowed to execute")
+            || said.contains("not in the sudoers file")
+            || said.contains("may not run sudo"))
+    {
+        let why = if said.contains("password") || said.contains("terminal") {
+            "sudo needs a password"
+        } else {
+            "sudo does not allow it"
+        };
+        return Some(err!(
+            kind = Connection,
+            hint = format!(
+                "add to sudoers on that host (visudo -f /etc/sudoers.d/overlay): {sudoers}   (or remove `sudo` from this host in the manifest to run as {})",
+                s.login
+            ),
+            "Failed to start the agent on {who} as {} through sudo: {why} for user {} ({line})",
+            s.user,
+            s.login
+        ));
+    }
+    if end.status == 127 && said.contains("sudo") && said.contains("not found") {
+        return Some(err!(
+            kind = Connection,
+            hint = format!(
+                "install sudo on that host and add to sudoers: {sudoers}; or remove `sudo` from this host in the manifest"
+            ),
+            "Failed to start the agent on {who} through sudo: sudo is not installed there ({line})"
+        ));
+    }
+    None
 }
 
 /// How the agent ended.
@@ -412,4 +482,55 @@ fn agent_outcome(who: &str, remote: &str, end: AgentEnd) -> Result<String> {
         ));
     }
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(status: i32, stderr: &str) -> AgentEnd {
+        AgentEnd {
+            status,
+            signal: None,
+            stderr: stderr.into(),
+        }
+    }
+
+    #[test]
+    fn sudo_refusals_name_the_sudoers_line() {
+        let s = SudoRun {
+            user: "root".into(),
+            login: "ops".into(),
+            dir: "/home/ops/.cache/overlay".into(),
+        };
+        let line = "ops ALL=(root) NOPASSWD: /home/ops/.cache/overlay/overlay-*";
+        let e = sudo_refusal("ct200", &s, &ended(1, "sudo: a password is required\n")).unwrap();
+        assert!(
+            e.message
+                .contains("ct200 as root through sudo: sudo needs a password for user ops"),
+            "{}",
+            e.message
+        );
+        assert!(e.hint.as_deref().unwrap().contains(line), "{e:?}");
+        let e = sudo_refusal(
+            "ct200",
+            &s,
+            &ended(
+                1,
+                "Sorry, user ops is not allowed to execute '/x agent' as root on ct200.\n",
+            ),
+        )
+        .unwrap();
+        assert!(
+            e.message.contains("sudo does not allow it"),
+            "{}",
+            e.message
+        );
+        let e = sudo_refusal("ct200", &s, &ended(127, "sh: 1: sudo: not found\n")).unwrap();
+        assert!(e.message.contains("sudo is not installed"), "{}", e.message);
+        assert!(e.hint.as_deref().unwrap().contains(line), "{e:?}");
+        // The agent's own failures are not sudo's.
+        assert!(sudo_refusal("ct200", &s, &ended(1, "overlay agent: bad input\n")).is_none());
+        assert!(sudo_refusal("ct200", &s, &ended(0, "")).is_none());
+    }
 }
