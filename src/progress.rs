@@ -8,9 +8,11 @@
 //! while it runs, in one indicatif `MultiProgress` (the two hosts' lines
 //! side by side): a spinner with the time so far, which becomes a bar of
 //! files and bytes once the step reports them (hashing, streaming). The
-//! rate and the time left are indicatif's estimate, exponentially weighted
-//! over about 15 s and fed at every report and every tick, so a pause
-//! slows them down gradually instead of making them jump. A finished step
+//! rate and the time left ([`Speed`]) are an exponentially weighted rate
+//! over about [`TAU`], sampled at every tick (10 a second) from the moment
+//! the line starts counting, so a pause slows them down gradually instead
+//! of making them jump, and the wait before the first byte does not count
+//! against the rate. A finished step
 //! leaves one summary line (`✓ streamed a -> b: 4 files, 64.01 MiB in
 //! 1.3s (48.9 MiB/s)`); a step cut short by an error is cleared. Status
 //! lines and details are printed above the live lines. Off a terminal
@@ -21,9 +23,9 @@ use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use indicatif::style::ProgressTracker;
 use indicatif::{
-    HumanBytes, HumanDuration, MultiProgress, ProgressBar, ProgressDrawTarget, ProgressState,
-    ProgressStyle,
+    HumanBytes, MultiProgress, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle,
 };
 use overlay::model::{Progress, VerifyReport};
 use overlay::ops::{Meter, Observer, Step};
@@ -116,22 +118,119 @@ fn spinner_style() -> ProgressStyle {
 }
 
 /// A step that counts files and bytes; with a total, a bar and the time left.
+/// (A new style brings a new [`Speed`]: the rate starts when counting does.)
 fn counting_style(total: bool) -> ProgressStyle {
     let template = if total {
-        "{spinner} {prefix:<10} {msg} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}{left}"
+        "{spinner} {prefix:<10} {msg} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {speed}"
     } else {
-        "{spinner} {prefix:<10} {msg} {binary_bytes} {binary_bytes_per_sec}"
+        "{spinner} {prefix:<10} {msg} {binary_bytes} {speed}"
     };
     ProgressStyle::with_template(template)
         .expect("static template")
         .progress_chars("=> ")
-        .with_key("left", time_left)
+        .with_key("speed", Speed::default())
 }
 
-/// `, 12s left` from indicatif's smoothed rate; nothing until bytes moved.
-fn time_left(state: &ProgressState, w: &mut dyn std::fmt::Write) {
-    if state.pos() > 0 && state.per_sec() > 0.0 {
-        let _ = write!(w, ", {} left", HumanDuration(state.eta()));
+/// How long the rate remembers: a sample `TAU` old weighs 1/e of a new one.
+const TAU: f64 = 5.0;
+/// No rate is shown before the line has counted this long.
+const WARMUP: Duration = Duration::from_millis(500);
+
+/// Bytes per second, exponentially weighted over time: each sample's rate
+/// since the one before weighs by the time it covers, so many reports in a
+/// burst weigh no more than the time they took, and a pause (samples of
+/// nothing) pulls the rate down gradually.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rate {
+    /// The first sample's time: the weights are normalized from there.
+    start: Option<Instant>,
+    /// The last sample: when, and the position then.
+    last: Option<(Instant, u64)>,
+    /// The weighted rate, not yet normalized.
+    ewma: f64,
+}
+
+impl Rate {
+    /// The position is `pos` at `now`.
+    fn record(&mut self, now: Instant, pos: u64) {
+        let Some((then, before)) = self.last else {
+            *self = Rate {
+                start: Some(now),
+                last: Some((now, pos)),
+                ewma: 0.0,
+            };
+            return;
+        };
+        if pos < before {
+            // Counting started over.
+            *self = Rate::default();
+            return self.record(now, pos);
+        }
+        let dt = now.saturating_duration_since(then).as_secs_f64();
+        if dt <= 0.0 {
+            return;
+        }
+        let w = (-dt / TAU).exp();
+        self.ewma = self.ewma * w + (pos - before) as f64 / dt * (1.0 - w);
+        self.last = Some((now, pos));
+    }
+
+    /// The rate at the last sample, once it covers [`WARMUP`].
+    fn per_sec(&self) -> Option<f64> {
+        let (start, (last, _)) = (self.start?, self.last?);
+        let span = last.saturating_duration_since(start);
+        if span < WARMUP {
+            return None;
+        }
+        // The samples' weights add up to this much, not 1, since nothing
+        // was sampled before `start`.
+        let weights = 1.0 - (-span.as_secs_f64() / TAU).exp();
+        let r = self.ewma / weights;
+        (r.is_finite() && r > 0.0).then_some(r)
+    }
+
+    /// Time to reach `total` at the current rate.
+    fn left(&self, total: u64) -> Option<Duration> {
+        let (_, pos) = self.last?;
+        let secs = total.saturating_sub(pos) as f64 / self.per_sec()?;
+        Duration::try_from_secs_f64(secs).ok()
+    }
+}
+
+/// `5s`, `3m07s`, `2h05m`.
+fn short_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// The `{speed}` of a counting line: `12.40 MiB/s, 5s left`, sampled at
+/// every tick.
+#[derive(Debug, Clone, Default)]
+struct Speed(Rate);
+
+impl ProgressTracker for Speed {
+    fn clone_box(&self) -> Box<dyn ProgressTracker> {
+        Box::new(self.clone())
+    }
+
+    fn tick(&mut self, state: &ProgressState, now: Instant) {
+        self.0.record(now, state.pos());
+    }
+
+    fn reset(&mut self, _: &ProgressState, _: Instant) {
+        self.0 = Rate::default();
+    }
+
+    fn write(&self, state: &ProgressState, w: &mut dyn std::fmt::Write) {
+        let Some(r) = self.0.per_sec() else { return };
+        let _ = write!(w, "{}/s", HumanBytes(r as u64));
+        if let Some(left) = state.len().and_then(|len| self.0.left(len)) {
+            let _ = write!(w, ", {} left", short_duration(left));
+        }
     }
 }
 
@@ -287,5 +386,63 @@ fn summary(done: &str, on: &str, took: Duration, last: Option<Progress>) -> Stri
             )
         }
         None => format!("✓ {done:<10} {on} ({secs:.1}s)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// `rate` fed every 100 ms from `from` for `secs` seconds at `per_sec`
+    /// bytes a second, in 1 MiB steps; returns the time after the last sample.
+    fn feed(rate: &mut Rate, from: (Instant, u64), secs: u64, per_sec: u64) -> (Instant, u64) {
+        let (t0, p0) = from;
+        for tick in 1..=secs * 10 {
+            let exact = p0 + per_sec * tick / 10;
+            rate.record(t0 + Duration::from_millis(100 * tick), exact / MIB * MIB);
+        }
+        (
+            t0 + Duration::from_secs(secs),
+            p0 + per_sec * secs / MIB * MIB,
+        )
+    }
+
+    #[test]
+    fn the_rate_follows_a_steady_stream_and_the_time_left_with_it() {
+        let mut rate = Rate::default();
+        let t0 = Instant::now();
+        rate.record(t0, 0);
+        assert_eq!(rate.per_sec(), None, "nothing before the warm-up");
+        let (_, pos) = feed(&mut rate, (t0, 0), 10, 20 * MIB);
+        let r = rate.per_sec().unwrap() / MIB as f64;
+        assert!((19.0..21.0).contains(&r), "{r} MiB/s");
+        let left = rate.left(pos + 100 * MIB).unwrap().as_secs_f64();
+        assert!((4.7..5.3).contains(&left), "{left}s left");
+    }
+
+    #[test]
+    fn a_pause_lowers_the_rate_gradually_and_a_burst_does_not_spike_it() {
+        let mut rate = Rate::default();
+        let t0 = Instant::now();
+        rate.record(t0, 0);
+        let (t, pos) = feed(&mut rate, (t0, 0), 10, 20 * MIB);
+        let before = rate.per_sec().unwrap();
+        // One second of nothing: lower, not collapsed.
+        let (t, pos) = feed(&mut rate, (t, pos), 1, 0);
+        let paused = rate.per_sec().unwrap();
+        assert!(paused < before && paused > before * 0.7, "{before} -> {paused}");
+        // Then 8 MiB at once (reports queued behind the pause): no spike.
+        rate.record(t + Duration::from_millis(100), pos + 8 * MIB);
+        let burst = rate.per_sec().unwrap();
+        assert!(burst < before * 1.2, "{before} -> {burst}");
+    }
+
+    #[test]
+    fn durations_are_short() {
+        assert_eq!(short_duration(Duration::from_secs(5)), "5s");
+        assert_eq!(short_duration(Duration::from_secs(187)), "3m07s");
+        assert_eq!(short_duration(Duration::from_secs(7500)), "2h05m");
     }
 }
