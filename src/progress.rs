@@ -342,10 +342,8 @@ impl Meter for StepLine {
             self.bar.set_length(p.total_bytes);
         }
         self.bar.set_position(p.bytes);
-        self.bar.set_message(format!(
-            "{}: {}/{} files",
-            self.on, p.files, p.total_files
-        ));
+        self.bar
+            .set_message(format!("{}: {}/{} files", self.on, p.files, p.total_files));
     }
 
     /// Replace the live line with the step's summary.
@@ -432,7 +430,10 @@ mod tests {
         // One second of nothing: lower, not collapsed.
         let (t, pos) = feed(&mut rate, (t, pos), 1, 0);
         let paused = rate.per_sec().unwrap();
-        assert!(paused < before && paused > before * 0.7, "{before} -> {paused}");
+        assert!(
+            paused < before && paused > before * 0.7,
+            "{before} -> {paused}"
+        );
         // Then 8 MiB at once (reports queued behind the pause): no spike.
         rate.record(t + Duration::from_millis(100), pos + 8 * MIB);
         let burst = rate.per_sec().unwrap();

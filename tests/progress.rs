@@ -136,13 +136,24 @@ fn a_terminal_sees_every_step_and_bytes_move_within_a_big_file() {
         "✓ streamed   src -> dst: ",
         "✓ switched   dst",
     ] {
-        assert!(lines.iter().any(|l| l.starts_with(want)), "no {want:?}:\n{all}");
+        assert!(
+            lines.iter().any(|l| l.starts_with(want)),
+            "no {want:?}:\n{all}"
+        );
     }
-    let order: Vec<usize> = ["✓ connected  dst", "✓ streamed", "✓ switched", "Applied generation"]
-        .iter()
-        .map(|w| lines.iter().position(|l| l.starts_with(w)).unwrap())
-        .collect();
-    assert!(order.windows(2).all(|w| w[0] < w[1]), "steps out of order:\n{all}");
+    let order: Vec<usize> = [
+        "✓ connected  dst",
+        "✓ streamed",
+        "✓ switched",
+        "Applied generation",
+    ]
+    .iter()
+    .map(|w| lines.iter().position(|l| l.starts_with(w)).unwrap())
+    .collect();
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "steps out of order:\n{all}"
+    );
 
     // The transfer's line: the byte count grows while the file count stays
     // (the 64 MiB file is under way), always within the total.
@@ -150,7 +161,10 @@ fn a_terminal_sees_every_step_and_bytes_move_within_a_big_file() {
     assert!(!shown.is_empty(), "no transfer line drawn:\n{all}");
     for s in &shown {
         assert!(s.total_bytes >= big, "{s:?}");
-        assert!(s.bytes <= s.total_bytes && s.files <= s.total_files, "{s:?}");
+        assert!(
+            s.bytes <= s.total_bytes && s.files <= s.total_files,
+            "{s:?}"
+        );
     }
     let grew_within_a_file = shown.iter().any(|a| {
         shown.iter().any(|b| {
@@ -163,6 +177,9 @@ fn a_terminal_sees_every_step_and_bytes_move_within_a_big_file() {
     );
     // Nothing is left half-drawn: the last transfer state on screen is the summary.
     let last = lines.iter().rposition(|l| l.contains("streaming")).unwrap();
-    let summary = lines.iter().rposition(|l| l.starts_with("✓ streamed")).unwrap();
+    let summary = lines
+        .iter()
+        .rposition(|l| l.starts_with("✓ streamed"))
+        .unwrap();
     assert!(summary > last, "{all}");
 }

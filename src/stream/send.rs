@@ -623,7 +623,9 @@ mod tests {
             .map(|(_, p)| p.bytes)
             .collect();
         assert!(
-            within.iter().any(|b| *b > small.len() as u64 + BLOCK as u64),
+            within
+                .iter()
+                .any(|b| *b > small.len() as u64 + BLOCK as u64),
             "{within:?}"
         );
         let last = sink.reports.last().unwrap().1;
