@@ -9,7 +9,8 @@
 //!
 //! The serve loop's rules:
 //! - Requests are answered one at a time, in order. While a long one runs,
-//!   `Progress` frames go out every 200 ms before its answer.
+//!   `Progress` frames go out every 200 ms before its answer (`Send`'s
+//!   after every block of the stream).
 //! - A request that fails is answered with `Response::Error` and the session
 //!   goes on. It ends at `Bye`, at the end of input, when the controller's
 //!   pipe fails, and in the two cases below.

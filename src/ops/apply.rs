@@ -30,7 +30,7 @@ use crate::model::{
 use crate::plan::Plan;
 use crate::transport::ConnectOptions;
 
-use super::{Clock, Observer, endpoint, load_plan};
+use super::{Clock, Observer, Step, endpoint, load_plan};
 
 /// What `overlay apply` is asked.
 #[derive(Debug, Clone)]
@@ -150,12 +150,14 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     if !opts.resume && plan.has_changes() {
         obs.status(&announcement(&plan, &opts.plan));
     }
+    let connecting = obs.step(Step::Connect, &tname);
     let mut dst = Client::connect(
         &tname,
         &endpoint(&plan.target.ssh),
         plan.target.sudo.as_deref(),
         &opts.connect,
     )?;
+    connecting.finish();
     if opts.resume {
         return resume(dst, &plan);
     }
@@ -189,7 +191,9 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
         obs,
     )?;
     clock.mark(&format!("stream and stage ({})", HumanBytes(moved.sent)));
+    let switching = obs.step(Step::Switch, &tname);
     let backup_bytes = switch_and_commit(&mut dst, opts, &tname, &generation, &clock)?;
+    switching.finish();
     obs.status(&format!(
         "Applied generation {generation} on {tname}: {} changes, {files} files sent{}, {} on the wire for {} of files, in {:.1}s",
         changes.len(),
@@ -653,6 +657,7 @@ fn stream(
     obs: &dyn Observer,
 ) -> std::result::Result<Moved, StreamFailure> {
     let sname = plan.source.name.clone();
+    let connecting = obs.step(Step::Connect, &sname);
     let mut src = Client::connect(
         &sname,
         &endpoint(&plan.source.ssh),
@@ -660,6 +665,7 @@ fn stream(
         opts,
     )
     .map_err(|e| StreamFailure::new(e, false))?;
+    connecting.finish();
     let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
         let e = err!(
             kind = Connection,
@@ -754,11 +760,15 @@ fn relay(
             src.start_send_direct(send, to)?;
         }
     }
-    let meter = obs.meter(if relayed {
-        "transfer"
-    } else {
-        "transfer (direct)"
-    });
+    let (from, to) = (&plan.source.name, &plan.target.name);
+    let meter = obs.step(
+        Step::Stream,
+        &if relayed {
+            format!("{from} -> {to}")
+        } else {
+            format!("{from} -> {to} (direct)")
+        },
+    );
     let sent = loop {
         match src.stream_event()? {
             StreamEvent::Data(d) if relayed => dst.write_data(&d)?,

@@ -7,7 +7,7 @@ use crate::manifest::Manifest;
 use crate::model::{DoctorReport, DoctorRequest};
 use crate::transport::ConnectOptions;
 
-use super::{HostChoice, Observer, connect, resolve};
+use super::{HostChoice, Observer, Step, connect, resolve};
 
 /// What `overlay doctor` is asked.
 #[derive(Debug, Clone)]
@@ -52,7 +52,7 @@ pub fn doctor(opts: &DoctorOptions, obs: &dyn Observer) -> Result<Doctored> {
     };
     let mut c = connect(&host, &opts.connect)?;
     obs.status(&format!("Checking {} ({})...", host.name, host.venv));
-    let meter = obs.meter(&host.name);
+    let meter = obs.step(Step::Scan, &host.name);
     let report = c.doctor(req, &mut |p| meter.update(&p))?;
     meter.finish();
     c.close()?;

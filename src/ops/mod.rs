@@ -6,7 +6,10 @@
 //!
 //! Operations never print: status lines, progress meters, `-vv` details
 //! and the `[verify]` check's output go to the [`Observer`], which the
-//! binary implements (bars on a terminal, plain lines otherwise).
+//! binary implements (bars on a terminal, plain lines otherwise). Each
+//! [`Step`] of an operation (connecting, scanning, hashing, streaming,
+//! switching, verifying) on each host gets its own [`Meter`] from
+//! [`Observer::step`], finished when the step is done.
 //!
 //! This module holds what the operations share: which host a one-host
 //! operation works on ([`HostChoice`], [`resolve`]), the saved plan
@@ -31,23 +34,43 @@ use crate::model::{Endpoint, Progress, VerifyReport};
 use crate::plan::Plan;
 use crate::transport::ConnectOptions;
 
+/// A step of an operation, shown as one line while it runs (on a terminal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Starting the agent on a host.
+    Connect,
+    /// The venv's scan and the stat of the sets' members.
+    Scan,
+    /// Reading files whose hash decides something.
+    Hash,
+    /// The files going from the source into the target's staging.
+    Stream,
+    /// The generation switched in and committed.
+    Switch,
+    /// The manifest's `[verify]` check.
+    Verify,
+}
+
 /// Where an operation's progress goes: the binary's terminal or log.
-pub trait Observer {
+/// Shared by the threads that work on the two hosts at once.
+pub trait Observer: Sync {
     /// A status line (shown on stderr unless `--quiet`).
     fn status(&self, line: &str);
     /// A detail shown with `-vv`: timings, measured compression levels.
     fn detail(&self, line: &str);
-    /// A progress meter named `name` (a host, or the transfer).
-    fn meter(&self, name: &str) -> Box<dyn Meter>;
+    /// `step` starts on `on` (a host, or `source -> target`): its meter,
+    /// which `finish` ends (dropped unfinished, it goes away without a word).
+    fn step(&self, step: Step, on: &str) -> Box<dyn Meter>;
     /// The `[verify]` check ran on `host`; `log` is the local copy of its log.
     fn checked(&self, host: &str, report: &VerifyReport, log: &Path);
 }
 
-/// One progress meter: bytes and files of a hash or a transfer.
+/// One step's meter: bytes and files of a hash or a transfer, or just
+/// that the step is under way.
 pub trait Meter: Send + Sync {
     /// Where the work stands.
     fn update(&self, p: &Progress);
-    /// The work is done: the meter goes away.
+    /// The step is done: the meter leaves its summary.
     fn finish(&self);
 }
 
@@ -57,7 +80,7 @@ pub struct Silent;
 impl Observer for Silent {
     fn status(&self, _: &str) {}
     fn detail(&self, _: &str) {}
-    fn meter(&self, _: &str) -> Box<dyn Meter> {
+    fn step(&self, _: Step, _: &str) -> Box<dyn Meter> {
         Box::new(Silent)
     }
     fn checked(&self, _: &str, _: &VerifyReport, _: &Path) {}

@@ -17,7 +17,7 @@ use crate::plan::{self, HostInfo, PLAN_FORMAT, Plan, SetPlan, Side};
 use crate::preflight::{cuda, requirements};
 use crate::transport::ConnectOptions;
 
-use super::{Clock, Meter, Observer};
+use super::{Clock, Meter, Observer, Step};
 
 /// What `overlay plan` is asked.
 #[derive(Debug, Clone)]
@@ -89,10 +89,10 @@ pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
 
 /// One side of the plan's stat rounds.
 struct StatSide<'a> {
+    host: &'a str,
     venv: &'a str,
     shebang: Option<ShebangRewrite>,
     pycache: bool,
-    meter: &'a dyn Meter,
 }
 
 impl StatSide<'_> {
@@ -125,12 +125,17 @@ impl StatSide<'_> {
     }
 
     /// Stat `paths` on this side's host (hashing them with `HashMode::All`,
-    /// with progress on the meter). An empty list costs no round trip.
-    fn stat(&self, client: &mut Client, paths: Vec<String>, mode: HashMode) -> Result<Vec<Entry>> {
+    /// with progress on `meter`). An empty list costs no round trip.
+    fn stat(
+        &self,
+        client: &mut Client,
+        paths: Vec<String>,
+        mode: HashMode,
+        meter: &dyn Meter,
+    ) -> Result<Vec<Entry>> {
         if paths.is_empty() {
             return Ok(Vec::new());
         }
-        let meter = self.meter;
         let mut progress = |p: Progress| {
             if mode == HashMode::All {
                 meter.update(&p);
@@ -222,6 +227,8 @@ fn globs_of(sets: &[Set]) -> Vec<String> {
 struct Scanned {
     client: Client,
     scan: ScanReport,
+    /// The scan step's meter, finished once the members are stated too.
+    scanning: Box<dyn Meter>,
 }
 
 /// Connect to both hosts and scan them, at the same time.
@@ -230,11 +237,19 @@ fn connect_and_scan(
     dst_host: &Host,
     globs: &[String],
     opts: &ConnectOptions,
+    obs: &dyn Observer,
 ) -> Result<(Scanned, Scanned)> {
     let connect_scan = |host: &Host| -> Result<Scanned> {
+        let connecting = obs.step(Step::Connect, &host.name);
         let mut client = Client::connect(&host.name, &host.endpoint, host.sudo.as_deref(), opts)?;
+        connecting.finish();
+        let scanning = obs.step(Step::Scan, &host.name);
         let scan = client.scan(&host.venv, globs)?;
-        Ok(Scanned { client, scan })
+        Ok(Scanned {
+            client,
+            scan,
+            scanning,
+        })
     };
     let (s, d) = both(|| connect_scan(src_host), || connect_scan(dst_host));
     Ok((s?, d?))
@@ -296,6 +311,7 @@ fn hash_phase(
     (dst_side, dst): (&StatSide, &mut Client),
     stated: &mut Stated,
     clock: &Clock,
+    obs: &dyn Observer,
 ) -> Result<()> {
     let unhashed =
         |e: Option<&Entry>| matches!(e.map(|e| &e.kind), Some(Kind::File { blake3: None, .. }));
@@ -310,12 +326,16 @@ fn hash_phase(
         }
     }
     let (n_src, n_dst) = (src_hash.len(), dst_hash.len());
+    let smeter = obs.step(Step::Hash, src_side.host);
+    let dmeter = obs.step(Step::Hash, dst_side.host);
     let (s, d) = both(
-        || src_side.stat(src, src_hash, HashMode::All),
-        || dst_side.stat(dst, dst_hash, HashMode::All),
+        || src_side.stat(src, src_hash, HashMode::All, &*smeter),
+        || dst_side.stat(dst, dst_hash, HashMode::All, &*dmeter),
     );
-    src_side.meter.finish();
-    dst_side.meter.finish();
+    if s.is_ok() && d.is_ok() {
+        smeter.finish();
+        dmeter.finish();
+    }
     stated.src_entries.extend(index(s?));
     stated.dst_entries.extend(index(d?));
     clock.mark(&format!(
@@ -328,26 +348,21 @@ fn hash_phase(
 /// The sides' stat requests. What differs between them: the source's
 /// `bin/` scripts are hashed as they would read on the target, and only
 /// the target's bytecode matters.
-fn stat_sides<'a>(
-    src_host: &'a Host,
-    dst_host: &'a Host,
-    smeter: &'a dyn Meter,
-    dmeter: &'a dyn Meter,
-) -> (StatSide<'a>, StatSide<'a>) {
+fn stat_sides<'a>(src_host: &'a Host, dst_host: &'a Host) -> (StatSide<'a>, StatSide<'a>) {
     let src_side = StatSide {
+        host: &src_host.name,
         venv: &src_host.venv,
         shebang: Some(ShebangRewrite {
             from: src_host.venv.clone(),
             to: dst_host.venv.clone(),
         }),
         pycache: false,
-        meter: smeter,
     };
     let dst_side = StatSide {
+        host: &dst_host.name,
         venv: &dst_host.venv,
         shebang: None,
         pycache: true,
-        meter: dmeter,
     };
     (src_side, dst_side)
 }
@@ -363,20 +378,21 @@ fn make_plan(
 ) -> Result<Planned> {
     let clock = Clock::start(obs);
     let globs = globs_of(sets);
-    let (mut src, mut dst) = connect_and_scan(src_host, dst_host, &globs, opts)?;
+    let (mut src, mut dst) = connect_and_scan(src_host, dst_host, &globs, opts, obs)?;
     let source = host_info(src_host, &src.scan);
     let target = host_info(dst_host, &dst.scan);
     clock.mark("connect and scan");
     plan::check_python(&source, &target)?;
 
-    let (smeter, dmeter) = (obs.meter(&src_host.name), obs.meter(&dst_host.name));
-    let (src_side, dst_side) = stat_sides(src_host, dst_host, &*smeter, &*dmeter);
+    let (src_side, dst_side) = stat_sides(src_host, dst_host);
     let mut stated = stat_phase(
         sets,
         &globs,
         (&src_side, &mut src.client, &src.scan),
         (&dst_side, &mut dst.client, &dst.scan),
     )?;
+    src.scanning.finish();
+    dst.scanning.finish();
     clock.mark("stat");
     // The preflight's ELF work can start now, on both agents, while this
     // side hashes and decides: the source reads the facts of the sets'
@@ -389,6 +405,7 @@ fn make_plan(
         (&dst_side, &mut dst.client),
         &mut stated,
         &clock,
+        obs,
     )?;
     let Stated {
         src_members,

@@ -11,7 +11,7 @@ use crate::manifest::Manifest;
 use crate::model::{DEFAULT_VERIFY_TIMEOUT, VerifyReport, VerifyRequest};
 use crate::transport::ConnectOptions;
 
-use super::{HostChoice, Observer, connect, resolve};
+use super::{HostChoice, Observer, Step, connect, resolve};
 
 /// What `overlay verify` is asked.
 #[derive(Debug, Clone)]
@@ -74,7 +74,9 @@ pub fn verify(opts: &VerifyOptions, obs: &dyn Observer) -> Result<VerifyReport> 
 pub fn check(client: &mut Client, req: VerifyRequest, obs: &dyn Observer) -> Result<VerifyReport> {
     let host = client.host.clone();
     obs.status(&format!("Verifying {host} ({})...", req.venv));
+    let verifying = obs.step(Step::Verify, &host);
     let report = client.verify(req)?;
+    verifying.finish();
     let local = save_log(&host, &report);
     obs.checked(&host, &report, &local);
     Ok(report)

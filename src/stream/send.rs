@@ -5,6 +5,13 @@
 //! to the [`BlockSink`] in order ([`write_blocks`], which also feeds the
 //! level tuner). [`send`] runs the three on their own threads.
 //!
+//! Progress is counted at the block level: each block carries how far the
+//! files were read when it was cut ([`Done`]: whole files, and bytes of
+//! files including the part of the one being read), and the writer
+//! publishes that in the [`Counters`] once the block is handed to the sink,
+//! with a progress report after every block. So the bytes move within a
+//! large file, and they count what went onto the link, not what was read.
+//!
 //! Every file is reached from the venv root's fd without following a
 //! symlink ([`Walker`]); one that changed since the plan (type, size,
 //! symlink target, hash or stamp) stops the stream with an error that says
@@ -29,11 +36,21 @@ use crate::model::{
     BLOCK, Compression, Kind, LevelWindow, Progress, SendFile, Sent, ShebangRewrite, SourceHash,
 };
 
+/// How far the files were read into the stream when a block was cut.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Done {
+    /// Files wholly in this block or earlier ones.
+    files: u64,
+    /// Bytes of files (as the plan sized them) in this block or earlier ones.
+    bytes: u64,
+}
+
 /// A block of the tar stream, to be packed at `level` (0: stored).
 struct Block {
     seq: u64,
     level: i32,
     data: Vec<u8>,
+    done: Done,
 }
 
 /// A packed block: `tag` says how `payload` holds `raw` bytes of the stream.
@@ -42,6 +59,7 @@ struct Packed {
     raw: usize,
     tag: u8,
     payload: Vec<u8>,
+    done: Done,
 }
 
 /// Cuts the tar stream into blocks for the packers.
@@ -52,6 +70,10 @@ struct BlockCutter<'a> {
     level: &'a AtomicI32,
     /// Set when the writer failed: no more blocks are wanted.
     stop: &'a AtomicBool,
+    /// The files finished so far, for the blocks' [`Done`].
+    finished: Done,
+    /// Bytes read so far of the file being read through ([`Self::read_from`]).
+    partial: u64,
 }
 
 impl Write for BlockCutter<'_> {
@@ -85,10 +107,18 @@ impl BlockCutter<'_> {
             }
         };
         hasher.update(&self.buf[start..]);
+        self.partial += n as u64;
         if self.buf.len() >= BLOCK {
             self.emit()?;
         }
         Ok(n)
+    }
+
+    /// A file of `size` bytes is wholly in the stream (a symlink: 0).
+    fn file_done(&mut self, size: u64) {
+        self.finished.files += 1;
+        self.finished.bytes += size;
+        self.partial = 0;
     }
 
     fn emit(&mut self) -> std::io::Result<()> {
@@ -109,6 +139,10 @@ impl BlockCutter<'_> {
             seq: self.seq,
             level: self.level.load(Ordering::Relaxed),
             data,
+            done: Done {
+                files: self.finished.files,
+                bytes: self.finished.bytes + self.partial,
+            },
         };
         self.seq += 1;
         self.tx.send(block).map_err(|_| broken())
@@ -154,6 +188,7 @@ fn packer(rx: &Mutex<mpsc::Receiver<Block>>, tx: mpsc::SyncSender<Packed>) {
             raw,
             tag,
             payload,
+            done: block.done,
         };
         if tx.send(p).is_err() {
             return;
@@ -161,9 +196,10 @@ fn packer(rx: &Mutex<mpsc::Receiver<Block>>, tx: mpsc::SyncSender<Packed>) {
     }
 }
 
-/// Hand packed blocks to `sink` in order, with progress every 8 blocks;
-/// tune the level. Returns the bytes handed over (tags included) and the
-/// tuner's windows.
+/// Hand packed blocks to `sink` in order, each followed by a progress
+/// report of how far the files are once it is handed over (also kept in
+/// `counters`, which the direct route's reporter reads); tune the level.
+/// Returns the bytes handed over (tags included) and the tuner's windows.
 fn write_blocks(
     rx: mpsc::Receiver<Packed>,
     sink: &mut dyn BlockSink,
@@ -180,6 +216,9 @@ fn write_blocks(
                 return Err(std::io::Error::other("the controller went away"));
             }
             sink.block(p.tag, &p.payload)?;
+            counters.files.store(p.done.files, Ordering::Relaxed);
+            counters.bytes.store(p.done.bytes, Ordering::Relaxed);
+            sink.progress(&progress(counters))?;
             sent += p.payload.len() as u64 + 1;
             next += 1;
             if let Some(t) = tuner.as_mut()
@@ -187,18 +226,20 @@ fn write_blocks(
             {
                 level.store(l, Ordering::Relaxed);
             }
-            if next % 8 == 0 {
-                sink.progress(&Progress {
-                    files: counters.files.load(Ordering::Relaxed),
-                    bytes: counters.bytes.load(Ordering::Relaxed),
-                    total_files: counters.total_files.load(Ordering::Relaxed),
-                    total_bytes: counters.total_bytes.load(Ordering::Relaxed),
-                })?;
-            }
         }
     }
     sink.flush()?;
     Ok((sent, tuner.map(Tuner::into_log).unwrap_or_default()))
+}
+
+/// The counters as a progress report.
+fn progress(counters: &Counters) -> Progress {
+    Progress {
+        files: counters.files.load(Ordering::Relaxed),
+        bytes: counters.bytes.load(Ordering::Relaxed),
+        total_files: counters.total_files.load(Ordering::Relaxed),
+        total_bytes: counters.total_bytes.load(Ordering::Relaxed),
+    }
 }
 
 /// Source side: read the files into a tar stream and hand its packed
@@ -248,9 +289,11 @@ pub fn send(
             tx: block_tx,
             level,
             stop: &stop,
+            finished: Done::default(),
+            partial: 0,
         };
         let venv = &venv;
-        let reader = scope.spawn(move || read_files(venv, files, shebang, cutter, counters));
+        let reader = scope.spawn(move || read_files(venv, files, shebang, cutter));
         // Once the reader drops the cutter, the packers finish, then the writer.
         let sent = write_blocks(packed_rx, sink, counters, level, tuner);
         if sent.is_err() {
@@ -284,7 +327,6 @@ fn read_files(
     files: &[SendFile],
     shebang: Option<&ShebangRewrite>,
     cutter: BlockCutter<'_>,
-    counters: &Counters,
 ) -> Result<(u64, Vec<SourceHash>)> {
     let mut hashes = Vec::with_capacity(files.len());
     let mut tar = tar::Builder::new(cutter);
@@ -334,7 +376,6 @@ fn read_files(
                     blake3,
                 });
                 raw += size;
-                counters.bytes.fetch_add(*size, Ordering::Relaxed);
             }
             other => {
                 return Err(err!(
@@ -344,7 +385,7 @@ fn read_files(
                 ));
             }
         }
-        counters.files.fetch_add(1, Ordering::Relaxed);
+        tar.get_mut().file_done(f.kind.size());
     }
     let mut cutter = tar
         .into_inner()
@@ -504,5 +545,91 @@ impl FileToSend<'_> {
         let pad = (512 - (size % 512) as usize) % 512;
         cutter.write_all(&[0u8; 512][..pad]).map_err(failed)?;
         Ok(content_hex(&hasher))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records the progress reports between blocks.
+    #[derive(Default)]
+    struct Recorder {
+        blocks: usize,
+        reports: Vec<(usize, Progress)>,
+    }
+
+    impl BlockSink for Recorder {
+        fn block(&mut self, _: u8, _: &[u8]) -> std::io::Result<()> {
+            self.blocks += 1;
+            Ok(())
+        }
+        fn progress(&mut self, p: &Progress) -> std::io::Result<()> {
+            self.reports.push((self.blocks, *p));
+            Ok(())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn file(index: usize, path: &str, content: &[u8]) -> SendFile {
+        SendFile {
+            index,
+            path: path.to_string(),
+            kind: Kind::File {
+                size: content.len() as u64,
+                mode: 0o644,
+                blake3: Some(content_hex(ContentHasher::new().update(content))),
+                stamp: None,
+            },
+        }
+    }
+
+    /// A file of several blocks is counted as its blocks go out, not when
+    /// it ends: a report after every block, the bytes growing while the
+    /// file count still waits for it, and the last report is everything.
+    #[test]
+    fn bytes_move_within_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let site = dir.path().join("lib/python3.11/site-packages");
+        std::fs::create_dir_all(&site).unwrap();
+        std::fs::write(dir.path().join("pyvenv.cfg"), "version = 3.11.2\n").unwrap();
+        let small = b"a = 1\n".to_vec();
+        let big: Vec<u8> = (0..5 * BLOCK + 123).map(|i| (i % 251) as u8).collect();
+        std::fs::write(site.join("a.py"), &small).unwrap();
+        std::fs::write(site.join("big.bin"), &big).unwrap();
+        let files = vec![file(0, "a.py", &small), file(1, "big.bin", &big)];
+        let total = (small.len() + big.len()) as u64;
+        let mut sink = Recorder::default();
+        let counters = Counters::default();
+        let root = dir.path().to_str().unwrap();
+        let sent = send(root, &files, None, Compression::None, &mut sink, &counters).unwrap();
+        assert_eq!(sent.raw_bytes, total);
+        // One report after each block, in order, never going back.
+        assert_eq!(sink.reports.len(), sink.blocks);
+        assert!(sink.blocks >= 6, "{} blocks", sink.blocks);
+        for (i, (after, _)) in sink.reports.iter().enumerate() {
+            assert_eq!(*after, i + 1);
+        }
+        for w in sink.reports.windows(2) {
+            assert!(w[0].1.bytes <= w[1].1.bytes && w[0].1.files <= w[1].1.files);
+        }
+        // The big file's bytes count before it is done.
+        let within: Vec<u64> = sink
+            .reports
+            .iter()
+            .filter(|(_, p)| p.files < 2)
+            .map(|(_, p)| p.bytes)
+            .collect();
+        assert!(
+            within
+                .iter()
+                .any(|b| *b > small.len() as u64 + BLOCK as u64),
+            "{within:?}"
+        );
+        let last = sink.reports.last().unwrap().1;
+        assert_eq!((last.files, last.bytes), (2, total));
+        assert_eq!((last.total_files, last.total_bytes), (2, total));
     }
 }
