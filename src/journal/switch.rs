@@ -3,6 +3,8 @@
 //! deleted whole last), the journal written ahead of each batch of steps;
 //! then every changed path is checked against the plan, and the generation
 //! is committed (its backup dropped unless kept, old generations pruned).
+//! A switch can be told to stop between two steps ([`State::switch_unless`]);
+//! its caller then undoes it, so a Ctrl-C leaves the venv fully old.
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -71,20 +73,42 @@ impl State {
     /// is made relative to the venv's fd when it happens: a symlink in a
     /// parent chain fails the step, it is never followed.
     pub fn switch(&self, g: &mut Generation) -> Result<u64> {
+        Ok(self.switch_unless(g, &|| false)?.unwrap_or_default())
+    }
+
+    /// [`State::switch`], looking at `stop` before every step (the agent's:
+    /// the controller sent `Abort`, or went away): `Ok(None)` when it said
+    /// stop, with the switch journalled up to the last step taken, for
+    /// [`State::undo`] to undo.
+    pub fn switch_unless(
+        &self,
+        g: &mut Generation,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Option<u64>> {
         let order = Self::switch_order(g);
+        let pause = PauseHook::from_env();
+        let mut taken = 0;
         for batch in order.chunks(SWITCH_BATCH) {
+            if stop() {
+                return Ok(None);
+            }
             let Batch { records, steps } = self.plan_batch(g, batch);
             g.append_all(records)?;
             for step in steps {
                 self.take_step(g, step)?;
                 crash_hook();
                 self.step_hook()?;
+                taken += 1;
+                pause.at(taken, stop);
+                if stop() {
+                    return Ok(None);
+                }
             }
         }
         self.remove_emptied_dirs(g)?;
         self.sync_changed_dirs(g);
         g.append(Record::Switched)?;
-        Ok(order.len() as u64)
+        Ok(Some(order.len() as u64))
     }
 
     /// The steps a batch of changes still needs, judged from the file
@@ -288,6 +312,36 @@ impl State {
             // Never prune the generation just made.
             Some(n) => self.prune(n.max(1)),
             None => Ok(Vec::new()),
+        }
+    }
+}
+
+/// A test hook: `OVERLAY_TEST_PAUSE_AT=switch:N` makes the switch wait
+/// after its N-th step until it is told to stop (at most two minutes),
+/// having created the file `OVERLAY_TEST_PAUSE_MARK` to say it waits
+/// (tests/interrupt.rs: a Ctrl-C in the middle of a switch).
+struct PauseHook {
+    at: Option<(u64, std::path::PathBuf)>,
+}
+
+impl PauseHook {
+    fn from_env() -> PauseHook {
+        let n = std::env::var("OVERLAY_TEST_PAUSE_AT")
+            .ok()
+            .and_then(|v| v.strip_prefix("switch:")?.parse::<u64>().ok());
+        let mark = std::env::var_os("OVERLAY_TEST_PAUSE_MARK").map(std::path::PathBuf::from);
+        PauseHook { at: n.zip(mark) }
+    }
+
+    fn at(&self, step: u64, stop: &(dyn Fn() -> bool + Sync)) {
+        let Some((n, mark)) = &self.at else { return };
+        if step != *n {
+            return;
+        }
+        let _ = std::fs::write(mark, b"paused\n");
+        let t = std::time::Instant::now();
+        while !stop() && t.elapsed() < std::time::Duration::from_secs(120) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
 }
