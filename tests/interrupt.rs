@@ -115,6 +115,15 @@ fn ctrl_c_over_ssh_leaves_the_target_fully_old() {
     let t = Instant::now();
     let tb = Testbed::new(2);
     tb.write_manifest(SETS);
+    // The source reaches the target with its own ssh, for --direct.
+    let manifest = tb.manifest_path();
+    let text = fs::read_to_string(&manifest).unwrap().replacen(
+        "[hosts.dst]\n",
+        "[hosts.dst]\ndirect_ssh = \"dst-direct\"\n",
+        1,
+    );
+    fs::write(&manifest, text).unwrap();
+    common::let_host_reach(&tb, 0, 1, "dst-direct", true);
     let before = snapshot(tb.host_venv_dir(1));
     ok(
         tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
@@ -159,6 +168,31 @@ fn ctrl_c_over_ssh_leaves_the_target_fully_old() {
         "overlay apply",
         what,
     );
+    untouched(&tb, &before, what);
+    eprintln!("{what}: {:?}", t.elapsed());
+
+    // On the direct route: the source is cut off, the target discards the
+    // staging (or, if the source's own stream to it is still being torn
+    // down, its next command does).
+    let what = "Ctrl-C on the direct route";
+    let mut cmd = tb.overlay(&["apply", "--backup", "--direct"]);
+    cmd.env("OVERLAY_TEST_PAUSE_AT", "stream")
+        .env("OVERLAY_TEST_PAUSE_MARK", &mark);
+    let out = interrupt_when(cmd, &mark, what);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_interrupted(
+        &out,
+        "interrupted: nothing changed on dst",
+        "overlay apply",
+        what,
+    );
+    if !err.contains("(staging discarded)") {
+        assert!(
+            err.contains("the next overlay command there discards"),
+            "{err}"
+        );
+        ok(tb.overlay(&["history", "dst"]).output().unwrap(), "history");
+    }
     untouched(&tb, &before, what);
     eprintln!("{what}: {:?}", t.elapsed());
 
