@@ -348,8 +348,56 @@ impl PauseHook {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests_support::{Fx, New, apply, history, rollback};
+    use super::super::State;
+    use super::super::tests_support::{Fx, New, apply, change, history, request, rollback, stage};
+    use crate::inventory::Counters;
     use crate::model::{Action, Status};
+
+    /// A switch told to stop (Ctrl-C) after any number of steps stops there,
+    /// and undo brings the venv back exactly.
+    #[test]
+    fn a_switch_told_to_stop_after_any_step_is_undone_exactly() {
+        let mut stopped = 0;
+        for k in 0..8 {
+            let fx = Fx::new();
+            std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
+            std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
+            std::fs::write(fx.site().join("pkg/gone.py"), b"gone").unwrap();
+            let (before, beside) = (fx.tree(), fx.beside());
+            let list = [
+                (
+                    "pkg/a.py",
+                    Action::Replace,
+                    Some(New::File(b"new a".to_vec())),
+                ),
+                ("pkg/gone.py", Action::Delete, None),
+                ("pkg/new/b.py", Action::Add, Some(New::File(b"b".to_vec()))),
+            ];
+            let state = State::open(&fx.v()).unwrap();
+            let changes = list
+                .iter()
+                .map(|(p, a, n)| change(&fx, p, *a, n.as_ref()))
+                .collect();
+            let counters = Counters::default();
+            let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
+            let news: Vec<Option<New>> = list.iter().map(|(_, _, n)| n.clone()).collect();
+            stage(&mut g, &news);
+            let asked = std::sync::atomic::AtomicUsize::new(0);
+            let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= k;
+            match state.switch_unless(&mut g, &stop).unwrap() {
+                None => {
+                    let undone = state.undo(&mut g).unwrap();
+                    state.finish_undo(&g, &undone, &counters).unwrap();
+                    assert_eq!(fx.tree(), before, "stopped after {k} steps");
+                    stopped += 1;
+                }
+                // More asks than steps: it finished.
+                Some(n) => assert!(n >= 3 && k >= 5, "{k}: {n}"),
+            }
+            assert_eq!(fx.beside(), beside);
+        }
+        assert!(stopped >= 5, "stopped {stopped} times");
+    }
 
     /// A directory replaced by a symlink: its planned children go to the
     /// backup first, then the directory whole (with unplanned `__pycache__`),
