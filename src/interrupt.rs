@@ -6,9 +6,10 @@
 //! whether an operation that can stop cleanly is running, which it says by
 //! holding a [`Cleanly`] (only `apply` does):
 //!
-//! - none: the process ends at once with exit code [`EXIT_INTERRUPTED`],
-//!   as the default action would (nothing on a host is half done then:
-//!   read-only commands, or a rollback whose journal finishes it later);
+//! - none: the process ends at once, killed by the signal as the default
+//!   action would (the shell reports 130), after an `interrupted` line
+//!   (nothing on a host is half done then: read-only commands, or a
+//!   rollback whose journal finishes it later);
 //! - the first signal sets a flag that the operation reads with
 //!   [`requested`] between the blocks of its stream and the steps of its
 //!   switch; it then stops, has the target put back what it started, and
@@ -79,18 +80,21 @@ pub fn install() {
     let spawned = std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            for _ in signals.forever() {
-                received();
+            for signal in signals.forever() {
+                received(signal);
             }
         });
     drop(spawned);
 }
 
 /// One signal, on the signal thread.
-fn received() {
+fn received(signal: std::ffi::c_int) {
     let n = SIGNALS.fetch_add(1, Ordering::SeqCst) + 1;
     if CLEANLY.load(Ordering::SeqCst) == 0 {
         eprintln!("interrupted");
+        // End by the signal itself, as without a handler, so that a shell
+        // running overlay in a script stops too (exit 130 when it cannot).
+        let _ = signal_hook::low_level::emulate_default_handler(signal);
         std::process::exit(EXIT_INTERRUPTED.into());
     }
     let note = NOTE

@@ -232,6 +232,6 @@ fn ctrl_c_on_local_hosts_reaches_only_the_controller() {
         assert_interrupted(&out, state, "overlay apply", &what);
         untouched(&tb, &before, &what);
     }
-    apply_and_roll_back(&tb, &before);
+    // The next apply works (and its rollback): the SSH test shows it.
     eprintln!("local: {:?}", t.elapsed());
 }
