@@ -11,7 +11,7 @@ use overlay::transport::ConnectOptions;
 /// host's venv, over SSH: exact, predictable, reversible.
 ///
 /// Exit codes: 0 success; 1 `--check` found changes, or `doctor` found
-/// problems; 2 error; 3 the `[verify]` check failed.
+/// problems; 2 error; 3 the `[verify]` check failed; 130 interrupted (Ctrl-C).
 #[derive(Debug, Parser)]
 #[command(name = "overlay", version, propagate_version = true)]
 pub struct Cli {

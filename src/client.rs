@@ -590,6 +590,41 @@ impl Client {
         answer!(self, &Request::Switch, "a switch", Response::Switched { changed } => changed)
     }
 
+    /// [`Client::switch`], looking at `stop` at each progress frame: once it
+    /// says stop (Ctrl-C), `Abort` is sent, and the target stops the switch
+    /// and undoes it (or undoes it whole if it had finished). Returns
+    /// `None` then: the generation is gone and the venv is as before.
+    pub fn switch_unless(&mut self, stop: &dyn Fn() -> bool) -> Result<Option<u64>> {
+        self.send(&Request::Switch)?;
+        let mut aborted = false;
+        let answer = loop {
+            match self.recv() {
+                Ok(Response::Progress(_)) if !aborted && stop() => {
+                    self.send(&Request::Abort)?;
+                    aborted = true;
+                }
+                Ok(Response::Progress(_)) => {}
+                Ok(Response::Switched { changed }) if !aborted && !stop() => {
+                    return Ok(Some(changed));
+                }
+                // Stopped and undone, or switched before the `Abort` came.
+                Ok(Response::Switched { .. }) => break Ok(()),
+                Err(e) if aborted && !self.lost => break Err(e),
+                Err(e) => return Err(e),
+                Ok(other) => return Err(self.unexpected("a switch", &other)),
+            }
+        };
+        if !aborted {
+            self.send(&Request::Abort)?;
+        }
+        // The answer to the `Abort`: the target undid and discarded the generation.
+        match self.recv() {
+            Ok(Response::Aborted) => Ok(None),
+            Ok(other) => Err(self.unexpected("an abort", &other)),
+            Err(e) => Err(answer.err().unwrap_or(e)),
+        }
+    }
+
     /// Mark the switched generation complete.
     pub fn commit(&mut self, keep_backup: bool, keep: Option<usize>) -> Result<Committed> {
         let req = Request::Commit { keep_backup, keep };

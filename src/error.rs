@@ -60,6 +60,9 @@ pub enum ErrorKind {
     Protocol,
     /// A bug in overlay.
     Internal,
+    /// Ctrl-C or SIGTERM stopped the operation; the message says where
+    /// the target stands (`crate::interrupt`).
+    Interrupted,
 }
 
 impl ErrorKind {
@@ -76,11 +79,12 @@ impl ErrorKind {
             ErrorKind::Host => 9,
             ErrorKind::Protocol => 10,
             ErrorKind::Internal => 70,
+            ErrorKind::Interrupted => crate::interrupt::EXIT_INTERRUPTED,
         }
     }
 
     /// Every kind, in exit-code order (for docs and tests).
-    pub const ALL: [ErrorKind; 10] = [
+    pub const ALL: [ErrorKind; 11] = [
         ErrorKind::Usage,
         ErrorKind::VerifyFailed,
         ErrorKind::Connection,
@@ -91,6 +95,7 @@ impl ErrorKind {
         ErrorKind::Host,
         ErrorKind::Protocol,
         ErrorKind::Internal,
+        ErrorKind::Interrupted,
     ];
 
     /// The kind of an error raised in `module` (a `module_path!()`) that

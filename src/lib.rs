@@ -11,6 +11,7 @@
 //! | foundation | [`error`] | the error type: kind (one per exit code), message, cause, hint |
 //! | | [`text`] | terminal-safe quoting and escaping, hex, timestamps |
 //! | | [`beneath`] | fd-relative, no-follow file operations inside one directory |
+//! | | [`interrupt`] | Ctrl-C and SIGTERM on the controller: a flag an apply reads to stop cleanly |
 //! | model | [`model`] | the data that travels or is stored (entries, dists, sets, generations, reports) |
 //! | pure logic | [`protocol`] | requests, responses and their bounded framing |
 //! | | [`manifest`] | `overlay.toml`: hosts, sets, preflight and verify settings |
@@ -38,6 +39,7 @@ pub mod client;
 pub mod doctor;
 pub mod error;
 pub mod hashcache;
+pub mod interrupt;
 pub mod inventory;
 pub mod journal;
 pub mod manifest;

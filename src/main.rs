@@ -61,6 +61,8 @@ fn main() -> ExitCode {
     no_huge_pages();
     if !matches!(cli.command, cli::Command::Agent) {
         lean_allocator();
+        // Ctrl-C and SIGTERM: an apply stops cleanly, the rest at once (exit 130).
+        overlay::interrupt::install();
     }
     let result = match cli.command {
         cli::Command::Agent => overlay::agent::main().map(|()| EXIT_OK),
@@ -83,10 +85,15 @@ fn main() -> ExitCode {
             };
             // One line each: a file name or a remote message inside them
             // cannot add lines or move the cursor.
-            eprintln!(
-                "{red}error{reset}: {}",
-                overlay::text::escape(&e.to_string())
-            );
+            if e.kind == ErrorKind::Interrupted {
+                // "interrupted: nothing changed on dst (staging discarded)"
+                eprintln!("{}", overlay::text::escape(&e.to_string()));
+            } else {
+                eprintln!(
+                    "{red}error{reset}: {}",
+                    overlay::text::escape(&e.to_string())
+                );
+            }
             if let Some(h) = &e.hint {
                 eprintln!("{yellow}hint{reset}: {}", overlay::text::escape(h));
             }

@@ -28,14 +28,16 @@ use crate::model::{
     ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
 };
 
-/// Bumped whenever a frame changes shape. 10: `ElfInfo.defined` is a
+/// Bumped whenever a frame changes shape. 11: `Abort` may be sent while a
+/// `Switch` runs (it undoes the switch), which then sends `Progress`; the
+/// error kind `interrupted`. 10: `ElfInfo.defined` is a
 /// base64 string of symbol hashes; `PrefetchElf`. 9: a source's hash and a
 /// measured window are named structs ([`SourceHash`], [`LevelWindow`]), not
 /// arrays. 8: a written file is a named
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
@@ -154,14 +156,17 @@ pub enum Request {
         hashes: Vec<SourceHash>,
     },
     /// Target side: switch the staged files into place through the journal,
-    /// then re-hash what changed.
+    /// then re-hash what changed. `Progress` frames come while it runs; an
+    /// `Abort` sent meanwhile stops it and undoes it (answered with an error
+    /// of kind `interrupted`, then `Aborted` for the `Abort`).
     Switch,
     /// Target side: mark the generation complete; drop its backup unless kept.
     Commit {
         keep_backup: bool,
         keep: Option<usize>,
     },
-    /// Target side: give up the prepared generation (nothing was switched).
+    /// Target side: give up the open generation; one that was switched, in
+    /// part or whole, is undone first (Ctrl-C on the controller).
     Abort,
     /// Roll back generations down to and including `to` (default: the newest).
     Rollback {

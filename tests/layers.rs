@@ -14,7 +14,7 @@ use std::path::Path;
 /// The layers, lowest first. A module may use modules of its own layer or
 /// any layer below.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("foundation", &["error", "text", "beneath"]),
+    ("foundation", &["error", "text", "beneath", "interrupt"]),
     ("model", &["model"]),
     (
         "protocol, manifest, plan, report",

@@ -16,6 +16,9 @@
 //!   pipe fails, and in the two cases below.
 //! - `Hello` is answered first; a protocol other than this build's then ends
 //!   the session with an error.
+//! - While `Switch` runs, the agent looks (without reading) whether more
+//!   input came: an `Abort` (Ctrl-C on the controller) or the end of input
+//!   stops the switch, which is then undone, so the venv is fully old.
 //! - `Stage` and `Receive` are followed by data frames up to `EndData` (or
 //!   `Abort`). A frame that cannot be read is answered with an error and
 //!   ends the session, since nothing after it can be read; a stream cut off
@@ -37,7 +40,7 @@ use std::os::fd::AsFd;
 
 use crate::error::Result;
 
-pub use serve::serve;
+pub use serve::{serve, serve_with};
 
 /// What the agent asks for its stdin and stdout pipes
 /// (`/proc/sys/fs/pipe-max-size`, 1 MiB by default, is the unprivileged limit).
@@ -65,5 +68,19 @@ pub fn main() -> Result<()> {
     }
     let mut input = std::io::BufReader::new(stdin.lock());
     let mut output = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
-    serve(&mut input, &mut output)
+    serve_with(&mut input, &mut output, Some(stdin_pending))
+}
+
+/// Whether the controller wrote more to stdin, or closed it, without
+/// reading anything (a `Switch` looks between its steps: an `Abort` or the
+/// end of input stops it). The controller sends nothing else while a switch
+/// runs, so nothing can be waiting in the `BufReader` instead.
+fn stdin_pending() -> bool {
+    let mut fd = libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll(2) on one pollfd that lives across the call, no waiting.
+    unsafe { libc::poll(&mut fd, 1, 0) > 0 }
 }

@@ -16,7 +16,21 @@ use crate::protocol::{Request, Response, read_frame, write_frame};
 
 /// Serve requests until `Bye` or end of input.
 pub fn serve(input: &mut dyn Read, output: &mut dyn Write) -> Result<()> {
-    let mut session = Session::default();
+    serve_with(input, output, None)
+}
+
+/// [`serve`], with `pending` saying (without reading it) whether the
+/// controller sent something more or closed the input: a `Switch` stops
+/// and undoes itself then (an `Abort` on Ctrl-C, or a dead controller).
+pub fn serve_with(
+    input: &mut dyn Read,
+    output: &mut dyn Write,
+    pending: Option<fn() -> bool>,
+) -> Result<()> {
+    let mut session = Session {
+        pending,
+        ..Session::default()
+    };
     loop {
         let Some(req) = read_frame::<Request>(input)? else {
             return Ok(());
@@ -68,6 +82,8 @@ pub(super) struct Session {
     )>,
     /// A `PrefetchElf` read (source side).
     pub(super) elf_prefetch: Option<ElfPrefetch>,
+    /// Whether input waits to be read, or has ended (see [`serve_with`]).
+    pub(super) pending: Option<fn() -> bool>,
 }
 
 /// The ELF facts a `PrefetchElf` is reading: of these `paths` of `venv`.

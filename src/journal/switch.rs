@@ -3,6 +3,8 @@
 //! deleted whole last), the journal written ahead of each batch of steps;
 //! then every changed path is checked against the plan, and the generation
 //! is committed (its backup dropped unless kept, old generations pruned).
+//! A switch can be told to stop between two steps ([`State::switch_unless`]);
+//! its caller then undoes it, so a Ctrl-C leaves the venv fully old.
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -71,20 +73,42 @@ impl State {
     /// is made relative to the venv's fd when it happens: a symlink in a
     /// parent chain fails the step, it is never followed.
     pub fn switch(&self, g: &mut Generation) -> Result<u64> {
+        Ok(self.switch_unless(g, &|| false)?.unwrap_or_default())
+    }
+
+    /// [`State::switch`], looking at `stop` before every step (the agent's:
+    /// the controller sent `Abort`, or went away): `Ok(None)` when it said
+    /// stop, with the switch journalled up to the last step taken, for
+    /// [`State::undo`] to undo.
+    pub fn switch_unless(
+        &self,
+        g: &mut Generation,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Option<u64>> {
         let order = Self::switch_order(g);
+        let pause = PauseHook::from_env();
+        let mut taken = 0;
         for batch in order.chunks(SWITCH_BATCH) {
+            if stop() {
+                return Ok(None);
+            }
             let Batch { records, steps } = self.plan_batch(g, batch);
             g.append_all(records)?;
             for step in steps {
                 self.take_step(g, step)?;
                 crash_hook();
                 self.step_hook()?;
+                taken += 1;
+                pause.at(taken, stop);
+                if stop() {
+                    return Ok(None);
+                }
             }
         }
         self.remove_emptied_dirs(g)?;
         self.sync_changed_dirs(g);
         g.append(Record::Switched)?;
-        Ok(order.len() as u64)
+        Ok(Some(order.len() as u64))
     }
 
     /// The steps a batch of changes still needs, judged from the file
@@ -292,10 +316,88 @@ impl State {
     }
 }
 
+/// A test hook: `OVERLAY_TEST_PAUSE_AT=switch:N` makes the switch wait
+/// after its N-th step until it is told to stop (at most two minutes),
+/// having created the file `OVERLAY_TEST_PAUSE_MARK` to say it waits
+/// (tests/interrupt.rs: a Ctrl-C in the middle of a switch).
+struct PauseHook {
+    at: Option<(u64, std::path::PathBuf)>,
+}
+
+impl PauseHook {
+    fn from_env() -> PauseHook {
+        let n = std::env::var("OVERLAY_TEST_PAUSE_AT")
+            .ok()
+            .and_then(|v| v.strip_prefix("switch:")?.parse::<u64>().ok());
+        let mark = std::env::var_os("OVERLAY_TEST_PAUSE_MARK").map(std::path::PathBuf::from);
+        PauseHook { at: n.zip(mark) }
+    }
+
+    fn at(&self, step: u64, stop: &(dyn Fn() -> bool + Sync)) {
+        let Some((n, mark)) = &self.at else { return };
+        if step != *n {
+            return;
+        }
+        let _ = std::fs::write(mark, b"paused\n");
+        let t = std::time::Instant::now();
+        while !stop() && t.elapsed() < std::time::Duration::from_secs(120) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::tests_support::{Fx, New, apply, history, rollback};
+    use super::super::State;
+    use super::super::tests_support::{Fx, New, apply, change, history, request, rollback, stage};
+    use crate::inventory::Counters;
     use crate::model::{Action, Status};
+
+    /// A switch told to stop (Ctrl-C) after any number of steps stops there,
+    /// and undo brings the venv back exactly.
+    #[test]
+    fn a_switch_told_to_stop_after_any_step_is_undone_exactly() {
+        let mut stopped = 0;
+        for k in 0..8 {
+            let fx = Fx::new();
+            std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
+            std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
+            std::fs::write(fx.site().join("pkg/gone.py"), b"gone").unwrap();
+            let (before, beside) = (fx.tree(), fx.beside());
+            let list = [
+                (
+                    "pkg/a.py",
+                    Action::Replace,
+                    Some(New::File(b"new a".to_vec())),
+                ),
+                ("pkg/gone.py", Action::Delete, None),
+                ("pkg/new/b.py", Action::Add, Some(New::File(b"b".to_vec()))),
+            ];
+            let state = State::open(&fx.v()).unwrap();
+            let changes = list
+                .iter()
+                .map(|(p, a, n)| change(&fx, p, *a, n.as_ref()))
+                .collect();
+            let counters = Counters::default();
+            let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
+            let news: Vec<Option<New>> = list.iter().map(|(_, _, n)| n.clone()).collect();
+            stage(&mut g, &news);
+            let asked = std::sync::atomic::AtomicUsize::new(0);
+            let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= k;
+            match state.switch_unless(&mut g, &stop).unwrap() {
+                None => {
+                    let undone = state.undo(&mut g).unwrap();
+                    state.finish_undo(&g, &undone, &counters).unwrap();
+                    assert_eq!(fx.tree(), before, "stopped after {k} steps");
+                    stopped += 1;
+                }
+                // More asks than steps: it finished.
+                Some(n) => assert!(n >= 3 && k >= 5, "{k}: {n}"),
+            }
+            assert_eq!(fx.beside(), beside);
+        }
+        assert!(stopped >= 5, "stopped {stopped} times");
+    }
 
     /// A directory replaced by a symlink: its planned children go to the
     /// backup first, then the directory whole (with unplanned `__pycache__`),

@@ -14,6 +14,14 @@
 //! If an agent or its connection dies on either host, the apply stops at
 //! once (a thread watches the target while this one waits on the source)
 //! and the error says where the target stands and what to run next.
+//!
+//! Ctrl-C (or SIGTERM) stops it cleanly ([`crate::interrupt`]): the flag is
+//! read between the steps, at every event of the stream and at every
+//! progress frame of the switch. Before the switch the target discards its
+//! staging; during it, the target stops and undoes it (`Abort`, see
+//! [`Client::switch_unless`]); after the commit the new files stay. The
+//! error (kind `Interrupted`, exit 130) names the target's state and the
+//! command that undoes or repeats it ([`Left`]).
 
 use std::path::PathBuf;
 
@@ -22,7 +30,8 @@ use serde::Serialize;
 
 use crate::client::{Client, DirectTo, SendRequest, StreamEvent};
 use crate::err;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
+use crate::interrupt;
 use crate::model::{
     Action, Compression, GenChange, LevelWindow, PrepareRequest, SendFile, ShebangRewrite,
     VerifyRequest,
@@ -161,6 +170,16 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     if opts.resume {
         return resume(dst, &plan);
     }
+    // From here on, Ctrl-C stops cleanly.
+    let _cleanly = interrupt::Cleanly::new(interrupt::Note {
+        cleaning: format!("{tname} discards what this apply staged, or undoes its switch"),
+        forced: format!("{tname} in an unknown state"),
+        hint: format!(
+            "run `overlay history {tname}` to see where it stands (that rolls back an unfinished switch), or `overlay apply --resume {}` to complete it",
+            opts.plan.display()
+        ),
+    });
+    let stopped = |left: Left<'_>| interrupted(left, &tname, &opts.plan);
     strict_check(&plan, opts.force)?;
     let direct = direct_destination(&plan, opts.direct)?;
     // Read the check before touching anything, so a missing [verify] fails early.
@@ -172,6 +191,10 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     if changes.is_empty() {
         dst.close()?;
         return Ok(ApplyReport::NothingToApply { target: tname });
+    }
+    if interrupt::requested() {
+        let _ = dst.close();
+        return Err(stopped(Left::Untouched));
     }
     let prepared = prepare(&mut dst, &plan, opts, changes.clone())?;
     if let Some(r) = &prepared.recovered {
@@ -194,6 +217,10 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     let switching = obs.step(Step::Switch, &tname);
     let backup_bytes = switch_and_commit(&mut dst, opts, &tname, &generation, &clock)?;
     switching.finish();
+    if interrupt::requested() {
+        let _ = dst.close();
+        return Err(stopped(Left::Applied(&generation)));
+    }
     obs.status(&format!(
         "Applied generation {generation} on {tname}: {} changes, {files} files sent{}, {} on the wire for {} of files, in {:.1}s",
         changes.len(),
@@ -210,6 +237,10 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
         Some(req) => verify_and_roll_back(&mut dst, &plan, opts, req, &generation, obs)?,
         None => Checked::default(),
     };
+    if interrupt::requested() && !checked.rolled_back {
+        let _ = dst.close();
+        return Err(stopped(Left::Applied(&generation)));
+    }
     dst.close()
         .map_err(|e| fate(e, true, Phase::Applied, &tname, &generation))?;
     Ok(ApplyReport::Applied(Applied {
@@ -455,10 +486,16 @@ fn transfer(
     send: Vec<SendFile>,
     obs: &dyn Observer,
 ) -> Result<Moved> {
+    let tname = &plan.target.name;
+    if interrupt::requested() {
+        return Err(match dst.abort() {
+            Ok(()) => interrupted(Left::Discarded, tname, &opts.plan),
+            Err(_) => interrupted(Left::Pending(generation), tname, &opts.plan),
+        });
+    }
     if send.is_empty() {
         return Ok(Moved::default());
     }
-    let tname = &plan.target.name;
     let route = match direct {
         None => Way::Relay,
         Some(dest) => Way::Direct {
@@ -472,6 +509,13 @@ fn transfer(
         Err(f) => f,
     };
     let e = failure.error;
+    if e.kind == ErrorKind::Interrupted && !dst.lost() {
+        // Ctrl-C: the source was cut off; the target discards the staging.
+        return Err(match dst.abort() {
+            Ok(()) => interrupted(Left::Discarded, tname, &opts.plan),
+            Err(_) => interrupted(Left::Pending(generation), tname, &opts.plan),
+        });
+    }
     if dst.lost() {
         return Err(fate(e, dst.lost(), Phase::Stream, tname, generation));
     }
@@ -487,7 +531,8 @@ fn transfer(
 }
 
 /// Switch the staged generation in and commit it; returns the bytes its
-/// backup holds on the target.
+/// backup holds on the target. On Ctrl-C, before the commit, the target
+/// undoes the switch.
 fn switch_and_commit(
     dst: &mut Client,
     opts: &ApplyOptions,
@@ -495,9 +540,23 @@ fn switch_and_commit(
     generation: &str,
     clock: &Clock,
 ) -> Result<u64> {
-    let switched = dst.switch();
-    switched.map_err(|e| fate(e, dst.lost(), Phase::Switch, tname, generation))?;
+    let stopped = |left: Left<'_>| interrupted(left, tname, &opts.plan);
+    if interrupt::requested() {
+        let aborted = dst.abort();
+        aborted.map_err(|e| fate(e, dst.lost(), Phase::Stream, tname, generation))?;
+        return Err(stopped(Left::Discarded));
+    }
+    let switched = dst.switch_unless(&interrupt::requested);
+    let switched = switched.map_err(|e| fate(e, dst.lost(), Phase::Switch, tname, generation))?;
+    if switched.is_none() {
+        return Err(stopped(Left::Undone));
+    }
     clock.mark("switch and check");
+    if interrupt::requested() {
+        let aborted = dst.abort();
+        aborted.map_err(|e| fate(e, dst.lost(), Phase::Switch, tname, generation))?;
+        return Err(stopped(Left::Undone));
+    }
     let committed = dst.commit(opts.backup, opts.keep);
     let committed = committed.map_err(|e| fate(e, dst.lost(), Phase::Switch, tname, generation))?;
     clock.mark("commit");
@@ -624,6 +683,65 @@ fn fate(e: Error, lost: bool, phase: Phase, tname: &str, generation: &str) -> Er
     }
 }
 
+/// Where a Ctrl-C left the target.
+#[derive(Clone, Copy)]
+enum Left<'a> {
+    /// Nothing was opened there yet.
+    Untouched,
+    /// It discarded what this apply staged.
+    Discarded,
+    /// It could not be told: its next overlay command discards this generation.
+    Pending(&'a str),
+    /// It undid the switch.
+    Undone,
+    /// This generation was applied (committed).
+    Applied(&'a str),
+}
+
+/// The error of an apply stopped by Ctrl-C (kind `Interrupted`, exit 130):
+/// where it left the target and what to run next.
+fn interrupted(left: Left<'_>, tname: &str, plan: &std::path::Path) -> Error {
+    let again = format!("run `overlay apply {}` to start it again", plan.display());
+    let (state, hint) = match left {
+        Left::Untouched => (format!("nothing changed on {tname}"), again),
+        Left::Discarded => (
+            format!("nothing changed on {tname} (staging discarded)"),
+            again,
+        ),
+        Left::Pending(g) => (
+            format!(
+                "nothing changed on {tname}; the next overlay command there discards the staging of generation {g}"
+            ),
+            again,
+        ),
+        Left::Undone => (
+            format!("{tname} is back to its state before this apply (the switch was undone)"),
+            again,
+        ),
+        Left::Applied(g) => (
+            format!("{tname} has the new files (generation {g} was applied)"),
+            format!("`overlay rollback {tname}` undoes it"),
+        ),
+    };
+    err!(kind = Interrupted, hint = hint, "interrupted: {state}")
+}
+
+/// A test hook: with `OVERLAY_TEST_PAUSE_AT=stream`, the stream waits at
+/// its first event until Ctrl-C (at most two minutes), having created the
+/// file `OVERLAY_TEST_PAUSE_MARK` to say it waits (tests/interrupt.rs).
+fn pause_hook(point: &str) {
+    if std::env::var("OVERLAY_TEST_PAUSE_AT").ok().as_deref() != Some(point) {
+        return;
+    }
+    if let Some(mark) = std::env::var_os("OVERLAY_TEST_PAUSE_MARK") {
+        let _ = std::fs::write(mark, b"paused\n");
+    }
+    let t = std::time::Instant::now();
+    while !interrupt::requested() && t.elapsed() < std::time::Duration::from_secs(120) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// How often the target is looked at while this thread waits on the source.
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -704,6 +822,11 @@ fn stream(
         src_watch.cut();
         return Err(StreamFailure::new(e, true));
     }
+    if matches!(&result, Err(e) if e.kind == ErrorKind::Interrupted) {
+        // Ctrl-C: the source stops at its next write (or, over --direct,
+        // its next progress report), and tells its receiver to abort.
+        src_watch.cut();
+    }
     match result {
         // Everything was sent and staged: a source that fails its goodbye
         // still fails the apply, which the target then aborts.
@@ -769,8 +892,16 @@ fn relay(
             format!("{from} -> {to} (direct)")
         },
     );
+    let mut first = true;
     let sent = loop {
-        match src.stream_event()? {
+        if interrupt::requested() {
+            return Err(err!(kind = Interrupted, "interrupted"));
+        }
+        let event = src.stream_event()?;
+        if std::mem::take(&mut first) {
+            pause_hook("stream");
+        }
+        match event {
             StreamEvent::Data(d) if relayed => dst.write_data(&d)?,
             StreamEvent::Data(_) => {
                 return Err(err!(
@@ -786,6 +917,9 @@ fn relay(
     let (sent, written) = sent;
     show_windows(obs, &sent.windows);
     meter.finish();
+    if interrupt::requested() {
+        return Err(err!(kind = Interrupted, "interrupted"));
+    }
     // The relay's end of stream, or the direct route's report of what it staged.
     if relayed {
         dst.end_stage(sent.hashes)?;

@@ -63,9 +63,13 @@ pub fn start_agent(host: &str, sudo: Option<&str>) -> Result<super::AgentPipe> {
 }
 
 /// Run `cmd` with piped stdin/stdout as the agent pipe (stderr is collected
-/// and returned by `finish`).
+/// and returned by `finish`), in a process group of its own: a Ctrl-C on
+/// the terminal reaches only the controller, which stops the agent cleanly
+/// (`crate::interrupt`), never the agent in the middle of a switch.
 pub fn spawn(host: &str, mut cmd: Command) -> Result<super::AgentPipe> {
+    use std::os::unix::process::CommandExt;
     let mut child = cmd
+        .process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
