@@ -28,14 +28,15 @@ use crate::model::{
     ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
 };
 
-/// Bumped whenever a frame changes shape. 10: `ElfInfo.defined` is a
+/// Bumped whenever a frame changes shape. 11: `force` in `Rollback`; the
+/// rollback report's `later`, `refused`, `displaced`, `inconsistent`. 10: `ElfInfo.defined` is a
 /// base64 string of symbol hashes; `PrefetchElf`. 9: a source's hash and a
 /// measured window are named structs ([`SourceHash`], [`LevelWindow`]), not
 /// arrays. 8: a written file is a named
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
@@ -167,6 +168,9 @@ pub enum Request {
     Rollback {
         venv: String,
         to: Option<String>,
+        /// Roll back over changes made since the apply (`rollback --force`).
+        #[serde(default)]
+        force: bool,
     },
     History {
         venv: String,
