@@ -158,6 +158,16 @@ impl State {
         let ours = |d: &&String| dist_of(d).is_some_and(|n| touched.contains(&n));
         later.dist_infos_added = now.difference(&after.dist_infos).filter(ours).cloned().collect();
         later.dist_infos_removed = after.dist_infos.difference(&now).filter(ours).cloned().collect();
+        // A file inside a dist-info added or removed whole is told by that.
+        let whole: HashSet<&str> = later
+            .dist_infos_added
+            .iter()
+            .chain(&later.dist_infos_removed)
+            .map(String::as_str)
+            .collect();
+        later
+            .changed_files
+            .retain(|f| !f.path.split('/').next().is_some_and(|d| whole.contains(d)));
         Ok(Some((later, After { touched, ..after })))
     }
 
@@ -232,7 +242,7 @@ impl State {
                 }
             }
         }
-        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out.sort_by(|a, b| (a.change, &a.path).cmp(&(b.change, &b.path)));
         Ok(out)
     }
 
@@ -358,6 +368,11 @@ impl State {
                 continue;
             }
             self.move_out(g, &rel).map_err(|e| format!("{p}: {e}"))?;
+            // Directories this left empty (pip made them) go too.
+            let mut dir = parent_of(&rel);
+            while dir.len() > site.len() && self.fs.remove_dir(dir).is_ok() {
+                dir = parent_of(dir);
+            }
         }
         self.move_out(g, &format!("{site}/{d}"))
     }
@@ -380,4 +395,114 @@ pub struct Reconciled {
     pub to: Option<String>,
     /// What is still not consistent, in words.
     pub problems: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::super::State;
+    use super::super::tests_support::{Fx, New, apply};
+    use crate::inventory::Counters;
+    use crate::model::{Action, FileChange};
+
+    fn write(p: &Path, data: &str) {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, data).unwrap();
+    }
+
+    fn record(fx: &Fx, dist_info: &str, paths: &[&str]) {
+        let rows: String = paths.iter().map(|p| format!("{p},,\n")).collect();
+        write(&fx.site().join(dist_info).join("RECORD"), &rows);
+    }
+
+    /// The case, in small: an apply replaced foo 1.0 by 2.0, then
+    /// "pip" installed foo 3.0. Rollback refuses and changes nothing; forced,
+    /// it restores 1.0, keeps what pip wrote over the generation's files in
+    /// undone/, and moves 3.0's dist-info and its own files to displaced/:
+    /// one dist-info per distribution. An untouched distribution changed by
+    /// pip is not looked at.
+    #[test]
+    fn rollback_over_a_later_pip_install_is_refused_then_forced_to_one_version() {
+        let fx = Fx::new();
+        let site = fx.site();
+        write(&site.join("foo.py"), "v1");
+        write(&site.join("foo-1.0.dist-info/METADATA"), "Name: foo\nVersion: 1.0\n");
+        record(&fx, "foo-1.0.dist-info", &["foo.py", "foo-1.0.dist-info/METADATA", "foo-1.0.dist-info/RECORD"]);
+        write(&site.join("bar.py"), "bar");
+        record(&fx, "bar-1.0.dist-info", &["bar.py", "bar-1.0.dist-info/RECORD"]);
+        let before = fx.tree();
+        let rec2 = "foo.py,,\nfoo-2.0.dist-info/METADATA,,\nfoo-2.0.dist-info/RECORD,,\n";
+        apply(
+            &fx,
+            &[
+                ("foo.py", Action::Replace, Some(New::File(b"v2".to_vec()))),
+                ("foo-1.0.dist-info/METADATA", Action::Delete, None),
+                ("foo-1.0.dist-info/RECORD", Action::Delete, None),
+                ("foo-2.0.dist-info/METADATA", Action::Add, Some(New::File(b"Name: foo\nVersion: 2.0\n".to_vec()))),
+                ("foo-2.0.dist-info/RECORD", Action::Add, Some(New::File(rec2.as_bytes().to_vec()))),
+            ],
+        )
+        .unwrap();
+        // An untouched distribution changed since: no reason to refuse.
+        std::fs::remove_dir_all(site.join("bar-1.0.dist-info")).unwrap();
+        write(&site.join("bar.py"), "bar 2");
+        record(&fx, "bar-2.0.dist-info", &["bar.py", "bar-2.0.dist-info/RECORD"]);
+        let state = State::open(&fx.v()).unwrap();
+        let gens = vec![state.load(&state.generation_ids()[0]).unwrap()];
+        let (later, _) = state.later_changes(&gens, &Counters::default()).unwrap().unwrap();
+        assert!(later.is_empty(), "{later:?}");
+        // "pip install foo==3.0": uninstalls 2.0, installs 3.0 (foo.py and foo/extra.py).
+        std::fs::remove_dir_all(site.join("foo-2.0.dist-info")).unwrap();
+        write(&site.join("foo.py"), "v3");
+        write(&site.join("foo/extra.py"), "extra");
+        write(&site.join("foo-3.0.dist-info/METADATA"), "Name: foo\nVersion: 3.0\n");
+        record(&fx, "foo-3.0.dist-info", &["foo.py", "foo/extra.py", "foo-3.0.dist-info/METADATA", "foo-3.0.dist-info/RECORD"]);
+        let after_pip = fx.tree();
+        let r = state.rollback(None, false, &Counters::default()).unwrap();
+        assert!(r.refused);
+        let later = r.later.unwrap();
+        let files: Vec<(&str, FileChange)> =
+            later.changed_files.iter().map(|f| (f.path.as_str(), f.change)).collect();
+        assert_eq!(
+            files,
+            [("foo.py", FileChange::Modified)]
+        );
+        assert_eq!(later.dist_infos_added, ["foo-3.0.dist-info"]);
+        assert_eq!(later.dist_infos_removed, ["foo-2.0.dist-info"]);
+        assert_eq!(fx.tree(), after_pip, "a refused rollback changes nothing");
+        // Forced.
+        let r = state.rollback(None, true, &Counters::default()).unwrap();
+        assert!(!r.refused && r.inconsistent.is_empty(), "{r:?}");
+        assert_eq!(r.displaced, ["foo-3.0.dist-info"]);
+        let g = fx.venv().join(".overlay/generations").join(&r.generations[0]);
+        assert_eq!(
+            std::fs::read_to_string(g.join("displaced").join(super::super::tests_support::SITE).join("foo/extra.py")).unwrap(),
+            "extra"
+        );
+        assert_eq!(std::fs::read_to_string(g.join("undone/0")).unwrap(), "v3", "pip's foo.py is kept");
+        let mut want = before;
+        want.retain(|k, _| !k.contains("bar"));
+        let mut now = fx.tree();
+        now.retain(|k, _| !k.contains("bar"));
+        assert_eq!(now, want);
+    }
+
+    /// A path the generation deleted and pip re-created blocks the rollback;
+    /// forced, the re-created file is kept in undone/ and the old one restored.
+    #[test]
+    fn a_re_created_path_blocks_and_is_kept_when_forced() {
+        let fx = Fx::new();
+        write(&fx.site().join("old.py"), "old");
+        let before = fx.tree();
+        apply(&fx, &[("old.py", Action::Delete, None)]).unwrap();
+        write(&fx.site().join("old.py"), "pip's");
+        let state = State::open(&fx.v()).unwrap();
+        let r = state.rollback(None, false, &Counters::default()).unwrap();
+        assert!(r.refused);
+        assert_eq!(r.later.unwrap().changed_files[0].change, FileChange::Recreated);
+        let r = state.rollback(None, true, &Counters::default()).unwrap();
+        assert_eq!(fx.tree(), before);
+        assert!(r.kept_edited[0].contains("old.py"), "{r:?}");
+    }
 }

@@ -42,6 +42,9 @@ pub struct ChangedFile {
 /// apply). Distributions the generations did not touch are not looked at.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LaterChanges {
+    /// The generations' files that changed, modified first, then removed,
+    /// then re-created; those inside a dist-info in the next two lists are
+    /// left out (the directory tells it).
     pub changed_files: Vec<ChangedFile>,
     /// dist-info directories (site-packages relative) that appeared since.
     pub dist_infos_added: Vec<String>,
