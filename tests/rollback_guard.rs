@@ -188,10 +188,7 @@ fn rollback_over_later_pip_changes_is_refused_then_forced() {
     let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
     assert_eq!(r.status.code(), Some(7));
     let gen_id = regex::Regex::new(r"\b\d{8}T\d{6}Z-[0-9a-f]{4}\b").unwrap();
-    insta::assert_snapshot!(
-        "refused",
-        gen_id.replace_all(&text(&r.stderr), "[GEN]")
-    );
+    insta::assert_snapshot!("refused", gen_id.replace_all(&text(&r.stderr), "[GEN]"));
     let all = tb.overlay(&["rollback", "dst", "-v"]).output().unwrap();
     assert!(
         !text(&all.stderr).contains("more (-v lists all)"),
@@ -283,7 +280,11 @@ with zipfile.ZipFile("{tiny}", "w") as z:
         .join(SITE);
     assert!(kept.join("minitorch/_only_in_210.py").is_file());
     assert!(kept.join("minitorch-2.10.0.dist-info/METADATA").is_file());
-    assert!(!tb.site_packages(1).join("minitorch/_only_in_210.py").exists());
+    assert!(
+        !tb.site_packages(1)
+            .join("minitorch/_only_in_210.py")
+            .exists()
+    );
     // One version of minitorch, and what could not be made whole is named:
     // pip's uninstall of 2.11.0 removed files the apply had not changed.
     assert_eq!(minitorch_dist_infos(&tb), ["minitorch-2.9.1.dist-info"]);

@@ -56,7 +56,11 @@ pub fn run(global: &GlobalArgs, args: &RollbackArgs) -> Result<u8> {
         eprintln!(
             "warning: {} added since the apply: moved out, with the files only {} RECORD lists, to {to}",
             escape(&report.displaced.join(", ")),
-            if report.displaced.len() == 1 { "its" } else { "their" }
+            if report.displaced.len() == 1 {
+                "its"
+            } else {
+                "their"
+            }
         );
     }
     for p in &report.inconsistent {

@@ -156,8 +156,17 @@ impl State {
         };
         let now = self.dist_infos();
         let ours = |d: &&String| dist_of(d).is_some_and(|n| touched.contains(&n));
-        later.dist_infos_added = now.difference(&after.dist_infos).filter(ours).cloned().collect();
-        later.dist_infos_removed = after.dist_infos.difference(&now).filter(ours).cloned().collect();
+        later.dist_infos_added = now
+            .difference(&after.dist_infos)
+            .filter(ours)
+            .cloned()
+            .collect();
+        later.dist_infos_removed = after
+            .dist_infos
+            .difference(&now)
+            .filter(ours)
+            .cloned()
+            .collect();
         // A file inside a dist-info added or removed whole is told by that.
         let whole: HashSet<&str> = later
             .dist_infos_added
@@ -357,20 +366,23 @@ impl State {
         let site = &self.venv.site_rel;
         let prefix = format!("{d}/");
         for p in self.record_of(d) {
-            if p.starts_with(&prefix) || kept.contains(&p) || generation_paths.contains(p.as_str()) {
+            if p.starts_with(&prefix) || kept.contains(&p) || generation_paths.contains(p.as_str())
+            {
                 continue;
             }
-            let Some(rel) = venv_relative(site, &p).filter(|r| normalize(r).is_some() && !is_state(r))
+            let Some(rel) =
+                venv_relative(site, &p).filter(|r| normalize(r).is_some() && !is_state(r))
             else {
                 continue;
             };
-            if !self.fs.kind(&rel).ok().flatten().is_some_and(|k| !k.is_dir()) {
+            // Files and symlinks only: a directory may hold others' files.
+            if self.fs.kind(&rel).ok().flatten().is_none_or(|k| k.is_dir()) {
                 continue;
             }
             self.move_out(g, &rel).map_err(|e| format!("{p}: {e}"))?;
             // Directories this left empty (pip made them) go too.
             let mut dir = parent_of(&rel);
-            while dir.len() > site.len() && self.fs.remove_dir(dir).is_ok() {
+            while dir.starts_with(&format!("{site}/")) && self.fs.remove_dir(dir).is_ok() {
                 dir = parent_of(dir);
             }
         }
@@ -427,10 +439,25 @@ mod tests {
         let fx = Fx::new();
         let site = fx.site();
         write(&site.join("foo.py"), "v1");
-        write(&site.join("foo-1.0.dist-info/METADATA"), "Name: foo\nVersion: 1.0\n");
-        record(&fx, "foo-1.0.dist-info", &["foo.py", "foo-1.0.dist-info/METADATA", "foo-1.0.dist-info/RECORD"]);
+        write(
+            &site.join("foo-1.0.dist-info/METADATA"),
+            "Name: foo\nVersion: 1.0\n",
+        );
+        record(
+            &fx,
+            "foo-1.0.dist-info",
+            &[
+                "foo.py",
+                "foo-1.0.dist-info/METADATA",
+                "foo-1.0.dist-info/RECORD",
+            ],
+        );
         write(&site.join("bar.py"), "bar");
-        record(&fx, "bar-1.0.dist-info", &["bar.py", "bar-1.0.dist-info/RECORD"]);
+        record(
+            &fx,
+            "bar-1.0.dist-info",
+            &["bar.py", "bar-1.0.dist-info/RECORD"],
+        );
         let before = fx.tree();
         let rec2 = "foo.py,,\nfoo-2.0.dist-info/METADATA,,\nfoo-2.0.dist-info/RECORD,,\n";
         apply(
@@ -439,35 +466,62 @@ mod tests {
                 ("foo.py", Action::Replace, Some(New::File(b"v2".to_vec()))),
                 ("foo-1.0.dist-info/METADATA", Action::Delete, None),
                 ("foo-1.0.dist-info/RECORD", Action::Delete, None),
-                ("foo-2.0.dist-info/METADATA", Action::Add, Some(New::File(b"Name: foo\nVersion: 2.0\n".to_vec()))),
-                ("foo-2.0.dist-info/RECORD", Action::Add, Some(New::File(rec2.as_bytes().to_vec()))),
+                (
+                    "foo-2.0.dist-info/METADATA",
+                    Action::Add,
+                    Some(New::File(b"Name: foo\nVersion: 2.0\n".to_vec())),
+                ),
+                (
+                    "foo-2.0.dist-info/RECORD",
+                    Action::Add,
+                    Some(New::File(rec2.as_bytes().to_vec())),
+                ),
             ],
         )
         .unwrap();
         // An untouched distribution changed since: no reason to refuse.
         std::fs::remove_dir_all(site.join("bar-1.0.dist-info")).unwrap();
         write(&site.join("bar.py"), "bar 2");
-        record(&fx, "bar-2.0.dist-info", &["bar.py", "bar-2.0.dist-info/RECORD"]);
+        record(
+            &fx,
+            "bar-2.0.dist-info",
+            &["bar.py", "bar-2.0.dist-info/RECORD"],
+        );
         let state = State::open(&fx.v()).unwrap();
         let gens = vec![state.load(&state.generation_ids()[0]).unwrap()];
-        let (later, _) = state.later_changes(&gens, &Counters::default()).unwrap().unwrap();
+        let (later, _) = state
+            .later_changes(&gens, &Counters::default())
+            .unwrap()
+            .unwrap();
         assert!(later.is_empty(), "{later:?}");
         // "pip install foo==3.0": uninstalls 2.0, installs 3.0 (foo.py and foo/extra.py).
         std::fs::remove_dir_all(site.join("foo-2.0.dist-info")).unwrap();
         write(&site.join("foo.py"), "v3");
         write(&site.join("foo/extra.py"), "extra");
-        write(&site.join("foo-3.0.dist-info/METADATA"), "Name: foo\nVersion: 3.0\n");
-        record(&fx, "foo-3.0.dist-info", &["foo.py", "foo/extra.py", "foo-3.0.dist-info/METADATA", "foo-3.0.dist-info/RECORD"]);
+        write(
+            &site.join("foo-3.0.dist-info/METADATA"),
+            "Name: foo\nVersion: 3.0\n",
+        );
+        record(
+            &fx,
+            "foo-3.0.dist-info",
+            &[
+                "foo.py",
+                "foo/extra.py",
+                "foo-3.0.dist-info/METADATA",
+                "foo-3.0.dist-info/RECORD",
+            ],
+        );
         let after_pip = fx.tree();
         let r = state.rollback(None, false, &Counters::default()).unwrap();
         assert!(r.refused);
         let later = r.later.unwrap();
-        let files: Vec<(&str, FileChange)> =
-            later.changed_files.iter().map(|f| (f.path.as_str(), f.change)).collect();
-        assert_eq!(
-            files,
-            [("foo.py", FileChange::Modified)]
-        );
+        let files: Vec<(&str, FileChange)> = later
+            .changed_files
+            .iter()
+            .map(|f| (f.path.as_str(), f.change))
+            .collect();
+        assert_eq!(files, [("foo.py", FileChange::Modified)]);
         assert_eq!(later.dist_infos_added, ["foo-3.0.dist-info"]);
         assert_eq!(later.dist_infos_removed, ["foo-2.0.dist-info"]);
         assert_eq!(fx.tree(), after_pip, "a refused rollback changes nothing");
@@ -475,12 +529,24 @@ mod tests {
         let r = state.rollback(None, true, &Counters::default()).unwrap();
         assert!(!r.refused && r.inconsistent.is_empty(), "{r:?}");
         assert_eq!(r.displaced, ["foo-3.0.dist-info"]);
-        let g = fx.venv().join(".overlay/generations").join(&r.generations[0]);
+        let g = fx
+            .venv()
+            .join(".overlay/generations")
+            .join(&r.generations[0]);
         assert_eq!(
-            std::fs::read_to_string(g.join("displaced").join(super::super::tests_support::SITE).join("foo/extra.py")).unwrap(),
+            std::fs::read_to_string(
+                g.join("displaced")
+                    .join(super::super::tests_support::SITE)
+                    .join("foo/extra.py")
+            )
+            .unwrap(),
             "extra"
         );
-        assert_eq!(std::fs::read_to_string(g.join("undone/0")).unwrap(), "v3", "pip's foo.py is kept");
+        assert_eq!(
+            std::fs::read_to_string(g.join("undone/0")).unwrap(),
+            "v3",
+            "pip's foo.py is kept"
+        );
         let mut want = before;
         want.retain(|k, _| !k.contains("bar"));
         let mut now = fx.tree();
@@ -500,7 +566,10 @@ mod tests {
         let state = State::open(&fx.v()).unwrap();
         let r = state.rollback(None, false, &Counters::default()).unwrap();
         assert!(r.refused);
-        assert_eq!(r.later.unwrap().changed_files[0].change, FileChange::Recreated);
+        assert_eq!(
+            r.later.unwrap().changed_files[0].change,
+            FileChange::Recreated
+        );
         let r = state.rollback(None, true, &Counters::default()).unwrap();
         assert_eq!(fx.tree(), before);
         assert!(r.kept_edited[0].contains("old.py"), "{r:?}");

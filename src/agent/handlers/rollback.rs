@@ -18,5 +18,6 @@ pub fn rollback(
 ) -> Result<Response> {
     let counters = Counters::default();
     let state = session.state(venv)?;
-    with_progress(output, &counters, || state.rollback(to, force, &counters))?.map(Response::RolledBack)
+    with_progress(output, &counters, || state.rollback(to, force, &counters))?
+        .map(Response::RolledBack)
 }
