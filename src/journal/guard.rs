@@ -554,6 +554,45 @@ mod tests {
         assert_eq!(now, want);
     }
 
+    /// With `--to`, every generation in the range is checked: a file the
+    /// older one placed and no newer one changed, edited since, blocks it.
+    #[test]
+    fn a_change_to_an_older_generations_file_blocks_a_rollback_to_it() {
+        let fx = Fx::new();
+        write(&fx.site().join("a.py"), "a");
+        write(&fx.site().join("b.py"), "b");
+        let before = fx.tree();
+        let old = apply(
+            &fx,
+            &[("a.py", Action::Replace, Some(New::File(b"a2".to_vec())))],
+        )
+        .unwrap();
+        apply(
+            &fx,
+            &[("b.py", Action::Replace, Some(New::File(b"b2".to_vec())))],
+        )
+        .unwrap();
+        write(&fx.site().join("a.py"), "edited");
+        let state = State::open(&fx.v()).unwrap();
+        // The newest alone does not touch a.py.
+        let gens = vec![state.load(&state.generation_ids()[1]).unwrap()];
+        let (later, _) = state
+            .later_changes(&gens, &Counters::default())
+            .unwrap()
+            .unwrap();
+        assert!(later.is_empty(), "{later:?}");
+        let r = state
+            .rollback(Some(&old), false, &Counters::default())
+            .unwrap();
+        assert!(r.refused);
+        assert_eq!(r.generations.len(), 2);
+        assert_eq!(r.later.unwrap().changed_files[0].path, "a.py");
+        state
+            .rollback(Some(&old), true, &Counters::default())
+            .unwrap();
+        assert_eq!(fx.tree(), before);
+    }
+
     /// A path the generation deleted and pip re-created blocks the rollback;
     /// forced, the re-created file is kept in undone/ and the old one restored.
     #[test]
