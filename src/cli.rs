@@ -273,6 +273,10 @@ pub struct RollbackArgs {
     #[arg(long, value_name = "ID")]
     pub to: Option<String>,
 
+    /// Roll back even if the generations' files or distributions changed since the apply (pip ran); what stands in the way is kept in the state folder.
+    #[arg(long)]
+    pub force: bool,
+
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,

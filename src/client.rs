@@ -638,10 +638,17 @@ impl Client {
     }
 
     /// Roll back generations down to and including `to` (default: the newest).
-    pub fn rollback(&mut self, venv: &str, to: Option<String>) -> Result<RollbackReport> {
+    /// With `force`, also over changes made since the apply.
+    pub fn rollback(
+        &mut self,
+        venv: &str,
+        to: Option<String>,
+        force: bool,
+    ) -> Result<RollbackReport> {
         let req = Request::Rollback {
             venv: venv.to_string(),
             to,
+            force,
         };
         answer!(self, &req, "a rollback", Response::RolledBack(r) => r)
     }

@@ -28,7 +28,10 @@ use crate::model::{
     ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
 };
 
-/// Bumped whenever a frame changes shape. 11: `Abort` may be sent while a
+/// Bumped whenever a frame changes shape. 12: `force` in `Rollback`; the
+/// rollback report's `later`, `refused`, `displaced`, `inconsistent`;
+/// `sudo` in a plan's hosts; `backup_bytes` in `Committed`; `versions` in
+/// `PrepareRequest`. 11: `Abort` may be sent while a
 /// `Switch` runs (it undoes the switch), which then sends `Progress`; the
 /// error kind `interrupted`. 10: `ElfInfo.defined` is a
 /// base64 string of symbol hashes; `PrefetchElf`. 9: a source's hash and a
@@ -37,7 +40,7 @@ use crate::model::{
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
@@ -172,6 +175,9 @@ pub enum Request {
     Rollback {
         venv: String,
         to: Option<String>,
+        /// Roll back over changes made since the apply (`rollback --force`).
+        #[serde(default)]
+        force: bool,
     },
     History {
         venv: String,

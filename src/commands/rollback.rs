@@ -1,9 +1,12 @@
 //! `overlay rollback [HOST]`: restore the target to its state before a
-//! generation. Needs only that host; the source may be down.
+//! generation. Needs only that host; the source may be down. Refused, with
+//! the list of what changed since the apply, unless `--force`; forced, it
+//! names what it moved out of the way and what is still not consistent.
 
 use overlay::error::{EXIT_OK, Result};
 use overlay::ops::Observer;
-use overlay::ops::rollback::{RollbackOptions, rollback};
+use overlay::ops::rollback::{RollbackOptions, later_lines, refusal, rollback};
+use overlay::text::escape;
 
 use crate::cli::{GlobalArgs, RollbackArgs};
 use crate::progress::Console;
@@ -12,6 +15,7 @@ pub fn run(global: &GlobalArgs, args: &RollbackArgs) -> Result<u8> {
     let opts = RollbackOptions {
         host: global.host_choice(&args.host, &args.plan),
         to: args.to.clone(),
+        force: args.force,
         connect: global.connect_options(),
     };
     let done = rollback(&opts)?;
@@ -27,8 +31,40 @@ pub fn run(global: &GlobalArgs, args: &RollbackArgs) -> Result<u8> {
         console.status(&format!("{name}: {msg}"));
         return Ok(EXIT_OK);
     }
+    let all = global.verbose > 0;
+    if report.refused {
+        // Part of the error: shown even with --quiet.
+        eprintln!("Changed since the apply, on {name} ({}):", done.venv);
+        for line in later_lines(report.later.as_ref().expect("refused over changes"), all) {
+            eprintln!("{}", escape(&line));
+        }
+        return Err(refusal(&done, args.to.as_deref()));
+    }
+    if let Some(later) = &report.later {
+        console.status(&format!(
+            "Rolling back over changes made since the apply, on {name} ({}):",
+            done.venv
+        ));
+        for line in later_lines(later, all) {
+            console.status(&line);
+        }
+    }
     for k in &report.kept_edited {
-        eprintln!("warning: {}", overlay::text::escape(k));
+        eprintln!("warning: {}", escape(k));
+    }
+    if let Some(to) = &report.displaced_to {
+        eprintln!(
+            "warning: {} added since the apply: moved out, with the files only {} RECORD lists, to {to}",
+            escape(&report.displaced.join(", ")),
+            if report.displaced.len() == 1 {
+                "its"
+            } else {
+                "their"
+            }
+        );
+    }
+    for p in &report.inconsistent {
+        eprintln!("warning: not consistent after the rollback: {}", escape(p));
     }
     console.status(&format!(
         "Rolled back {} on {name} ({}): {} files restored, {} removed; {} paths verified against the listing from before the apply",
@@ -38,5 +74,10 @@ pub fn run(global: &GlobalArgs, args: &RollbackArgs) -> Result<u8> {
         report.removed,
         report.verified
     ));
+    if !report.inconsistent.is_empty() {
+        console.status(&format!(
+            "hint: `overlay doctor {name}` checks every distribution's files against its RECORD"
+        ));
+    }
     Ok(EXIT_OK)
 }

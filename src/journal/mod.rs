@@ -47,11 +47,15 @@
 //!   result against before.json.
 //! - `rollback.rs`: finishing an interrupted generation (recover) and
 //!   rolling back complete ones.
+//! - `guard.rs`: the listing after an apply (after.json), what changed
+//!   since, checked before a rollback, and one dist-info per distribution
+//!   after a forced one.
 //! - `space.rs`: free space and disk usage.
 //!
 //! This file holds [`State`] and the small helpers every step shares.
 
 mod format;
+mod guard;
 mod prepare;
 mod rollback;
 mod space;
@@ -65,6 +69,7 @@ mod property;
 mod tests_support;
 
 pub use format::{DIGEST, Generation, Meta, Record};
+pub use guard::After;
 pub use space::free_bytes;
 pub use state::open_for_receive;
 pub use switch::SWITCH_BATCH;

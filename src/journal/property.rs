@@ -264,12 +264,12 @@ fn run(
     let mut done = false;
     if let Some(n) = stop_undo {
         state.stop_after(n);
-        done = state.rollback(None, &counters).is_ok();
+        done = state.rollback(None, false, &counters).is_ok();
         state.stop_after(u64::MAX);
         prop_assert_eq!(fx.beside(), beside.clone());
     }
     if !done {
-        let r = state.rollback(None, &counters);
+        let r = state.rollback(None, false, &counters);
         prop_assert!(r.is_ok(), "rollback: {:?}", r.err());
     }
     prop_assert_eq!(fx.tree(), before);

@@ -3,7 +3,8 @@
 //! files were all staged; one that never switched is simply dropped), and
 //! [`State::rollback`] undoes complete generations newest first, down to
 //! the one asked for, stopping before one that cannot be undone (applied
-//! without a backup, or damaged).
+//! without a backup, or damaged), and refusing, unless forced, when their
+//! files or distributions changed since the apply (see `guard.rs`).
 
 use super::format::{Generation, Record};
 use super::{GENERATIONS, State, fs_err};
@@ -123,7 +124,14 @@ impl State {
     }
 
     /// Roll back the newest complete generations down to and including `to`.
-    pub fn rollback(&self, to: Option<&str>, counters: &Counters) -> Result<RollbackReport> {
+    /// If their files or distributions changed since the apply, nothing is
+    /// done and the report says so (`refused`, `later`), unless `force`.
+    pub fn rollback(
+        &self,
+        to: Option<&str>,
+        force: bool,
+        counters: &Counters,
+    ) -> Result<RollbackReport> {
         let mut report = RollbackReport::default();
         if let Some((id, msg)) = self.recover(false, counters)? {
             // An interrupted apply is what the user wants undone: stop there.
@@ -184,23 +192,45 @@ impl State {
                 break;
             }
         }
+        let mut gens: Vec<Generation> = Vec::new();
         for (id, _) in live.iter().rev() {
-            let mut g = self.load(id)?;
-            let undone = self.undo(&mut g)?;
+            gens.push(self.load(id)?);
+            if id == &to {
+                break;
+            }
+        }
+        let later = self.later_changes(&gens, counters)?;
+        let forced = match later {
+            Some((l, after)) if !l.is_empty() => {
+                report.later = Some(l);
+                if !force {
+                    report.refused = true;
+                    report.generations = gens.iter().map(|g| g.meta.id.clone()).collect();
+                    return Ok(report);
+                }
+                Some(after)
+            }
+            _ => None,
+        };
+        for g in &mut gens {
+            let undone = self.undo_with(g, forced.is_some())?;
             report.restored += undone.restored;
             report.removed += undone.removed;
-            report.verified += self.finish_undo(&g, &undone, counters)?;
+            report.verified += self.finish_undo(g, &undone, counters)?;
             if !undone.edited.is_empty() {
                 report.kept_edited.push(format!(
-                    "{} (edited since the apply; kept in {})",
+                    "{} (changed since the apply; kept in {})",
                     undone.edited.join(", "),
                     g.dir.join("undone").display()
                 ));
             }
-            report.generations.push(id.clone());
-            if id == &to {
-                break;
-            }
+            report.generations.push(g.meta.id.clone());
+        }
+        if let Some(after) = forced {
+            let r = self.reconcile(&gens, &after);
+            report.displaced = r.displaced;
+            report.displaced_to = r.to;
+            report.inconsistent = r.problems;
         }
         Ok(report)
     }

@@ -300,8 +300,10 @@ impl State {
         g.append(Record::Checked)
     }
 
-    /// Mark complete; drop the backup unless asked to keep it; prune.
+    /// Write the listing after the apply (after.json), mark complete; drop
+    /// the backup unless asked to keep it; prune.
     pub fn commit(&self, g: &mut Generation, keep: Option<usize>) -> Result<Vec<String>> {
+        self.write_after(g)?;
         g.append(Record::Complete)?;
         let _ = g.fs.remove_all("staging");
         if !g.meta.backup {

@@ -180,7 +180,7 @@ pub(super) fn apply(fx: &Fx, list: &[(&str, Action, Option<New>)]) -> Result<Str
 }
 
 pub(super) fn rollback(fx: &Fx) -> Result<RollbackReport> {
-    State::open(&fx.v())?.rollback(None, &Counters::default())
+    State::open(&fx.v())?.rollback(None, false, &Counters::default())
 }
 
 pub(super) fn history(fx: &Fx) -> Result<Vec<GenerationInfo>> {

@@ -2,7 +2,8 @@
 //! its new files since the switch is removed, then its journal is walked
 //! backwards, each step undone only if the file system shows it took
 //! effect (so an undo can itself be interrupted and run again). A file
-//! edited since the apply is kept in `<generation>/undone/`, never lost.
+//! edited since the apply is kept in `<generation>/undone/`, never lost;
+//! so is, when forced, an entry made since where an old one goes back.
 //! The result is then checked against before.json before the backup goes.
 
 use std::collections::{BTreeSet, HashSet};
@@ -89,11 +90,12 @@ impl State {
         g: &Generation,
         r: &Record,
         moved: &HashSet<usize>,
+        force: bool,
         out: &mut Undone,
     ) -> std::io::Result<()> {
         match r {
             Record::Place { i } => self.undo_place(g, *i, moved, out),
-            Record::Move { i } => self.undo_move(g, *i, out),
+            Record::Move { i } => self.undo_move(g, *i, force, out),
             Record::Mkdir { dir } => self.undo_mkdir(g, dir, out),
             Record::Rmdir { dir, mode } if !self.fs.exists(dir) => {
                 let mode = mode & 0o7777;
@@ -140,12 +142,23 @@ impl State {
 
     /// Undo `Move` of change `i`: put its old entry back from the backup
     /// where nothing stands (bytecode written since the switch gives way).
-    fn undo_move(&self, g: &Generation, i: usize, out: &mut Undone) -> std::io::Result<()> {
+    fn undo_move(
+        &self,
+        g: &Generation,
+        i: usize,
+        force: bool,
+        out: &mut Undone,
+    ) -> std::io::Result<()> {
         let c = &g.meta.changes[i];
         let rel = &g.rels[i];
         let Some(backup) = g.backup_of(i) else {
             return Ok(());
         };
+        if force && !c.bytecode && self.fs.exists(rel) {
+            // Made since the apply (pip re-created it): kept, out of the way.
+            self.take_out(g, rel, &i.to_string())?;
+            out.edited.push(c.path.clone());
+        }
         if c.bytecode
             && self
                 .fs
@@ -200,6 +213,12 @@ impl State {
     /// that fails does not stop the others; the undo then fails naming
     /// them, and can be run again.
     pub fn undo(&self, g: &mut Generation) -> Result<Undone> {
+        self.undo_with(g, false)
+    }
+
+    /// [`State::undo`]; with `force`, an entry standing where an old one
+    /// goes back (made since the apply) is first taken out into `undone/`.
+    pub fn undo_with(&self, g: &mut Generation, force: bool) -> Result<Undone> {
         let mut out = Undone::default();
         if g.status() == Status::RolledBack {
             return Ok(out);
@@ -235,7 +254,7 @@ impl State {
         let mut failed = Vec::new();
         for r in records.iter().rev() {
             self.step_hook()?;
-            if let Err(e) = self.undo_step(g, r, &moved, &mut out) {
+            if let Err(e) = self.undo_step(g, r, &moved, force, &mut out) {
                 let what = match r {
                     Record::Place { i } | Record::Move { i } => g.meta.changes[*i].path.clone(),
                     Record::Mkdir { dir } | Record::Rmdir { dir, .. } => dir.clone(),

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{FileStamp, Kind};
+use super::{FileStamp, Kind, LaterChanges};
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "lowercase")]
@@ -151,4 +151,22 @@ pub struct RollbackReport {
     pub removed: u64,
     /// Paths checked against the listing from before the apply.
     pub verified: u64,
+    /// What changed since the apply in the generations' files and
+    /// distributions (none: nothing, or a generation too old to say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub later: Option<LaterChanges>,
+    /// Refused because of `later` (no `--force`): nothing was changed.
+    #[serde(default)]
+    pub refused: bool,
+    /// With `--force`: dist-info directories added since the apply for the
+    /// generations' distributions, moved out with the files only their
+    /// RECORD lists (a second version of a restored distribution).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displaced: Vec<String>,
+    /// Where `displaced` went (a folder in the state folder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub displaced_to: Option<String>,
+    /// With `--force`: what the rollback could not make consistent, in words.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inconsistent: Vec<String>,
 }

@@ -598,7 +598,8 @@ fn verify_and_roll_back(
         rolled_back: false,
     };
     if opts.rollback_on_failure {
-        let r = dst.rollback(&plan.target.venv, Some(generation.to_string()))?;
+        // Right after the switch: what the check itself changed is undone too.
+        let r = dst.rollback(&plan.target.venv, Some(generation.to_string()), true)?;
         checked.rolled_back = true;
         obs.status(&format!(
             "verify failed ({why}): rolled back generation {generation} on {} ({} files restored, {} removed, {} paths verified)",

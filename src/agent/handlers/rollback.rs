@@ -1,5 +1,6 @@
 //! `Rollback`: target side. Roll back generations down to and including
-//! `to` (default: the newest), with progress frames while it runs.
+//! `to` (default: the newest), with progress frames while it runs; over
+//! changes made since the apply only with `force`.
 
 use std::io::Write;
 
@@ -13,8 +14,10 @@ pub fn rollback(
     output: &mut dyn Write,
     venv: &str,
     to: Option<&str>,
+    force: bool,
 ) -> Result<Response> {
     let counters = Counters::default();
     let state = session.state(venv)?;
-    with_progress(output, &counters, || state.rollback(to, &counters))?.map(Response::RolledBack)
+    with_progress(output, &counters, || state.rollback(to, force, &counters))?
+        .map(Response::RolledBack)
 }
