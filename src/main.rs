@@ -12,8 +12,6 @@ mod progress;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use overlay::error::{EXIT_OK, ErrorKind};
 
 unsafe extern "C" {
@@ -49,7 +47,7 @@ fn no_huge_pages() {
 }
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse() {
+    let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -73,6 +71,8 @@ fn main() -> ExitCode {
         cli::Command::Prune(args) => commands::prune::run(&cli.global, &args),
         cli::Command::Verify(args) => commands::verify::run(&cli.global, &args),
         cli::Command::Doctor(args) => commands::doctor::run(&cli.global, &args),
+        cli::Command::Completions(args) => commands::completions::run(&args),
+        cli::Command::Man(args) => commands::man::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
