@@ -18,7 +18,12 @@ use overlay::transport::ConnectOptions;
 /// check failed; 4 to 10 one per kind of failure (connection, host key,
 /// drift, conflict, refused, host, protocol): see docs/exit-codes.md.
 #[derive(Debug, Parser)]
-#[command(name = "overlay", version, propagate_version = true)]
+#[command(
+    name = "overlay",
+    version,
+    propagate_version = true,
+    after_help = OVERLAY_EXAMPLES
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
@@ -313,6 +318,15 @@ pub struct ManArgs {
     #[arg(value_name = "COMMAND")]
     pub command: Option<String>,
 }
+
+const OVERLAY_EXAMPLES: &str = "\
+Examples:
+  See what would change on ct200, carry it out, and undo it:
+    overlay plan ct129 ct200
+    overlay apply
+    overlay rollback ct200
+  Every command's own examples:
+    overlay plan --help";
 
 const PLAN_EXAMPLES: &str = "\
 Examples:

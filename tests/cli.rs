@@ -85,6 +85,7 @@ fn man_pages_are_roff_naming_every_command_with_examples() {
     let page = stdout(&ok(overlay(&["man"]), "overlay man"));
     assert!(page.contains(".TH overlay 1"), "{page}");
     assert!(page.contains(".SH SUBCOMMANDS"), "{page}");
+    assert!(page.contains(".SH EXAMPLES"), "{page}");
     for c in &commands {
         assert!(page.contains(&format!("overlay\\-{c}")), "man lacks {c}");
         let sub = stdout(&ok(overlay(&["man", c]), &format!("overlay man {c}")));
