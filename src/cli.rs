@@ -1,8 +1,11 @@
-//! Command-line definitions. The doc comments here are the `--help` text.
+//! Command-line definitions. The doc comments here are the `--help` text;
+//! each subcommand's `after_help` ends it with real examples. [`command`]
+//! is the command line as parsed, shown and documented (completions, man
+//! page): the derived [`Cli`] with each subcommand's own `-v` wording.
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use overlay::model::Compression;
 use overlay::ops::HostChoice;
 use overlay::transport::ConnectOptions;
@@ -10,10 +13,18 @@ use overlay::transport::ConnectOptions;
 /// Overlay package sets from a working Python venv on one host onto another
 /// host's venv, over SSH: exact, predictable, reversible.
 ///
-/// Exit codes: 0 success; 1 `--check` found changes, or `doctor` found
-/// problems; 2 error; 3 the `[verify]` check failed; 130 interrupted (Ctrl-C).
+/// Exit codes: 0 success; 1 `plan --check` found changes, or `doctor` found
+/// problems; 2 bad usage (arguments, manifest, plan file); 3 the `[verify]`
+/// check failed; 4 to 10 one per kind of failure (connection, host key,
+/// drift, conflict, refused, host, protocol): see docs/exit-codes.md; 130
+/// interrupted (Ctrl-C).
 #[derive(Debug, Parser)]
-#[command(name = "overlay", version, propagate_version = true)]
+#[command(
+    name = "overlay",
+    version,
+    propagate_version = true,
+    after_help = OVERLAY_EXAMPLES
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
@@ -23,7 +34,7 @@ pub struct Cli {
 
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
-    /// The manifest that names hosts and package sets.
+    /// The manifest: hosts, package sets and the `[verify]` check.
     #[arg(
         long,
         short = 'm',
@@ -42,36 +53,17 @@ pub struct GlobalArgs {
     #[arg(long, global = true)]
     pub accept_new_host_key: bool,
 
-    /// Seconds to wait for a host to answer before giving up.
+    /// Seconds to wait for each host to answer before giving up.
     #[arg(long, global = true, default_value_t = 10, value_name = "SECS")]
     pub connect_timeout: u64,
 
-    /// Show more: with `plan`, every changed path.
+    /// Show more (repeatable); each command's `--help` says what.
     #[arg(long, short = 'v', global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
-    /// Print only data and errors, no status or progress.
+    /// Print only data and errors: no status lines, no progress bars.
     #[arg(long, short = 'q', global = true)]
     pub quiet: bool,
-}
-
-impl Cli {
-    /// Parse the command line, noting whether `--manifest` was given (on
-    /// the command line or in the environment) rather than defaulted.
-    pub fn try_parse_marked() -> Result<Cli, clap::Error> {
-        use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
-        let matches = Cli::command().try_get_matches()?;
-        let mut cli = Cli::from_arg_matches(&matches)?;
-        let given = |m: &clap::ArgMatches| {
-            matches!(
-                m.value_source("manifest"),
-                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-            )
-        };
-        cli.global.manifest_explicit =
-            given(&matches) || matches.subcommand().is_some_and(|(_, m)| given(m));
-        Ok(cli)
-    }
 }
 
 impl GlobalArgs {
@@ -96,33 +88,49 @@ impl GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Hash the package sets on both live hosts and show what would be added,
-    /// replaced and deleted on the target. Changes nothing on either host; the
-    /// plan is saved for `overlay apply`.
+    /// replaced and deleted on the target, with the problems predicted after
+    /// the overlay. Changes nothing on either host; the plan is saved for
+    /// `overlay apply`.
+    #[command(after_help = PLAN_EXAMPLES)]
     Plan(PlanArgs),
 
     /// Carry out a saved plan on its target: stream only the changed files
     /// from the source, stage them, and switch them in through a journal.
+    #[command(after_help = APPLY_EXAMPLES)]
     Apply(ApplyArgs),
 
     /// Restore the target to its state before a generation, byte for byte.
-    /// Needs only the target host.
+    /// Needs only the target host, and the generations' backups.
+    #[command(after_help = ROLLBACK_EXAMPLES)]
     Rollback(RollbackArgs),
 
-    /// List the generations (applies) on a host.
+    /// List the generations (applies) on a host, newest last.
+    #[command(after_help = HISTORY_EXAMPLES)]
     History(HistoryArgs),
 
-    /// Remove old generations and their backups.
+    /// Remove old generations and their backups from a host.
+    #[command(after_help = PRUNE_EXAMPLES)]
     Prune(PruneArgs),
 
     /// Run the manifest's `[verify]` smoke test in the host's venv and show
     /// its whole output. Exit 3 when the check fails.
+    #[command(after_help = VERIFY_EXAMPLES)]
     Verify(VerifyArgs),
 
     /// Check a host's venv as it stands, without a source: files against
     /// their RECORD, damaged shared objects, extra files, duplicate
     /// dist-infos, stale bytecode, broken scripts, and the preflight's
     /// requirement, CUDA and ELF checks. Exit 1 when it finds a problem.
+    #[command(after_help = DOCTOR_EXAMPLES)]
     Doctor(DoctorArgs),
+
+    /// Print a shell completion script on stdout (see docs/completions.md).
+    #[command(after_help = COMPLETIONS_EXAMPLES)]
+    Completions(CompletionsArgs),
+
+    /// Print the man page (roff) on stdout: overlay's, or one command's.
+    #[command(after_help = MAN_EXAMPLES)]
+    Man(ManArgs),
 
     /// Serve the controller on stdin/stdout (started by overlay itself on each host).
     #[command(hide = true)]
@@ -136,7 +144,7 @@ pub const DEFAULT_PLAN: &str = ".overlay/plan.json";
 pub struct PlanArgs {
     /// The host with the working venv (a name from the manifest's [hosts]).
     pub source: String,
-    /// The host whose venv is to be changed.
+    /// The host whose venv is to be changed (a name from [hosts]).
     pub target: String,
 
     /// Only these sets (repeatable); default: every set in the manifest.
@@ -156,7 +164,7 @@ pub struct PlanArgs {
     #[arg(long)]
     pub strict: bool,
 
-    /// Where to save the plan.
+    /// Where to save the plan; `overlay apply FILE` carries it out.
     #[arg(
         long,
         short = 'o',
@@ -168,7 +176,7 @@ pub struct PlanArgs {
 
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
-    /// The plan to carry out.
+    /// The plan to carry out, as saved by `overlay plan` (its `-o`).
     #[arg(default_value = ".overlay/plan.json")]
     pub plan: PathBuf,
 
@@ -201,8 +209,9 @@ pub struct ApplyArgs {
     pub json: bool,
 
     /// How the stream is compressed: `auto` picks the zstd level for the
-    /// link as it goes (none on a fast link, more on a slow one), `none`
-    /// sends files as they are, a number is a fixed zstd level (-7 to 19).
+    /// link as it goes (none on a fast link, more on a slow one, none at all
+    /// when both hosts are local), `none` sends files as they are, a number
+    /// is a fixed zstd level (-7 to 19).
     #[arg(
         long,
         default_value = "auto",
@@ -245,7 +254,7 @@ pub struct VerifyArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// The plan that names the default host.
+    /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
 }
@@ -259,7 +268,7 @@ pub struct DoctorArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// The plan that names the default host.
+    /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
 }
@@ -269,7 +278,8 @@ pub struct RollbackArgs {
     /// The target host (default: the target of the last plan).
     pub host: Option<String>,
 
-    /// Roll back every generation down to and including this one (default: the newest).
+    /// Roll back every generation from the newest down to and including
+    /// this one, an ID from `overlay history` (default: only the newest).
     #[arg(long, value_name = "ID")]
     pub to: Option<String>,
 
@@ -281,35 +291,259 @@ pub struct RollbackArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// The plan that names the default host.
+    /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
 }
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
-    /// The host (default: the target of the last plan).
+    /// The host whose generations to list (default: the target of the last plan).
     pub host: Option<String>,
 
     /// Print the generations as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 
-    /// The plan that names the default host.
+    /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
 }
 
 #[derive(Debug, Args)]
 pub struct PruneArgs {
-    /// The host (default: the target of the last plan).
+    /// The host to prune (default: the target of the last plan).
     pub host: Option<String>,
 
     /// How many of the newest generations to keep.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub keep: usize,
 
-    /// The plan that names the default host.
+    /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// One command's page (`overlay-apply(1)`, ...) instead of overlay's.
+    #[arg(value_name = "COMMAND")]
+    pub command: Option<String>,
+}
+
+const OVERLAY_EXAMPLES: &str = "\
+Examples:
+  See what would change on ct200, carry it out, and undo it:
+    overlay plan ct129 ct200
+    overlay apply
+    overlay rollback ct200
+  Every command's own examples:
+    overlay plan --help";
+
+const PLAN_EXAMPLES: &str = "\
+Examples:
+  Compare every set of the manifest; save the plan to .overlay/plan.json:
+    overlay plan ct129 ct200
+  Only the torch set, listing every changed path:
+    overlay plan ct129 ct200 --set torch -v
+  A plan of its own for a second target, applied by its name:
+    overlay plan ct129 ct201 -o ct201.json && overlay apply ct201.json";
+
+const APPLY_EXAMPLES: &str = "\
+Examples:
+  Carry out the last plan (.overlay/plan.json), then run the [verify] check:
+    overlay apply --verify
+  Carry out a plan saved with `overlay plan -o`:
+    overlay apply ct201.json
+  Stream straight from the source host to the target, at zstd level 3:
+    overlay apply --direct --compress 3";
+
+const ROLLBACK_EXAMPLES: &str = "\
+Examples:
+  Undo the newest generation on ct200:
+    overlay rollback ct200
+  Undo every generation down to and including one that `overlay history` lists:
+    overlay rollback ct200 --to 20261130T142018Z-158f
+  Undo the newest generation on the last plan's target; the result as JSON:
+    overlay rollback --json";
+
+const HISTORY_EXAMPLES: &str = "\
+Examples:
+  The generations on ct200:
+    overlay history ct200
+  The same as JSON, for a script:
+    overlay history ct200 --json";
+
+const PRUNE_EXAMPLES: &str = "\
+Examples:
+  Keep the three newest generations on ct200 (the default), remove the rest:
+    overlay prune ct200
+  Keep only the newest (older ones can no longer be rolled back):
+    overlay prune ct200 --keep 1";
+
+const VERIFY_EXAMPLES: &str = "\
+Examples:
+  Run the manifest's [verify] check on ct200:
+    overlay verify ct200
+  On the source, giving up after two minutes; the result as JSON:
+    overlay verify ct129 --timeout 120 --json";
+
+const DOCTOR_EXAMPLES: &str = "\
+Examples:
+  Check ct200's venv as it stands:
+    overlay doctor ct200
+  The same for the source, as JSON:
+    overlay doctor ct129 --json";
+
+const COMPLETIONS_EXAMPLES: &str = "\
+Examples:
+  bash (for your user; bash-completion loads it from there):
+    overlay completions bash > ~/.local/share/bash-completion/completions/overlay
+  zsh (with `fpath+=~/.zfunc; autoload -U compinit; compinit` in ~/.zshrc):
+    overlay completions zsh > ~/.zfunc/_overlay
+  fish:
+    overlay completions fish > ~/.config/fish/completions/overlay.fish";
+
+const MAN_EXAMPLES: &str = "\
+Examples:
+  Read overlay's page, or apply's:
+    overlay man | man -l -
+    overlay man apply | man -l -
+  Install the page for every user:
+    overlay man > /usr/local/share/man/man1/overlay.1";
+
+/// What `-v` shows on each command, where it shows anything (`None`: the
+/// flag is accepted but does nothing there, so it is not listed).
+const VERBOSE_HELP: &[(&str, Option<&str>)] = &[
+    (
+        "plan",
+        Some(
+            "Show more: `-v` every changed path and every predicted problem, \
+             `-vv` also the time each step took",
+        ),
+    ),
+    (
+        "apply",
+        Some(
+            "Show more: `-vv` the time each step took and the compression \
+             levels `--compress auto` measured",
+        ),
+    ),
+    (
+        "rollback",
+        Some("Show more: every file and dist-info changed since the apply, not the first few"),
+    ),
+    (
+        "history",
+        Some("Show more: one line per changed distribution, not the first three"),
+    ),
+    ("prune", None),
+    ("verify", None),
+    ("doctor", None),
+    ("completions", None),
+    ("man", None),
+];
+
+/// Global flags that mean nothing to a command: accepted there, not listed.
+const UNUSED_GLOBALS: &[(&str, &[&str])] = &[
+    (
+        "completions",
+        &[
+            "manifest",
+            "accept_new_host_key",
+            "connect_timeout",
+            "quiet",
+        ],
+    ),
+    (
+        "man",
+        &[
+            "manifest",
+            "accept_new_host_key",
+            "connect_timeout",
+            "quiet",
+        ],
+    ),
+];
+
+/// One of [`GlobalArgs`]' flags as derived, to give a subcommand its own
+/// copy (which then takes the place of the global one there).
+fn global_arg(id: &str) -> clap::Arg {
+    GlobalArgs::augment_args(clap::Command::new("overlay"))
+        .get_arguments()
+        .find(|a| a.get_id() == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no global argument {id}"))
+}
+
+/// The command line as parsed, shown in `--help` and documented by
+/// `overlay completions` and `overlay man`: [`Cli`], with each subcommand's
+/// own wording of `-v` and without the global flags it does not use.
+pub fn command() -> clap::Command {
+    Cli::command().mut_subcommands(|mut sc| {
+        let name = sc.get_name().to_string();
+        if let Some((_, help)) = VERBOSE_HELP.iter().find(|(n, _)| *n == name) {
+            let arg = global_arg("verbose");
+            sc = sc.arg(match help {
+                Some(h) => arg.help(*h),
+                None => arg.hide(true),
+            });
+        }
+        if let Some((_, ids)) = UNUSED_GLOBALS.iter().find(|(n, _)| *n == name) {
+            for id in *ids {
+                sc = sc.arg(global_arg(id).hide(true));
+            }
+        }
+        sc
+    })
+}
+
+/// Parse the process's arguments with [`command`].
+///
+/// Also notes whether `--manifest` was given (on the command line or in the
+/// environment) rather than defaulted: `apply` then checks it against the
+/// manifest the plan recorded.
+pub fn parse() -> Result<Cli, clap::Error> {
+    use clap::parser::ValueSource;
+    let mut cmd = command();
+    let matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
+    let given = |m: &clap::ArgMatches| {
+        matches!(
+            m.value_source("manifest"),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    };
+    cli.global.manifest_explicit =
+        given(&matches) || matches.subcommand().is_some_and(|(_, m)| given(m));
+    Ok(cli)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        command().debug_assert();
+    }
+
+    #[test]
+    fn a_subcommand_s_own_verbose_still_counts() {
+        let parse = |args: &[&str]| {
+            let m = command().try_get_matches_from(args).unwrap();
+            Cli::from_arg_matches(&m).unwrap().global.verbose
+        };
+        assert_eq!(parse(&["overlay", "plan", "a", "b", "-vv"]), 2);
+        assert_eq!(parse(&["overlay", "-v", "plan", "a", "b"]), 1);
+        assert_eq!(parse(&["overlay", "rollback", "-v"]), 1);
+        assert_eq!(parse(&["overlay", "history"]), 0);
+    }
 }

@@ -47,7 +47,7 @@ fn no_huge_pages() {
 }
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse_marked() {
+    let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -73,6 +73,8 @@ fn main() -> ExitCode {
         cli::Command::Prune(args) => commands::prune::run(&cli.global, &args),
         cli::Command::Verify(args) => commands::verify::run(&cli.global, &args),
         cli::Command::Doctor(args) => commands::doctor::run(&cli.global, &args),
+        cli::Command::Completions(args) => commands::completions::run(&args),
+        cli::Command::Man(args) => commands::man::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

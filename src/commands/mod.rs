@@ -5,8 +5,10 @@
 //! `crate::progress`).
 
 pub mod apply;
+pub mod completions;
 pub mod doctor;
 pub mod history;
+pub mod man;
 pub mod plan;
 pub mod prune;
 pub mod rollback;

@@ -46,8 +46,11 @@ pub struct Venv {
 }
 
 impl Venv {
-    /// Find the venv at `root`: it must exist, have a `pyvenv.cfg`, and one
-    /// `lib/pythonX.Y/site-packages`.
+    /// Find the venv at `root`: it must exist, not be a conda environment
+    /// (`conda-meta/` and no `pyvenv.cfg`: conda's own packages are not
+    /// described by dist-infos alone), and have one
+    /// `lib/pythonX.Y/site-packages` (with several, `pyvenv.cfg`'s version
+    /// picks one).
     pub fn open(root: &str) -> Result<Venv> {
         let rootp = PathBuf::from(root);
         match std::fs::metadata(&rootp) {
@@ -67,6 +70,14 @@ impl Venv {
                     io_cause(&e)
                 ));
             }
+        }
+        if rootp.join("conda-meta").is_dir() && !rootp.join("pyvenv.cfg").exists() {
+            return Err(err!(
+                kind = Usage,
+                hint = "overlay works on venvs (python -m venv, virtualenv, uv venv); \
+                        conda environments are not supported yet: see docs/manifest.md#conda-environments",
+                "venv {root} is a conda environment (it has conda-meta/ and no pyvenv.cfg)"
+            ));
         }
         let cfg = std::fs::read_to_string(rootp.join("pyvenv.cfg")).unwrap_or_default();
         let cfg_version = cfg.lines().find_map(|l| {
@@ -183,5 +194,20 @@ mod tests {
         assert_eq!(venv_relative(SITE, "/etc/passwd"), None);
         assert_eq!(venv_relative(SITE, "a/../../../../../x"), None);
         assert_eq!(venv_relative(SITE, ""), None);
+    }
+
+    #[test]
+    fn a_conda_environment_is_refused_and_a_venv_beside_conda_meta_is_not() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join(SITE)).unwrap();
+        std::fs::create_dir(t.path().join("conda-meta")).unwrap();
+        let root = t.path().to_str().unwrap();
+        let e = Venv::open(root).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::Usage);
+        assert!(e.message.contains("conda environment") && e.message.contains(root));
+        assert!(e.hint.unwrap().contains("docs/manifest.md"));
+        // A venv made with conda's python has pyvenv.cfg: it is a venv.
+        std::fs::write(t.path().join("pyvenv.cfg"), "version = 3.11.2\n").unwrap();
+        assert_eq!(Venv::open(root).unwrap().python, "3.11");
     }
 }

@@ -504,7 +504,8 @@ fn transfer(
             timeout: opts.connect.timeout.as_secs(),
         },
     };
-    let failure = match stream(plan, &opts.connect, dst, send, opts.compression, route, obs) {
+    let compression = route_compression(opts.compression, plan);
+    let failure = match stream(plan, &opts.connect, dst, send, compression, route, obs) {
         Ok(moved) => return Ok(moved),
         Err(f) => f,
     };
@@ -528,6 +529,18 @@ fn transfer(
         Ok(()) => fate(e, dst.lost(), Phase::Aborted, tname, generation),
         Err(_) => fate(e, dst.lost(), Phase::Stream, tname, generation),
     })
+}
+
+/// `--compress auto` between two venvs of this machine (both hosts on the
+/// local transport) sends the files as they are: the stream then runs
+/// through pipes, where compressing costs CPU and saves nothing. A fixed
+/// `--compress LEVEL` is kept.
+fn route_compression(asked: Compression, plan: &Plan) -> Compression {
+    let local = plan.source.ssh.is_none() && plan.target.ssh.is_none();
+    match asked {
+        Compression::Auto if local => Compression::None,
+        other => other,
+    }
 }
 
 /// Switch the staged generation in and commit it; returns the bytes its
