@@ -10,7 +10,7 @@ use toml::Spanned;
 
 use crate::err;
 use crate::error::{Error, Result};
-use crate::model::{Endpoint, Set, normalize_name};
+use crate::model::{Endpoint, Set, SshDest, normalize_name};
 
 /// A parsed, validated manifest.
 #[derive(Debug, Clone)]
@@ -77,6 +77,7 @@ struct RawHost {
     ssh: Option<Spanned<String>>,
     venv: Spanned<String>,
     direct_ssh: Option<Spanned<String>>,
+    proxy_jump: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -135,11 +136,32 @@ impl Locator<'_> {
                 ),
             ));
         }
+        let proxy_jump = match host.proxy_jump {
+            Some(j) => {
+                if host.ssh.is_none() {
+                    return Err(self.at(
+                        j.span(),
+                        format!("host {name}: proxy_jump needs an ssh destination (`ssh = \"...\"`) to jump to"),
+                    ));
+                }
+                if let Err(why) = crate::model::jump_hops(j.get_ref()) {
+                    return Err(self.at(
+                        j.span(),
+                        format!("host {name}: proxy_jump {:?} {why}", j.get_ref()),
+                    ));
+                }
+                Some(j.into_inner())
+            }
+            None => None,
+        };
         let endpoint = match host.ssh {
             Some(s) if s.get_ref().trim().is_empty() => {
                 return Err(self.at(s.span(), format!("host {name}: ssh must not be empty")));
             }
-            Some(s) => Endpoint::Ssh(s.into_inner()),
+            Some(s) => Endpoint::Ssh(SshDest {
+                target: s.into_inner(),
+                proxy_jump,
+            }),
             None => Endpoint::Local,
         };
         let direct_ssh = match host.direct_ssh {
@@ -395,7 +417,10 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         )
         .unwrap();
         assert_eq!(m.hosts["ct129"].venv, "/root/venv");
-        assert_eq!(m.hosts["ct129"].endpoint, Endpoint::Ssh("ct129".into()));
+        assert_eq!(
+            m.hosts["ct129"].endpoint,
+            Endpoint::Ssh(SshDest::new("ct129"))
+        );
         assert_eq!(m.hosts["local"].endpoint, Endpoint::Local);
         let names: Vec<_> = m.sets.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(

@@ -137,7 +137,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     let clock = Clock::start(obs);
     let plan = load_plan(&opts.plan)?;
     let tname = plan.target.name.clone();
-    let mut dst = Client::connect(&tname, &endpoint(&plan.target.ssh), &opts.connect)?;
+    let mut dst = Client::connect(&tname, &endpoint(&plan.target), &opts.connect)?;
     if opts.resume {
         return resume(dst, &plan);
     }
@@ -524,7 +524,7 @@ fn stream(
     obs: &dyn Observer,
 ) -> std::result::Result<Moved, StreamFailure> {
     let sname = plan.source.name.clone();
-    let mut src = Client::connect(&sname, &endpoint(&plan.source.ssh), opts)
+    let mut src = Client::connect(&sname, &endpoint(&plan.source), opts)
         .map_err(|e| StreamFailure::new(e, false))?;
     let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
         let e = err!(

@@ -68,6 +68,9 @@ pub struct HostInfo {
     /// The manifest's `direct_ssh` value (see `apply --direct`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct_ssh: Option<String>,
+    /// The manifest's `proxy_jump` value (jump hosts to reach `ssh`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_jump: Option<String>,
     pub venv: String,
     /// Relative to the venv.
     pub site_packages: String,
@@ -181,6 +184,7 @@ mod tests {
             name: n.into(),
             ssh: None,
             direct_ssh: None,
+            proxy_jump: None,
             venv: "/v".into(),
             site_packages: String::new(),
             python: py.into(),
