@@ -534,7 +534,16 @@ Host jump
     ProxyJump bastion
 
 Host pc
-    ProxyCommand nc %h %p
+    ProxyCommand ssh -l %u -W %h:%p %x %%% hop
+
+Host multi
+    ProxyJump u@j1:2222,j2
+
+Host nojump
+    ProxyJump none
+
+Host badjump
+    ProxyJump a,,b
 
 Host noagent
     IdentityAgent none
@@ -615,15 +624,27 @@ Host *
         assert_eq!(r.agent, AgentSocket::Disabled);
         assert!(r.known_hosts_files.is_empty());
 
+        assert_eq!(r.proxy, Proxy::Direct);
+
+        // ProxyJump: the hops, first first; ProxyCommand: %-tokens expanded.
+        let r = resolve("jump", &text, &l).unwrap();
+        assert_eq!(r.proxy, Proxy::Jump(vec!["bastion".into()]));
+        let r = resolve("pc", &text, &l).unwrap();
+        assert_eq!(
+            r.proxy,
+            Proxy::Command("ssh -l alice -W pc:22 %x %% hop".into())
+        );
+        let r = resolve("multi", &text, &l).unwrap();
+        assert_eq!(
+            r.proxy,
+            Proxy::Jump(vec!["u@j1:2222".into(), "j2".into()])
+        );
+        let r = resolve("nojump", &text, &l).unwrap();
+        assert_eq!(r.proxy, Proxy::Direct);
         assert!(
-            resolve("jump", &text, &l)
+            resolve("badjump", &text, &l)
                 .unwrap_err()
                 .contains("ProxyJump")
-        );
-        assert!(
-            resolve("pc", &text, &l)
-                .unwrap_err()
-                .contains("ProxyCommand")
         );
         assert!(resolve("box:x", &text, &l).is_err());
         // No config at all.
