@@ -253,6 +253,17 @@ fn direct_destination(plan: &Plan, direct: bool) -> Result<Option<String>> {
     }
 }
 
+/// With `--direct`: the jump hosts the source's `ssh` goes through (`-J`):
+/// the target's `proxy_jump` when the source uses the target's `ssh` value;
+/// none when the manifest gives a `direct_ssh` (the source's own
+/// ~/.ssh/config then says how it gets there).
+fn direct_jump(plan: &Plan) -> Option<String> {
+    match plan.target.direct_ssh {
+        Some(_) => None,
+        None => plan.target.proxy_jump.clone(),
+    }
+}
+
 /// The `[verify]` check of the manifest the plan was made from, if it is
 /// still there, else of `opts.manifest`.
 fn check_request(plan: &Plan, opts: &ApplyOptions) -> Result<VerifyRequest> {
@@ -612,6 +623,7 @@ fn relay(
         } => {
             let to = DirectTo {
                 ssh: dest.to_string(),
+                proxy_jump: direct_jump(plan),
                 agent: dst.agent_exe().to_string(),
                 target_venv: plan.target.venv.clone(),
                 generation: generation.to_string(),
