@@ -55,7 +55,10 @@ fn manifest(tb: &Testbed, dst_ssh: &str, jump: Option<&str>) {
 }
 
 #[test]
-#[cfg_attr(not(overlay_test_root), ignore = "needs root: mount namespaces and sshd")]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
 fn jump_hosts_and_proxy_commands() {
     let mut tb = Testbed::new(2);
     let pid = tb.isolate(1);
@@ -95,7 +98,10 @@ fn jump_hosts_and_proxy_commands() {
     manifest(&tb, "dst", Some("outer,bastion"));
     ok(reach(&tb), "reaching the target through outer and bastion");
     outer.stop();
-    let e = fails(reach(&tb), "reaching the target through a jump host that is down");
+    let e = fails(
+        reach(&tb),
+        "reaching the target through a jump host that is down",
+    );
     assert!(e.contains("jump host outer"), "{e}");
     assert!(e.contains("connection refused"), "{e}");
 
@@ -124,7 +130,10 @@ fn jump_hosts_and_proxy_commands() {
     manifest(&tb, "dstpc", None);
     ok(reach(&tb), "reaching the target with ProxyCommand ssh -W");
     manifest(&tb, "dstbad", None);
-    let e = fails(reach(&tb), "reaching the target through a failing ProxyCommand");
+    let e = fails(
+        reach(&tb),
+        "reaching the target through a failing ProxyCommand",
+    );
     assert!(e.contains(&format!("no route to {ip}")), "{e}");
     assert!(e.contains("ProxyCommand"), "{e}");
 
@@ -149,7 +158,10 @@ fn jump_hosts_and_proxy_commands() {
     );
     fs::write(&known_hosts, good.replace(&line, &changed)).unwrap();
     let out = reach(&tb);
-    let e = fails(out, "reaching the target through a jump host whose key changed");
+    let e = fails(
+        out,
+        "reaching the target through a jump host whose key changed",
+    );
     assert!(e.contains("jump host bastion"), "{e}");
     assert!(e.contains("CHANGED"), "{e}");
     // Unknown: recorded with --accept-new-host-key (as for any host).

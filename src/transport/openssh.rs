@@ -127,8 +127,21 @@ mod tests {
             "-J me@bastion:2222,inner -l deploy -- gpu7"
         );
         for bad in ["-oProxyCommand=sh", "a b", "box:x"] {
-            assert!(ssh_args(&Dest { ssh: bad, proxy_jump: None }).is_err(), "{bad}");
+            assert!(
+                ssh_args(&Dest {
+                    ssh: bad,
+                    proxy_jump: None
+                })
+                .is_err(),
+                "{bad}"
+            );
         }
-        assert!(ssh_args(&Dest { ssh: "box", proxy_jump: Some("-x") }).is_err());
+        assert!(
+            ssh_args(&Dest {
+                ssh: "box",
+                proxy_jump: Some("-x")
+            })
+            .is_err()
+        );
     }
 }

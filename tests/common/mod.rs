@@ -748,7 +748,13 @@ impl Testbed {
         let h = &mut self.hosts[i];
         let (ip, port) = pick_address();
         run(Command::new("unshare")
-            .args(["--net", "sh", "-c", "ip link set lo up && exec \"$@\"", "sh"])
+            .args([
+                "--net",
+                "sh",
+                "-c",
+                "ip link set lo up && exec \"$@\"",
+                "sh",
+            ])
             .arg("/usr/bin/python3")
             .arg(testbed_py())
             .args(["host", "up"])

@@ -423,7 +423,13 @@ pub(super) fn read_config(who: Who<'_>, env: &LocalEnv) -> Result<String> {
 /// manifest's `proxy_jump`) replaces the proxy the config sets.
 pub(super) fn resolve_target(who: Who<'_>, jump: Option<&str>, env: &LocalEnv) -> Result<Resolved> {
     let config = read_config(who, env)?;
-    resolve_in(who, jump, &config, env, "write the host's ssh value as an alias from ~/.ssh/config or as [user@]host[:port]")
+    resolve_in(
+        who,
+        jump,
+        &config,
+        env,
+        "write the host's ssh value as an alias from ~/.ssh/config or as [user@]host[:port]",
+    )
 }
 
 /// [`resolve`] with the error worded for `who`; `jump` replaces the config's proxy.
@@ -440,7 +446,11 @@ pub(super) fn resolve_in(
         } else {
             hint
         };
-        err!(kind = Usage, hint = hint, "Failed to resolve the ssh target of {who}: {cause}")
+        err!(
+            kind = Usage,
+            hint = hint,
+            "Failed to resolve the ssh target of {who}: {cause}"
+        )
     })?;
     if let Some(j) = jump {
         let hops = crate::model::jump_hops(j).map_err(|why| {
@@ -635,10 +645,7 @@ Host *
             Proxy::Command("ssh -l alice -W pc:22 %x %% hop".into())
         );
         let r = resolve("multi", &text, &l).unwrap();
-        assert_eq!(
-            r.proxy,
-            Proxy::Jump(vec!["u@j1:2222".into(), "j2".into()])
-        );
+        assert_eq!(r.proxy, Proxy::Jump(vec!["u@j1:2222".into(), "j2".into()]));
         let r = resolve("nojump", &text, &l).unwrap();
         assert_eq!(r.proxy, Proxy::Direct);
         assert!(

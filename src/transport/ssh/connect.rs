@@ -61,9 +61,14 @@ pub(super) struct Connected {
 pub(super) enum Route {
     Direct(SocketAddr),
     /// `to` (`host:port`, as the jump host resolves it) through the jump host `via`.
-    Jump { to: String, via: String },
+    Jump {
+        to: String,
+        via: String,
+    },
     /// `to` (`host:port`) through a `ProxyCommand`.
-    Command { to: String },
+    Command {
+        to: String,
+    },
 }
 
 impl std::fmt::Display for Route {

@@ -121,7 +121,8 @@ fn through_jump(
     if depth + hops.len() > MAX_HOPS {
         return Err(err!(
             kind = Usage,
-            hint = "check ~/.ssh/config for a ProxyJump loop (a jump host whose own entry jumps back)",
+            hint =
+                "check ~/.ssh/config for a ProxyJump loop (a jump host whose own entry jumps back)",
             "Failed to connect to {who}: more than {MAX_HOPS} jump hosts in a row"
         ));
     }
@@ -159,9 +160,7 @@ fn through_jump(
             )
         })?;
     let (ours, theirs) = UnixStream::pair().map_err(|e| {
-        err!(
-            "Failed to connect to {who} through jump host {last}: cannot make a socket pair: {e}"
-        )
+        err!("Failed to connect to {who} through jump host {last}: cannot make a socket pair: {e}")
     })?;
     let jump_fd = conn.fd;
     let session = conn.session;
@@ -348,7 +347,13 @@ fn pump(session: Session, mut channel: Channel, local: UnixStream, jump_fd: RawF
         if moved {
             continue;
         }
-        wait_either(&session, jump_fd, &local, up_at == up.len() && !local_eof, down_at < down.len());
+        wait_either(
+            &session,
+            jump_fd,
+            &local,
+            up_at == up.len() && !local_eof,
+            down_at < down.len(),
+        );
         quick_ack(jump_fd);
     }
     // Tell the target's session at once (if it is still there), then close
@@ -364,7 +369,13 @@ fn pump(session: Session, mut channel: Channel, local: UnixStream, jump_fd: RawF
 
 /// Sleep until the jump host's socket or ours has something for the pump
 /// (or [`PUMP_POLL_MS`] passed).
-fn wait_either(session: &Session, jump_fd: RawFd, local: &UnixStream, want_in: bool, want_out: bool) {
+fn wait_either(
+    session: &Session,
+    jump_fd: RawFd,
+    local: &UnixStream,
+    want_in: bool,
+    want_out: bool,
+) {
     let jump_events = match session.block_directions() {
         BlockDirections::Outbound | BlockDirections::Both => libc::POLLIN | libc::POLLOUT,
         BlockDirections::Inbound | BlockDirections::None => libc::POLLIN,
