@@ -29,8 +29,9 @@
 //! closes the target's socket and every wait on the agent ends. A target
 //! that goes silent *behind* a live jump host is seen only through the
 //! jump host's own TCP connection to it (its kernel's retransmission
-//! timeout while data is unacknowledged; sshd sets `SO_KEEPALIVE` there
-//! only with the system's defaults). docs/bastions.md says the same.
+//! timeout, while data is unacknowledged); no SSH-level keepalive is sent
+//! on the target's session (see `connect.rs`). docs/bastions.md says the
+//! same.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
