@@ -440,6 +440,28 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
     }
 
     #[test]
+    fn proxy_jump() {
+        let m = parse("[hosts.a]\nssh = \"gpu7\"\nproxy_jump = \"me@b1:2222,b2\"\nvenv = \"/v\"\n\n[sets.s]\ndists = [\"x\"]\n").unwrap();
+        assert_eq!(
+            m.hosts["a"].endpoint,
+            Endpoint::Ssh(SshDest {
+                target: "gpu7".into(),
+                proxy_jump: Some("me@b1:2222,b2".into())
+            })
+        );
+        let e = parse("[hosts.a]\nproxy_jump = \"b\"\nvenv = \"/v\"\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:14:"), "{}", e.message);
+        assert!(
+            e.message.contains("needs an ssh destination"),
+            "{}",
+            e.message
+        );
+        let e =
+            parse("[hosts.a]\nssh = \"h\"\nproxy_jump = \"b1,,b2\"\nvenv = \"/v\"\n").unwrap_err();
+        assert!(e.message.contains("empty hop"), "{}", e.message);
+    }
+
+    #[test]
     fn rejects_escaping_globs_and_relative_venv() {
         let e = parse("[sets.x]\nfiles = [\"../../../../etc/passwd\"]\n").unwrap_err();
         assert!(e.message.starts_with("m.toml:2:10:"), "{}", e.message);
