@@ -77,6 +77,8 @@ pub struct SendRequest {
 pub struct DirectTo {
     /// The target's ssh destination, as the source host knows it.
     pub ssh: String,
+    /// Jump hosts for the source's `ssh -J`, if any.
+    pub proxy_jump: Option<String>,
     /// The agent executable on the target (its [`Client::agent_exe`]).
     pub agent: String,
     pub target_venv: String,
@@ -498,6 +500,7 @@ impl Client {
             shebang: send.shebang,
             compression: send.compression,
             ssh: to.ssh,
+            proxy_jump: to.proxy_jump,
             agent: to.agent,
             target_venv: to.target_venv,
             generation: to.generation,

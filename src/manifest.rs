@@ -10,7 +10,7 @@ use toml::Spanned;
 
 use crate::err;
 use crate::error::{Error, Result};
-use crate::model::{Endpoint, Set, normalize_name};
+use crate::model::{Endpoint, Set, SshDest, normalize_name};
 
 /// A parsed, validated manifest.
 #[derive(Debug, Clone)]
@@ -82,6 +82,7 @@ struct RawHost {
     direct_ssh: Option<Spanned<String>>,
     /// `sudo = true | false | "user"`, checked in [`Locator::host`].
     sudo: Option<Spanned<toml::Value>>,
+    proxy_jump: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -140,11 +141,32 @@ impl Locator<'_> {
                 ),
             ));
         }
+        let proxy_jump = match host.proxy_jump {
+            Some(j) => {
+                if host.ssh.is_none() {
+                    return Err(self.at(
+                        j.span(),
+                        format!("host {name}: proxy_jump needs an ssh destination (`ssh = \"...\"`) to jump to"),
+                    ));
+                }
+                if let Err(why) = crate::model::jump_hops(j.get_ref()) {
+                    return Err(self.at(
+                        j.span(),
+                        format!("host {name}: proxy_jump {:?} {why}", j.get_ref()),
+                    ));
+                }
+                Some(j.into_inner())
+            }
+            None => None,
+        };
         let endpoint = match host.ssh {
             Some(s) if s.get_ref().trim().is_empty() => {
                 return Err(self.at(s.span(), format!("host {name}: ssh must not be empty")));
             }
-            Some(s) => Endpoint::Ssh(s.into_inner()),
+            Some(s) => Endpoint::Ssh(SshDest {
+                target: s.into_inner(),
+                proxy_jump,
+            }),
             None => Endpoint::Local,
         };
         let direct_ssh = match host.direct_ssh {
@@ -420,7 +442,10 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         )
         .unwrap();
         assert_eq!(m.hosts["ct129"].venv, "/root/venv");
-        assert_eq!(m.hosts["ct129"].endpoint, Endpoint::Ssh("ct129".into()));
+        assert_eq!(
+            m.hosts["ct129"].endpoint,
+            Endpoint::Ssh(SshDest::new("ct129"))
+        );
         assert_eq!(m.hosts["local"].endpoint, Endpoint::Local);
         let names: Vec<_> = m.sets.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
@@ -437,6 +462,28 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         assert!(e.message.starts_with("m.toml:3:1:"), "{}", e.message);
         assert!(e.message.contains("sssh"), "{}", e.message);
         assert!(e.hint.is_some());
+    }
+
+    #[test]
+    fn proxy_jump() {
+        let m = parse("[hosts.a]\nssh = \"gpu7\"\nproxy_jump = \"me@b1:2222,b2\"\nvenv = \"/v\"\n\n[sets.s]\ndists = [\"x\"]\n").unwrap();
+        assert_eq!(
+            m.hosts["a"].endpoint,
+            Endpoint::Ssh(SshDest {
+                target: "gpu7".into(),
+                proxy_jump: Some("me@b1:2222,b2".into())
+            })
+        );
+        let e = parse("[hosts.a]\nproxy_jump = \"b\"\nvenv = \"/v\"\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:14:"), "{}", e.message);
+        assert!(
+            e.message.contains("needs an ssh destination"),
+            "{}",
+            e.message
+        );
+        let e =
+            parse("[hosts.a]\nssh = \"h\"\nproxy_jump = \"b1,,b2\"\nvenv = \"/v\"\n").unwrap_err();
+        assert!(e.message.contains("empty hop"), "{}", e.message);
     }
 
     #[test]

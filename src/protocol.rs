@@ -130,6 +130,9 @@ pub enum Request {
         compression: Compression,
         /// The ssh destination of the target, as the source host knows it.
         ssh: String,
+        /// Jump hosts for the source's `ssh -J` (the target's `proxy_jump`).
+        #[serde(default)]
+        proxy_jump: Option<String>,
         /// The agent executable on the target (from its `Hello`).
         agent: String,
         target_venv: String,

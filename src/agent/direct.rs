@@ -3,7 +3,10 @@
 //! the controller, and for the direct route, to the target), and
 //! [`send_direct`] is the source's side of `apply --direct`: it starts the
 //! agent on the target with this host's own `ssh` client, asks it to
-//! `Receive`, and streams into the generation's staging folder there.
+//! `Receive`, and streams into the generation's staging folder there. The
+//! target's `ssh` value goes to `ssh` as its own arguments (`-l USER -p
+//! PORT HOST`, never a shell string), and its jump hosts as `-J`
+//! ([`crate::transport::openssh`]).
 
 use std::io::Write;
 
@@ -42,7 +45,10 @@ impl BlockSink for FrameSink<'_> {
 
 /// Where the direct route goes (`Request::SendDirect`).
 pub struct Direct<'a> {
+    /// `[user@]host[:port]` or an alias of the source's ~/.ssh/config.
     pub ssh: &'a str,
+    /// Jump hosts, passed as `ssh -J`.
+    pub proxy_jump: Option<&'a str>,
     pub agent: &'a str,
     pub target_venv: &'a str,
     pub generation: &'a str,
@@ -74,7 +80,15 @@ pub fn send_direct(
             why.trim()
         )
     };
-    let pipe = crate::transport::openssh::start_agent(to.ssh, to.ssh, to.agent, to.timeout)?;
+    let pipe = crate::transport::openssh::start_agent(
+        to.ssh,
+        &crate::transport::openssh::Dest {
+            ssh: to.ssh,
+            proxy_jump: to.proxy_jump,
+        },
+        to.agent,
+        to.timeout,
+    )?;
     let mut target = match Client::over(to.ssh, pipe) {
         Ok(c) => c,
         Err(e) => return Err(unreachable(e.message)),

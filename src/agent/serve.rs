@@ -140,10 +140,10 @@ impl Session {
                 h::send(output, &Sending { venv, files, shebang, compression }),
             Request::SendDirect {
                 venv, files, shebang, compression,
-                ssh, agent, target_venv, generation, connect_timeout_secs,
+                ssh, proxy_jump, agent, target_venv, generation, connect_timeout_secs,
             } =>
                 h::send_direct(output, &Sending { venv, files, shebang, compression },
-                    &Peer { ssh, agent, target_venv, generation, connect_timeout_secs }),
+                    &Peer { ssh, proxy_jump, agent, target_venv, generation, connect_timeout_secs }),
             Request::StagedDirect { hashes, written } => h::staged_direct(self, &hashes, &written),
             Request::Prepare(req) => h::prepare(self, output, &req),
             Request::Switch => h::switch(self, output),

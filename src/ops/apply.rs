@@ -162,7 +162,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     let connecting = obs.step(Step::Connect, &tname);
     let mut dst = Client::connect(
         &tname,
-        &endpoint(&plan.target.ssh),
+        &endpoint(&plan.target),
         plan.target.sudo.as_deref(),
         &opts.connect,
     )?;
@@ -311,6 +311,17 @@ fn direct_destination(plan: &Plan, direct: bool) -> Result<Option<String>> {
                 "--direct needs an ssh destination for {tname}, which is this machine in the plan; {tname} is unchanged"
             ))
         }
+    }
+}
+
+/// With `--direct`: the jump hosts the source's `ssh` goes through (`-J`):
+/// the target's `proxy_jump` when the source uses the target's `ssh` value;
+/// none when the manifest gives a `direct_ssh` (the source's own
+/// ~/.ssh/config then says how it gets there).
+fn direct_jump(plan: &Plan) -> Option<String> {
+    match plan.target.direct_ssh {
+        Some(_) => None,
+        None => plan.target.proxy_jump.clone(),
     }
 }
 
@@ -792,7 +803,7 @@ fn stream(
     let connecting = obs.step(Step::Connect, &sname);
     let mut src = Client::connect(
         &sname,
-        &endpoint(&plan.source.ssh),
+        &endpoint(&plan.source),
         plan.source.sudo.as_deref(),
         opts,
     )
@@ -889,6 +900,7 @@ fn relay(
         } => {
             let to = DirectTo {
                 ssh: dest.to_string(),
+                proxy_jump: direct_jump(plan),
                 agent: dst.agent_exe().to_string(),
                 target_venv: plan.target.venv.clone(),
                 generation: generation.to_string(),

@@ -30,7 +30,7 @@ use crate::client::Client;
 use crate::err;
 use crate::error::Result;
 use crate::manifest::Manifest;
-use crate::model::{Endpoint, Progress, VerifyReport};
+use crate::model::{Endpoint, Progress, SshDest, VerifyReport};
 use crate::plan::Plan;
 use crate::transport::ConnectOptions;
 
@@ -171,7 +171,7 @@ pub fn resolve(choice: &HostChoice) -> Result<HostRef> {
     }
     Ok(HostRef {
         name: p.target.name.clone(),
-        endpoint: endpoint(&p.target.ssh),
+        endpoint: endpoint(&p.target),
         venv: p.target.venv.clone(),
         sudo: p.target.sudo.clone(),
     })
@@ -211,7 +211,14 @@ pub fn load_plan(path: &Path) -> Result<Plan> {
     Ok(plan)
 }
 
-/// A plan's host as an endpoint: over SSH, or this machine.
-pub fn endpoint(ssh: &Option<String>) -> Endpoint {
-    ssh.clone().map_or(Endpoint::Local, Endpoint::Ssh)
+/// A plan's host as an endpoint: over SSH (through its jump hosts, if
+/// any), or this machine.
+pub fn endpoint(host: &crate::plan::HostInfo) -> Endpoint {
+    match &host.ssh {
+        Some(target) => Endpoint::Ssh(SshDest {
+            target: target.clone(),
+            proxy_jump: host.proxy_jump.clone(),
+        }),
+        None => Endpoint::Local,
+    }
 }

@@ -76,7 +76,11 @@ pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
     HostInfo {
         name: host.name.clone(),
         ssh: match &host.endpoint {
-            Endpoint::Ssh(s) => Some(s.clone()),
+            Endpoint::Ssh(s) => Some(s.target.clone()),
+            Endpoint::Local => None,
+        },
+        proxy_jump: match &host.endpoint {
+            Endpoint::Ssh(s) => s.proxy_jump.clone(),
             Endpoint::Local => None,
         },
         venv: host.venv.clone(),

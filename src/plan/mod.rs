@@ -78,6 +78,9 @@ pub struct HostInfo {
     /// runs as that user through `sudo -n` (docs/sudo.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sudo: Option<String>,
+    /// The manifest's `proxy_jump` value (jump hosts to reach `ssh`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_jump: Option<String>,
     pub venv: String,
     /// Relative to the venv.
     pub site_packages: String,
@@ -200,6 +203,7 @@ mod tests {
             ssh: None,
             direct_ssh: None,
             sudo: None,
+            proxy_jump: None,
             venv: "/v".into(),
             site_packages: String::new(),
             python: py.into(),

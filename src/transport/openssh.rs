@@ -10,6 +10,12 @@
 //! for (OpenSSH's default refuses an unknown or changed key in batch mode).
 //! `ssh` is run without a local shell; the one remote command is the agent's
 //! path (reported by that agent itself) and the word `agent`, quoted.
+//!
+//! The destination goes to `ssh` as its own arguments ([`ssh_args`]): an
+//! alias of the source's ~/.ssh/config as it is, `user@host:port` as `-l
+//! user -p port host` (ssh itself takes no port in a destination), and jump
+//! hosts as `-J` (ssh then checks their host keys in the source's
+//! known_hosts, and reaches them as the source's ~/.ssh/config says).
 
 use std::process::Command;
 
@@ -17,10 +23,43 @@ use crate::error::Result;
 
 use super::AgentPipe;
 
+/// Where the source's `ssh` goes.
+#[derive(Debug, Clone, Copy)]
+pub struct Dest<'a> {
+    /// `[user@]host[:port]` or an alias of the source's ~/.ssh/config.
+    pub ssh: &'a str,
+    /// Jump hosts (`-J`): `[user@]host[:port]` or aliases, comma-separated.
+    pub proxy_jump: Option<&'a str>,
+}
+
+/// The arguments that name `dest` to OpenSSH's `ssh`, ending with `--` and
+/// the host: `[-J JUMPS] [-l USER] [-p PORT] -- HOST`.
+pub fn ssh_args(dest: &Dest<'_>) -> std::result::Result<Vec<String>, String> {
+    let t = super::ssh::parse_target(dest.ssh)
+        .map_err(|why| format!("{:?} is not [user@]host[:port]: {why}", dest.ssh))?;
+    let mut args = Vec::new();
+    if let Some(j) = dest.proxy_jump {
+        let hops = crate::model::jump_hops(j).map_err(|why| format!("proxy_jump {j:?} {why}"))?;
+        args.push("-J".to_string());
+        args.push(hops.join(","));
+    }
+    if let Some(u) = t.user {
+        args.push("-l".into());
+        args.push(u);
+    }
+    if let Some(p) = t.port {
+        args.push("-p".into());
+        args.push(p.to_string());
+    }
+    args.push("--".into());
+    args.push(t.host);
+    Ok(args)
+}
+
 /// Start `<agent> agent` on `dest` through the local `ssh` client.
 pub fn start_agent(
     host: &str,
-    dest: &str,
+    dest: &Dest<'_>,
     agent: &str,
     timeout: std::time::Duration,
 ) -> Result<AgentPipe> {
@@ -35,6 +74,13 @@ pub fn start_agent(
             "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes256-ctr",
         ]);
     }
+    let dest_args = ssh_args(dest).map_err(|why| {
+        crate::err!(
+            kind = Usage,
+            hint = "set the target's `direct_ssh` in the manifest to a destination the source's ssh knows",
+            "Failed to run ssh on the source for {host}: {why}"
+        )
+    })?;
     cmd.args([
         "-o",
         "BatchMode=yes",
@@ -47,10 +93,9 @@ pub fn start_agent(
         "-T",
         "-e",
         "none",
-        "--",
-        dest,
-        &format!("{} agent", sh_quote(agent)),
     ]);
+    cmd.args(&dest_args);
+    cmd.arg(format!("{} agent", sh_quote(agent)));
     super::local::spawn(host, cmd)
 }
 
@@ -61,8 +106,42 @@ fn sh_quote(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::{Dest, ssh_args};
+
     #[test]
     fn quotes() {
         assert_eq!(super::sh_quote("/a b/c'd"), "'/a b/c'\\''d'");
+    }
+
+    #[test]
+    fn destinations_become_ssh_arguments() {
+        let args = |ssh, proxy_jump| ssh_args(&Dest { ssh, proxy_jump }).unwrap().join(" ");
+        assert_eq!(args("ct200", None), "-- ct200");
+        assert_eq!(
+            args("root@127.0.0.1:2299", None),
+            "-l root -p 2299 -- 127.0.0.1"
+        );
+        assert_eq!(args("[::1]:2200", None), "-p 2200 -- ::1");
+        assert_eq!(
+            args("deploy@gpu7", Some("me@bastion:2222,inner")),
+            "-J me@bastion:2222,inner -l deploy -- gpu7"
+        );
+        for bad in ["-oProxyCommand=sh", "a b", "box:x"] {
+            assert!(
+                ssh_args(&Dest {
+                    ssh: bad,
+                    proxy_jump: None
+                })
+                .is_err(),
+                "{bad}"
+            );
+        }
+        assert!(
+            ssh_args(&Dest {
+                ssh: "box",
+                proxy_jump: Some("-x")
+            })
+            .is_err()
+        );
     }
 }

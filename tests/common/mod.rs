@@ -733,6 +733,201 @@ pub fn let_host_reach(tb: &Testbed, from: usize, to: usize, name: &str, trust_ke
 }
 
 // ---------------------------------------------------------------------------
+// Bastions (tests/bastion.rs): a host that only a jump host reaches, and
+// jump hosts (plain sshds with no venv).
+
+impl Testbed {
+    /// Restart host `i`'s sshd in a network namespace of its own (its own
+    /// loopback, nothing else): nothing in this namespace can reach it. The
+    /// client's ~/.ssh/config and known_hosts are written again for its new
+    /// address. Returns the pid of a process in that namespace (for
+    /// `nsenter --net=/proc/PID/ns/net`).
+    pub fn isolate(&mut self, i: usize) -> u32 {
+        self.stop(i);
+        let key = self.client.join(".ssh/id_ed25519.pub");
+        let h = &mut self.hosts[i];
+        let (ip, port) = pick_address();
+        run(Command::new("unshare")
+            .args([
+                "--net",
+                "sh",
+                "-c",
+                "ip link set lo up && exec \"$@\"",
+                "sh",
+            ])
+            .arg("/usr/bin/python3")
+            .arg(testbed_py())
+            .args(["host", "up"])
+            .arg(&h.dir)
+            .arg("--venv-dir")
+            .arg(&h.venv_dir)
+            .args(["--ip", &ip, "--port", &port.to_string()])
+            .arg("--authorized-keys")
+            .arg(&key));
+        h.addr = Some((ip, port));
+        h.up = true;
+        let pid: u32 = fs::read_to_string(h.dir.join("pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let mut c = testbed();
+        c.arg("client").arg(&self.client);
+        for h in &self.hosts {
+            let (ip, port) = h.addr.as_ref().unwrap();
+            c.arg("--host")
+                .arg(format!("{}={ip}:{port}:{}", h.name, h.dir.display()));
+        }
+        run(&mut c);
+        pid
+    }
+}
+
+/// A jump host: an sshd that lets the test client's key in and forwards.
+pub struct JumpHost {
+    pub name: String,
+    pub dir: PathBuf,
+    pub ip: String,
+    pub port: u16,
+    /// The daemon (None for one that serves from inside a namespace).
+    daemon: Option<std::process::Child>,
+}
+
+impl JumpHost {
+    fn prepare(tb: &Testbed, name: &str) -> (PathBuf, PathBuf, String, u16) {
+        let dir = tb.dir().join(format!("jump-{name}"));
+        fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("ssh_host_ed25519_key");
+        run(Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+            .arg(&key));
+        let ak = dir.join("authorized_keys");
+        fs::copy(tb.client.join(".ssh/id_ed25519.pub"), &ak).unwrap();
+        let (ip, port) = pick_address();
+        let cfg = dir.join("sshd_config");
+        fs::write(
+            &cfg,
+            format!(
+                "ListenAddress {ip}\nPort {port}\nHostKey {}\nPidFile none\nAuthorizedKeysFile {}\n\
+                 PermitRootLogin prohibit-password\nPubkeyAuthentication yes\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\nUseDNS no\n\
+                 AllowTcpForwarding yes\nMaxStartups 64:30:128\nLogLevel ERROR\n",
+                key.display(),
+                ak.display()
+            ),
+        )
+        .unwrap();
+        (dir, cfg, ip, port)
+    }
+
+    /// An sshd daemon on 127.0.0.X of this network namespace.
+    pub fn daemon(tb: &Testbed, name: &str) -> JumpHost {
+        let (dir, cfg, ip, port) = Self::prepare(tb, name);
+        let log = fs::File::create(dir.join("sshd.log")).unwrap();
+        let child = Command::new("/usr/sbin/sshd")
+            .args(["-D", "-e", "-f"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start sshd");
+        while std::net::TcpStream::connect((ip.as_str(), port)).is_err() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let j = JumpHost {
+            name: name.into(),
+            dir,
+            ip,
+            port,
+            daemon: Some(child),
+        };
+        j.trust(tb);
+        j
+    }
+
+    /// A jump host reached on 127.0.0.X of this network namespace whose
+    /// sshd runs in the network namespace of process `pid`: each connection
+    /// is served by `nsenter --net sshd -i`, so its forwarded connections
+    /// start from there.
+    pub fn into_netns(tb: &Testbed, name: &str, pid: u32) -> JumpHost {
+        let (dir, cfg, ip, port) = Self::prepare(tb, name);
+        let listener = TcpListener::bind((ip.as_str(), port)).expect("bind the jump host's port");
+        let log = dir.join("sshd.log");
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let out = conn.try_clone().unwrap();
+                let err = fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap();
+                let child = Command::new("nsenter")
+                    .arg(format!("--net=/proc/{pid}/ns/net"))
+                    .args(["/usr/sbin/sshd", "-i", "-e", "-f"])
+                    .arg(&cfg)
+                    .stdin(Stdio::from(std::os::fd::OwnedFd::from(conn)))
+                    .stdout(Stdio::from(std::os::fd::OwnedFd::from(out)))
+                    .stderr(err)
+                    .spawn();
+                if let Ok(mut child) = child {
+                    std::thread::spawn(move || child.wait());
+                }
+            }
+        });
+        let j = JumpHost {
+            name: name.into(),
+            dir,
+            ip,
+            port,
+            daemon: None,
+        };
+        j.trust(tb);
+        j
+    }
+
+    /// Name it in the client's ~/.ssh/config and its host key in known_hosts.
+    fn trust(&self, tb: &Testbed) {
+        let ssh = tb.client.join(".ssh");
+        let mut config = fs::read_to_string(ssh.join("config")).unwrap();
+        config.push_str(&format!(
+            "Host {}\n    HostName {}\n    Port {}\n    User root\n    IdentityFile {}\n    UserKnownHostsFile {}\n    IdentitiesOnly yes\n    BatchMode yes\n\n",
+            self.name,
+            self.ip,
+            self.port,
+            ssh.join("id_ed25519").display(),
+            ssh.join("known_hosts").display()
+        ));
+        fs::write(ssh.join("config"), config).unwrap();
+        let mut kh = fs::read_to_string(ssh.join("known_hosts")).unwrap();
+        kh.push_str(&self.known_hosts_line());
+        fs::write(ssh.join("known_hosts"), kh).unwrap();
+    }
+
+    /// Its line for known_hosts: `[ip]:port type key`.
+    pub fn known_hosts_line(&self) -> String {
+        let public = fs::read_to_string(self.dir.join("ssh_host_ed25519_key.pub")).unwrap();
+        let k: Vec<&str> = public.split_whitespace().take(2).collect();
+        format!("[{}]:{} {}\n", self.ip, self.port, k.join(" "))
+    }
+
+    /// Stop the daemon (a jump host that is down).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for JumpHost {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+// ---------------------------------------------------------------------------
 // sudo (tests/sudo.rs): ordinary login users on the SSH test hosts
 // ---------------------------------------------------------------------------
 

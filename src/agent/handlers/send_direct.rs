@@ -16,6 +16,8 @@ use crate::protocol::Response;
 /// The target of a direct stream, as the source host reaches it.
 pub struct Peer {
     pub ssh: String,
+    /// Jump hosts for `ssh -J`.
+    pub proxy_jump: Option<String>,
     pub agent: String,
     pub target_venv: String,
     pub generation: String,
@@ -26,6 +28,7 @@ pub fn send_direct(output: &mut dyn Write, s: &Sending, to: &Peer) -> Result<Res
     let counters = Counters::default();
     let req = direct::Direct {
         ssh: &to.ssh,
+        proxy_jump: to.proxy_jump.as_deref(),
         agent: &to.agent,
         target_venv: &to.target_venv,
         generation: &to.generation,

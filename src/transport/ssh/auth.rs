@@ -4,7 +4,6 @@
 //! id_rsa) that need no passphrase. When nothing is accepted the error
 //! lists every key tried and why it was not used.
 
-use std::net::SocketAddr;
 use std::path::Path;
 
 use base64::Engine as _;
@@ -12,6 +11,7 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use ssh2::{ErrorCode, Session};
 
 use super::config::{AgentSocket, LocalEnv, Resolved};
+use super::connect::Route;
 use super::known_hosts::{key_type_label, key_type_of_blob, sha256_fingerprint};
 use super::libssh2_sys_codes as codes;
 use super::{Who, is_timeout};
@@ -33,7 +33,7 @@ pub(super) fn authenticate(
     session: &Session,
     r: &Resolved,
     env: &LocalEnv,
-    addr: SocketAddr,
+    addr: &Route,
 ) -> Result<()> {
     if already_authenticated(who, session, r, addr)? {
         return Ok(());
@@ -67,7 +67,7 @@ fn already_authenticated(
     who: Who<'_>,
     session: &Session,
     r: &Resolved,
-    addr: SocketAddr,
+    addr: &Route,
 ) -> Result<bool> {
     let user = &r.user;
     match session.auth_methods(user) {

@@ -2,8 +2,9 @@
 //! ([`parse_target`]) and resolved through the text of ~/.ssh/config
 //! ([`resolve`]: `HostName`, `User`, `Port`, `IdentityFile`,
 //! `UserKnownHostsFile`, `HostKeyAlias`, `IdentityAgent`, with `~` and the
-//! %-tokens expanded; `ProxyJump` and `ProxyCommand` refused), and the parts
-//! of the local environment the transport reads ([`LocalUser`], [`LocalEnv`]).
+//! %-tokens expanded, and how the host is reached: directly, through
+//! `ProxyJump` hops or a `ProxyCommand`, see [`Proxy`]), and the parts of
+//! the local environment the transport reads ([`LocalUser`], [`LocalEnv`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -144,6 +145,22 @@ pub struct Resolved {
     /// `HostKeyAlias`: the name to look up in known_hosts instead of `hostname`.
     pub host_key_alias: Option<String>,
     pub agent: AgentSocket,
+    /// How the host's SSH port is reached.
+    pub proxy: Proxy,
+}
+
+/// How the host's SSH port is reached (`ProxyJump`, `ProxyCommand`, or the
+/// manifest's `proxy_jump`, which wins over both).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Proxy {
+    /// A TCP connection from here.
+    Direct,
+    /// Through these jump hosts, first hop first (ssh's `-J` syntax: each
+    /// `[user@]host[:port]` or an alias, itself resolved through ~/.ssh/config).
+    Jump(Vec<String>),
+    /// The standard input and output of this command, run with `sh -c`
+    /// (ssh's %-tokens already expanded, as ssh does before it runs it).
+    Command(String),
 }
 
 impl Resolved {
@@ -181,7 +198,6 @@ pub fn resolve(
         )
         .map_err(|e| format!("~/.ssh/config cannot be parsed: {e}"))?;
     let p = cfg.query(&alias);
-    refuse_proxies(&p, &alias)?;
 
     let hostname = match &p.host_name {
         Some(h) => percent_host(h, &alias),
@@ -220,7 +236,10 @@ pub fn resolve(
         Some(a) => AgentSocket::Path(tokens.expand_path(&a)),
     };
 
+    let proxy = proxy_of(&p, &tokens)?;
+
     Ok(Resolved {
+        proxy,
         alias,
         hostname,
         port,
@@ -242,25 +261,23 @@ fn field(p: &HostParams, name: &str) -> Option<Vec<String>> {
         .filter(|v| !v.is_empty())
 }
 
-/// overlay connects directly over TCP: a `ProxyJump` or `ProxyCommand`
-/// for the host is refused rather than ignored.
-fn refuse_proxies(p: &HostParams, alias: &str) -> std::result::Result<(), String> {
+/// The host's `ProxyJump` or `ProxyCommand` (`none` for either is no
+/// proxy). When the config sets both, `ProxyJump` is used (ssh uses the one
+/// that comes first in the file, which the parsed config no longer tells).
+fn proxy_of(p: &HostParams, tokens: &Tokens<'_>) -> std::result::Result<Proxy, String> {
     if let Some(jump) = p.proxy_jump.as_ref().filter(|j| !j.is_empty())
-        && !jump.iter().all(|j| j.eq_ignore_ascii_case("none"))
+        && !(jump.len() == 1 && jump[0].eq_ignore_ascii_case("none"))
     {
-        return Err(format!(
-            "~/.ssh/config sets ProxyJump {} for {alias}, which overlay does not support",
-            jump.join(",")
-        ));
+        let hops = crate::model::jump_hops(&jump.join(","))
+            .map_err(|why| format!("~/.ssh/config's ProxyJump for {} {why}", tokens.alias))?;
+        return Ok(Proxy::Jump(hops));
     }
     if let Some(cmd) = field(p, "proxycommand")
         && !(cmd.len() == 1 && cmd[0].eq_ignore_ascii_case("none"))
     {
-        return Err(format!(
-            "~/.ssh/config sets a ProxyCommand for {alias}, which overlay does not support"
-        ));
+        return Ok(Proxy::Command(tokens.expand(&cmd.join(" "))));
     }
-    Ok(())
+    Ok(Proxy::Direct)
 }
 
 /// The key files to try, and whether the config named them.
@@ -329,6 +346,11 @@ impl Tokens<'_> {
         } else {
             s.to_string()
         };
+        PathBuf::from(self.expand(&s))
+    }
+
+    /// `%d %u %h %r %p %n %%` expanded; other `%x` kept as they are.
+    fn expand(&self, s: &str) -> String {
         let mut out = String::new();
         let mut it = s.chars();
         while let Some(c) = it.next() {
@@ -351,7 +373,7 @@ impl Tokens<'_> {
                 None => out.push('%'),
             }
         }
-        PathBuf::from(out)
+        out
     }
 }
 
@@ -382,29 +404,65 @@ impl LocalEnv {
     }
 }
 
-/// Read ~/.ssh/config and resolve `who`'s target through it.
-pub(super) fn resolve_target(who: Who<'_>, env: &LocalEnv) -> Result<Resolved> {
-    let config = match std::fs::read_to_string(&env.config_path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
-        Err(e) => {
-            return Err(err!(
-                kind = Usage,
-                hint = "fix the permissions of that file, or move it away",
-                "Failed to read {} for {who}: {}",
-                env.config_path.display(),
-                crate::error::io_cause(&e)
-            ));
-        }
-    };
-    resolve(who.target, &config, &env.user).map_err(|cause| {
+/// Read ~/.ssh/config (its text; empty when there is none).
+pub(super) fn read_config(who: Who<'_>, env: &LocalEnv) -> Result<String> {
+    match std::fs::read_to_string(&env.config_path) {
+        Ok(t) => Ok(t),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(String::new()),
+        Err(e) => Err(err!(
+            kind = Usage,
+            hint = "fix the permissions of that file, or move it away",
+            "Failed to read {} for {who}: {}",
+            env.config_path.display(),
+            crate::error::io_cause(&e)
+        )),
+    }
+}
+
+/// Read ~/.ssh/config and resolve `who`'s target through it; `jump` (the
+/// manifest's `proxy_jump`) replaces the proxy the config sets.
+pub(super) fn resolve_target(who: Who<'_>, jump: Option<&str>, env: &LocalEnv) -> Result<Resolved> {
+    let config = read_config(who, env)?;
+    resolve_in(
+        who,
+        jump,
+        &config,
+        env,
+        "write the host's ssh value as an alias from ~/.ssh/config or as [user@]host[:port]",
+    )
+}
+
+/// [`resolve`] with the error worded for `who`; `jump` replaces the config's proxy.
+pub(super) fn resolve_in(
+    who: Who<'_>,
+    jump: Option<&str>,
+    config: &str,
+    env: &LocalEnv,
+    hint: &str,
+) -> Result<Resolved> {
+    let mut r = resolve(who.target, config, &env.user).map_err(|cause| {
         let hint = if cause.starts_with("~/.ssh/config") {
-            "overlay connects directly over TCP: fix that entry of ~/.ssh/config, or write the host's ssh value as [user@]host[:port] of an address reachable from here"
+            "fix that entry of ~/.ssh/config"
         } else {
-            "write the host's ssh value as an alias from ~/.ssh/config or as [user@]host[:port]"
+            hint
         };
-        err!(kind = Usage, hint = hint, "Failed to resolve the ssh target of {who}: {cause}")
-    })
+        err!(
+            kind = Usage,
+            hint = hint,
+            "Failed to resolve the ssh target of {who}: {cause}"
+        )
+    })?;
+    if let Some(j) = jump {
+        let hops = crate::model::jump_hops(j).map_err(|why| {
+            err!(
+                kind = Usage,
+                hint = "write proxy_jump as ssh -J takes it: `user@jump:port,other`",
+                "Failed to resolve the ssh target of {who}: proxy_jump {j:?} {why}"
+            )
+        })?;
+        r.proxy = Proxy::Jump(hops);
+    }
+    Ok(r)
 }
 
 #[cfg(test)]
@@ -486,7 +544,16 @@ Host jump
     ProxyJump bastion
 
 Host pc
-    ProxyCommand nc %h %p
+    ProxyCommand ssh -l %u -W %h:%p %x %%% hop
+
+Host multi
+    ProxyJump u@j1:2222,j2
+
+Host nojump
+    ProxyJump none
+
+Host badjump
+    ProxyJump a,,b
 
 Host noagent
     IdentityAgent none
@@ -567,15 +634,24 @@ Host *
         assert_eq!(r.agent, AgentSocket::Disabled);
         assert!(r.known_hosts_files.is_empty());
 
+        assert_eq!(r.proxy, Proxy::Direct);
+
+        // ProxyJump: the hops, first first; ProxyCommand: %-tokens expanded.
+        let r = resolve("jump", &text, &l).unwrap();
+        assert_eq!(r.proxy, Proxy::Jump(vec!["bastion".into()]));
+        let r = resolve("pc", &text, &l).unwrap();
+        assert_eq!(
+            r.proxy,
+            Proxy::Command("ssh -l alice -W pc:22 %x %% hop".into())
+        );
+        let r = resolve("multi", &text, &l).unwrap();
+        assert_eq!(r.proxy, Proxy::Jump(vec!["u@j1:2222".into(), "j2".into()]));
+        let r = resolve("nojump", &text, &l).unwrap();
+        assert_eq!(r.proxy, Proxy::Direct);
         assert!(
-            resolve("jump", &text, &l)
+            resolve("badjump", &text, &l)
                 .unwrap_err()
                 .contains("ProxyJump")
-        );
-        assert!(
-            resolve("pc", &text, &l)
-                .unwrap_err()
-                .contains("ProxyCommand")
         );
         assert!(resolve("box:x", &text, &l).is_err());
         // No config at all.

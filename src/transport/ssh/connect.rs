@@ -1,5 +1,6 @@
 //! Reaching the host: TCP connect to each address of the resolved host
 //! name in turn (with keepalive and `TCP_USER_TIMEOUT` set on the socket),
+//! or a stream through jump hosts or a `ProxyCommand` ([`super::jump`]),
 //! the SSH handshake with our cipher and host key algorithm preferences,
 //! then the host key check ([`super::known_hosts`]) and authentication
 //! ([`super::auth`]). Also the other socket options the agent pipe uses
@@ -8,6 +9,7 @@
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use ssh2::{MethodType, Session};
@@ -46,8 +48,54 @@ const TCP_USER_TIMEOUT_MS: i32 = 30_000;
 /// An authenticated session.
 pub(super) struct Connected {
     pub(super) session: Session,
+    /// The socket the session reads and writes: the TCP connection, or
+    /// this end of the socket pair of a jump or `ProxyCommand`.
     pub(super) fd: RawFd,
-    pub(super) addr: SocketAddr,
+    /// Where the session goes, for messages.
+    pub(super) addr: Route,
+}
+
+/// How a session reached its host, for messages: `10.0.0.5:22`, or
+/// `10.0.0.5:22 through jump host bastion`.
+#[derive(Debug, Clone)]
+pub(super) enum Route {
+    Direct(SocketAddr),
+    /// `to` (`host:port`, as the jump host resolves it) through the jump host `via`.
+    Jump {
+        to: String,
+        via: String,
+    },
+    /// `to` (`host:port`) through a `ProxyCommand`.
+    Command {
+        to: String,
+    },
+}
+
+impl std::fmt::Display for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Route::Direct(a) => write!(f, "{a}"),
+            Route::Jump { to, via } => write!(f, "{to} through jump host {via}"),
+            Route::Command { to } => write!(f, "{to} through its ProxyCommand"),
+        }
+    }
+}
+
+/// The byte stream a session runs over.
+pub(super) enum Carrier {
+    Tcp(TcpStream),
+    /// One end of a socket pair: the other is pumped into a jump host's
+    /// `direct-tcpip` channel, or is a `ProxyCommand`'s stdin and stdout.
+    Pair(UnixStream),
+}
+
+impl AsRawFd for Carrier {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Carrier::Tcp(t) => t.as_raw_fd(),
+            Carrier::Pair(u) => u.as_raw_fd(),
+        }
+    }
 }
 
 /// Connect to `r`, check its host key and authenticate.
@@ -57,13 +105,39 @@ pub(super) fn connect(
     opts: &ConnectOptions,
     env: &LocalEnv,
 ) -> Result<Connected> {
+    connect_hop(who, r, opts, env, 0)
+}
+
+/// [`connect`] for a host `depth` jump hosts away from the target.
+pub(super) fn connect_hop(
+    who: Who<'_>,
+    r: &Resolved,
+    opts: &ConnectOptions,
+    env: &LocalEnv,
+    depth: usize,
+) -> Result<Connected> {
     let secs = fmt_secs(opts.timeout);
-    let Reached { tcp, addr } = tcp_connect(who, r, opts)?;
-    let _ = tcp.set_nodelay(true);
-    let fd = tcp.as_raw_fd();
-    tcp_keepalive(fd);
+    let super::jump::Carried {
+        stream,
+        route: addr,
+        said,
+    } = super::jump::reach(who, r, opts, env, depth)?;
+    let fd = stream.as_raw_fd();
+    if let Carrier::Tcp(tcp) = &stream {
+        let _ = tcp.set_nodelay(true);
+        tcp_keepalive(fd);
+    }
 
     let fail = |what: &str, e: ssh2::Error| -> Error {
+        // What a ProxyCommand said on stderr before it failed.
+        let said = said.as_ref().map(|s| s.wait()).unwrap_or_default();
+        if !said.is_empty() {
+            return err!(
+                hint = "fix the ProxyCommand in ~/.ssh/config (run it by hand to see it connect)",
+                "Failed to {what} with {who} at {addr}: {}; the ProxyCommand said: {said}",
+                e.message()
+            );
+        }
         if is_timeout(&e) {
             err!(
                 hint = "check that an SSH server (not another service) listens on that port and is not overloaded",
@@ -79,27 +153,27 @@ pub(super) fn connect(
     };
 
     let mut session = Session::new().map_err(|e| fail("start an SSH session", e))?;
-    session.set_tcp_stream(tcp);
+    session.set_tcp_stream(stream);
     session.set_timeout(duration_ms(opts.timeout));
     set_algorithm_preferences(&session, r, env);
     session
         .handshake()
         .map_err(|e| fail("complete the SSH handshake", e))?;
 
-    verify_host_key(who, &session, r, opts, env, addr)?;
-    authenticate(who, &session, r, env, addr)?;
+    verify_host_key(who, &session, r, opts, env, &addr)?;
+    authenticate(who, &session, r, env, &addr)?;
     Ok(Connected { session, fd, addr })
 }
 
 /// A TCP connection to one of the host's addresses.
-struct Reached {
-    tcp: TcpStream,
-    addr: SocketAddr,
+pub(super) struct Reached {
+    pub(super) tcp: TcpStream,
+    pub(super) addr: SocketAddr,
 }
 
 /// Connect to the first address of `r.hostname` that answers within the
 /// timeout; the error lists every address tried and why it failed.
-fn tcp_connect(who: Who<'_>, r: &Resolved, opts: &ConnectOptions) -> Result<Reached> {
+pub(super) fn tcp_connect(who: Who<'_>, r: &Resolved, opts: &ConnectOptions) -> Result<Reached> {
     let secs = fmt_secs(opts.timeout);
     let addrs: Vec<SocketAddr> = (r.hostname.as_str(), r.port)
         .to_socket_addrs()
@@ -249,7 +323,7 @@ pub(super) fn quick_ack(fd: RawFd) {
 }
 
 /// Keepalive probes and a user timeout (see [`TCP_KEEPIDLE_SECS`]).
-fn tcp_keepalive(fd: RawFd) {
+pub(super) fn tcp_keepalive(fd: RawFd) {
     let set = |level, name, value| set_sockopt(fd, level, name, value);
     set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, TCP_KEEPIDLE_SECS);

@@ -6,7 +6,6 @@
 //! `--accept-new-host-key`), and OpenSSH's fingerprints and key type names.
 
 use std::io::{self, Write};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use base64::prelude::{BASE64_STANDARD, BASE64_STANDARD_NO_PAD, Engine as _};
@@ -14,6 +13,7 @@ use sha2::{Digest, Sha256};
 use ssh2::{CheckResult, KnownHostFileKind, Session};
 
 use super::config::{LocalEnv, Resolved};
+use super::connect::Route;
 use super::{ConnectOptions, Who, sh_quote};
 use crate::err;
 use crate::error::Result;
@@ -253,7 +253,7 @@ pub(super) fn verify_host_key(
     r: &Resolved,
     opts: &ConnectOptions,
     env: &LocalEnv,
-    addr: SocketAddr,
+    addr: &Route,
 ) -> Result<()> {
     let (blob, _) = session.host_key().ok_or_else(|| {
         err!(
@@ -323,7 +323,7 @@ fn unknown_host_key(
     who: Who<'_>,
     r: &Resolved,
     opts: &ConnectOptions,
-    addr: SocketAddr,
+    addr: &Route,
     db: &KnownHostsDb,
     key: &OfferedKey,
 ) -> Result<()> {

@@ -39,6 +39,8 @@
 //!   through ~/.ssh/config ([`resolve`]), and the local environment read;
 //! - `connect.rs`: TCP connect, socket options, the SSH handshake and
 //!   algorithm preferences, then host key check and authentication;
+//! - `jump.rs`: the stream to the host's SSH port through jump hosts
+//!   (`ProxyJump`, the manifest's `proxy_jump`) or a `ProxyCommand`;
 //! - `known_hosts.rs`: known_hosts files, host patterns, the host key
 //!   check and recording a new key, fingerprints;
 //! - `auth.rs`: public-key authentication through ssh-agent and key files;
@@ -51,6 +53,7 @@
 mod auth;
 mod config;
 mod connect;
+mod jump;
 mod known_hosts;
 mod pipe;
 #[cfg(test)]
@@ -64,9 +67,10 @@ use ssh2::ErrorCode;
 
 use super::{AgentPipe, ConnectOptions, EXIT_UNSAFE, Watch, agent_binary_path, signal_name};
 use crate::error::{Error, Result};
+use crate::model::SshDest;
 
 pub(crate) use config::LocalEnv;
-pub use config::{AgentSocket, LocalUser, Resolved, Target, parse_target, resolve};
+pub use config::{AgentSocket, LocalUser, Proxy, Resolved, Target, parse_target, resolve};
 pub use known_hosts::sha256_fingerprint;
 
 use config::resolve_target;
@@ -77,34 +81,38 @@ use upload::{agent_digest, agent_name, upload_agent};
 /// Where agents are kept, relative to the home directory.
 pub const AGENT_DIR: &str = ".cache/overlay";
 
-/// Connect to `target` (an alias from ~/.ssh/config or `[user@]host[:port]`),
-/// make sure this agent build is on the host, and start `overlay agent` there.
-/// `host` is the manifest's host name, used in every message.
-/// `sudo`: run it as that user through `sudo -n` (the manifest's `sudo`).
+/// Connect to `dest` (an alias from ~/.ssh/config or `[user@]host[:port]`,
+/// through its jump hosts if any), make sure this agent build is on the
+/// host, and start `overlay agent` there. `host` is the manifest's host
+/// name, used in every message. `sudo`: run it as that user through
+/// `sudo -n` (the manifest's `sudo`).
 pub fn start_agent(
     host: &str,
-    target: &str,
+    dest: &SshDest,
     sudo: Option<&str>,
     opts: &ConnectOptions,
 ) -> Result<AgentPipe> {
     let env = LocalEnv::from_process().map_err(|e| e.context(format_args!("on {host}")))?;
-    start_with(host, target, sudo, opts, &env)
+    start_agent_via(host, dest, sudo, opts, &env)
 }
 
-/// Connect to `target` and start the agent this build would have uploaded
+/// Connect to `dest` and start the agent this build would have uploaded
 /// (`~/.cache/overlay/overlay-<digest>` there) without checking that it is
 /// there: no SFTP session, which costs ~50 ms per host. When the agent then
 /// does not answer, the caller falls back to [`start_agent`]. Connection
 /// and host-key errors are returned as they are.
 pub fn start_cached_agent(
     host: &str,
-    target: &str,
+    dest: &SshDest,
     sudo: Option<&str>,
     opts: &ConnectOptions,
 ) -> Result<AgentPipe> {
     let env = LocalEnv::from_process().map_err(|e| e.context(format_args!("on {host}")))?;
-    let who = Who { host, target };
-    let r = resolve_target(who, &env)?;
+    let who = Who {
+        host,
+        target: &dest.target,
+    };
+    let r = resolve_target(who, dest.proxy_jump.as_deref(), &env)?;
     // The binary's digest (~10 ms for 15 MB) is taken while the handshake runs.
     let (digest, conn) = std::thread::scope(|s| {
         let digest = s.spawn(|| agent_digest(&env.agent_binary));
@@ -134,19 +142,22 @@ pub(crate) fn start_agent_with(
     opts: &ConnectOptions,
     env: &LocalEnv,
 ) -> Result<AgentPipe> {
-    start_with(host, target, None, opts, env)
+    start_agent_via(host, &SshDest::new(target), None, opts, env)
 }
 
-/// [`start_agent_with`], run through sudo as `sudo` when given.
-fn start_with(
+/// [`start_agent`] with the local environment given.
+pub(crate) fn start_agent_via(
     host: &str,
-    target: &str,
+    dest: &SshDest,
     sudo: Option<&str>,
     opts: &ConnectOptions,
     env: &LocalEnv,
 ) -> Result<AgentPipe> {
-    let who = Who { host, target };
-    let r = resolve_target(who, env)?;
+    let who = Who {
+        host,
+        target: &dest.target,
+    };
+    let r = resolve_target(who, dest.proxy_jump.as_deref(), env)?;
     let conn = connect(who, &r, opts, env)?;
     let path = upload_agent(who, &conn, opts, env)?;
     let run = AgentRun {
