@@ -172,16 +172,28 @@ fn with_asides(changes: &[GenChange], shapes: Shapes) -> ChangeList {
 }
 
 /// A new generation id: the time it was made, and 16 bits of the clock's
-/// nanoseconds and the process id.
-fn new_id(created: u64) -> String {
+/// nanoseconds and the process id; always after `newest` (the newest id
+/// there is), so that ids sort in the order generations were made even
+/// when two come in one second (or the clock stepped back).
+fn new_id(created: u64, newest: Option<&str>) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    format!(
+    let id = format!(
         "{}-{:04x}",
         format_time(created),
         (nanos ^ std::process::id()) & 0xffff
-    )
+    );
+    let Some(newest) = newest.filter(|n| id.as_str() <= *n) else {
+        return id;
+    };
+    match newest.rsplit_once('-') {
+        Some((time, suffix)) => match u32::from_str_radix(suffix, 16) {
+            Ok(n) if n < 0xffff && suffix.len() == 4 => format!("{time}-{:04x}", n + 1),
+            _ => format!("{newest}-1"),
+        },
+        None => format!("{newest}-1"),
+    }
 }
 
 /// The meta.json of a new generation. No setuid, setgid or sticky bit
@@ -433,7 +445,7 @@ impl State {
         let before = self.check_drift(&req.venv, &mut list, counters)?;
         self.check_space(&list.changes)?;
         let created = now();
-        let id = new_id(created);
+        let id = new_id(created, self.generation_ids().last().map(String::as_str));
         self.create_generation(new_meta(req, &id, created, list), &before)
     }
 }
@@ -442,6 +454,22 @@ impl State {
 mod tests {
     use super::super::tests_support::{Fx, New, apply, history};
     use crate::model::Action;
+
+    /// Two generations in one second (or after the clock stepped back)
+    /// still sort in the order they were made.
+    #[test]
+    fn ids_sort_in_the_order_they_were_made() {
+        let t = 1_800_000_000;
+        let first = super::new_id(t, None);
+        let second = super::new_id(t, Some(&first));
+        assert!(second > first, "{second} after {first}");
+        let third = super::new_id(t - 5, Some(&second));
+        assert!(third > second, "{third} after {second}");
+        assert!(crate::journal::valid_id(&third));
+        let full = format!("{}-ffff", &first[..first.len() - 5]);
+        let next = super::new_id(t, Some(&full));
+        assert!(next > full && crate::journal::valid_id(&next), "{next}");
+    }
 
     /// Issue 12, case 1: the source has `pkg/sub` as a symlink out of the
     /// venv and lists `pkg/sub/x` below it. Refused at prepare, naming both

@@ -293,6 +293,21 @@ fn a_rollback_stopped_after_a_whole_directory_came_back_finishes_exactly() {
     .unwrap();
 }
 
+/// Found by this test after issue 15's merges: a switch stopped before
+/// its first step, then a rollback stopped after its sixth record, then
+/// run again, over a plan that deletes a path below a file.
+#[test]
+fn a_rollback_of_an_unstarted_switch_stopped_midway_finishes_exactly() {
+    run(
+        vec![("a/d".into(), T::Dir), ("b".into(), T::File(0))],
+        vec![("b/a/a".into(), S::Delete), ("a".into(), S::Delete)],
+        Some(0),
+        Some(6),
+        false,
+    )
+    .unwrap();
+}
+
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
