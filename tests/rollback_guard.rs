@@ -183,7 +183,13 @@ fn rollback_over_later_pip_changes_is_refused_then_forced() {
     );
     assert_same(&after_pip, &venv(&tb), "after the refused rollback");
     let h = ok(tb.overlay(&["history", "dst"]).output().unwrap(), "history");
-    assert!(text(&h.stdout).lines().last().unwrap().contains("complete"));
+    // The newest generation's line (version lines are indented below it).
+    let newest = text(&h.stdout)
+        .lines()
+        .rfind(|l| !l.starts_with(' '))
+        .unwrap()
+        .to_string();
+    assert!(newest.contains("complete"), "{newest}");
     // The refusal as the user sees it (without --json; -v lists every file).
     let r = tb.overlay(&["rollback", "dst"]).output().unwrap();
     assert_eq!(r.status.code(), Some(7));
