@@ -105,16 +105,7 @@ fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
     // again before the plan goes on.
     let agent_on = |i: usize| -> PathBuf {
         let dir = tb.host_dir(i).join("root/.cache/overlay");
-        std::fs::read_dir(&dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("overlay-")
-            })
+        common::file_starting_with(&dir, "overlay-")
             .unwrap_or_else(|| panic!("no agent in {}", dir.display()))
     };
     let size = std::fs::metadata(env!("CARGO_BIN_EXE_overlay"))

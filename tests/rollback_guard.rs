@@ -46,16 +46,7 @@ fn pip(tb: &Testbed, args: &str) -> Output {
 /// The fixture wheel of `dist` `version`.
 fn wheel(dist: &str, version: &str) -> PathBuf {
     let prefix = format!("{dist}-{version}-");
-    std::fs::read_dir(common::wheels_dir())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with(&prefix)
-        })
+    common::file_starting_with(&common::wheels_dir(), &prefix)
         .unwrap_or_else(|| panic!("no wheel {prefix}*"))
 }
 

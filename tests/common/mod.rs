@@ -456,14 +456,7 @@ impl Testbed {
                 }
                 assert!(h.up, "host {} did not come up:\n{last}", h.name);
             }
-            let mut c = testbed();
-            c.arg("client").arg(&tb.client);
-            for h in &tb.hosts {
-                let (ip, port) = h.addr.as_ref().unwrap();
-                c.arg("--host")
-                    .arg(format!("{}={ip}:{port}:{}", h.name, h.dir.display()));
-            }
-            run(&mut c);
+            tb.write_client();
         }
         eprintln!(
             "testbed: {} {} host(s) in {:.1}s at {}",
@@ -771,6 +764,13 @@ impl Testbed {
             .trim()
             .parse()
             .unwrap();
+        self.write_client();
+        pid
+    }
+
+    /// Write the client's ~/.ssh/config and known_hosts for the hosts'
+    /// current addresses.
+    pub fn write_client(&self) {
         let mut c = testbed();
         c.arg("client").arg(&self.client);
         for h in &self.hosts {
@@ -779,8 +779,16 @@ impl Testbed {
                 .arg(format!("{}={ip}:{port}:{}", h.name, h.dir.display()));
         }
         run(&mut c);
-        pid
     }
+}
+
+/// The first file in `dir` whose name starts with `prefix`.
+pub fn file_starting_with(dir: &Path, prefix: &str) -> Option<PathBuf> {
+    fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
 }
 
 /// A jump host: an sshd that lets the test client's key in and forwards.
