@@ -293,9 +293,12 @@ fn a_rollback_stopped_after_a_whole_directory_came_back_finishes_exactly() {
     .unwrap();
 }
 
-/// Found by this test after issue 15's merges: a switch stopped before
-/// its first step, then a rollback stopped after its sixth record, then
-/// run again, over a plan that deletes a path below a file.
+/// Found by this test after issue 15's merges (it failed before them
+/// too): `b/a/a` is absent, so the list adds it (a file) below the file
+/// `b`, which goes aside; the switch stops after moving `b` to the
+/// backup; a rollback stopped after its sixth record has put `b` back;
+/// run again, it must take the `Mkdir b/a` below the file `b` as undone
+/// (ENOTDIR), not as a failure.
 #[test]
 fn a_rollback_of_an_unstarted_switch_stopped_midway_finishes_exactly() {
     run(

@@ -183,9 +183,15 @@ impl State {
 
     /// Undo `Mkdir`: remove the directory the apply made (and bytecode
     /// compiled into it); one that holds anything else is taken out whole.
+    /// Gone already when a parent is no longer a directory: an undo run
+    /// again after an interrupted one has put back the file the apply had
+    /// moved aside for this directory's parent.
     fn undo_mkdir(&self, g: &Generation, dir: &str, out: &mut Undone) -> std::io::Result<()> {
-        if !self.fs.kind(dir)?.is_some_and(|k| k.is_dir()) {
-            return Ok(());
+        match self.fs.kind(dir) {
+            Ok(Some(k)) if k.is_dir() => {}
+            Ok(_) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Ok(()),
+            Err(e) => return Err(e),
         }
         // Bytecode compiled into a directory the apply made goes with it.
         let cache = format!("{dir}/__pycache__");
