@@ -17,7 +17,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Output;
 
 use common::{SITE, Testbed, assert_same, ok, snapshot};
@@ -43,11 +42,16 @@ fn pip(tb: &Testbed, args: &str) -> Output {
     )
 }
 
-/// The fixture wheel of `dist` `version`.
-fn wheel(dist: &str, version: &str) -> PathBuf {
+/// The fixture wheel of `dist` `version`, copied into the target's /root
+/// (the test hosts have their own /root and /tmp, so a path of this
+/// machine may not exist there): its path as the target sees it.
+fn wheel(tb: &Testbed, dist: &str, version: &str) -> String {
     let prefix = format!("{dist}-{version}-");
-    common::file_starting_with(&common::wheels_dir(), &prefix)
-        .unwrap_or_else(|| panic!("no wheel {prefix}*"))
+    let found = common::file_starting_with(&common::wheels_dir(), &prefix)
+        .unwrap_or_else(|| panic!("no wheel {prefix}*"));
+    let name = found.file_name().unwrap().to_string_lossy().into_owned();
+    std::fs::copy(&found, tb.host_dir(1).join("root").join(&name)).unwrap();
+    format!("/root/{name}")
 }
 
 /// The target's dist-info directories of minitorch.
@@ -114,7 +118,7 @@ fn rollback_over_later_pip_changes_is_refused_then_forced() {
         &tb,
         &format!(
             "install --no-index --no-deps --force-reinstall {}",
-            wheel("minitriton", "3.5.0").display()
+            wheel(&tb, "minitriton", "3.5.0")
         ),
     );
     let r = ok(
@@ -142,7 +146,7 @@ fn rollback_over_later_pip_changes_is_refused_then_forced() {
         &tb,
         &format!(
             "install --no-index --no-deps {}",
-            wheel("minitorch", "2.9.1").display()
+            wheel(&tb, "minitorch", "2.9.1")
         ),
     );
     let after_pip = venv(&tb);
