@@ -748,12 +748,41 @@ impl Client {
     }
 }
 
-/// Name the host in an error from its agent.
+/// Name the host in an error from its agent, unless the message already
+/// names it as a word of its own (a host `c` is not named by "conda").
 fn on_host(e: Error, host: &str) -> Error {
-    let message = if e.message.contains(host) {
+    let message = if names_host(&e.message, host) {
         e.message
     } else {
         format!("on {host}: {}", e.message)
     };
     Error { message, ..e }
+}
+
+/// Whether `message` holds `host` with no letter, digit, `-`, `_` or `.`
+/// of a longer name right before or after it.
+fn names_host(message: &str, host: &str) -> bool {
+    let part = |c: char| c.is_alphanumeric() || matches!(c, '-' | '_' | '.');
+    !host.is_empty()
+        && message.match_indices(host).any(|(i, _)| {
+            let before = message[..i].chars().next_back();
+            let after = message[i + host.len()..].chars().next();
+            !before.is_some_and(part) && !after.is_some_and(|c| part(c) && c != '.')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_host;
+
+    #[test]
+    fn a_host_is_named_only_as_a_word_of_its_own() {
+        assert!(names_host("Failed to open /v on dst: denied", "dst"));
+        assert!(names_host("dst (ssh root@h) refused", "dst"));
+        assert!(names_host("the agent on dst.", "dst"));
+        assert!(!names_host("venv /v is a conda environment", "c"));
+        assert!(!names_host("ct200 is busy", "ct2"));
+        assert!(!names_host("in /srv/dst-old/venv", "dst"));
+        assert!(!names_host("anything", ""));
+    }
 }
