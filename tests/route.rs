@@ -21,8 +21,14 @@ fn apply_json(tb: &Testbed, args: &[&str], what: &str) -> (serde_json::Value, St
     (doc, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// Roll the target back, and plan again (the restored files are new
+/// inodes: the old plan would see drift).
 fn rollback(tb: &Testbed, what: &str) {
     ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), what);
+    ok(
+        tb.overlay(&["plan", "src", "dst", "-q"]).output().unwrap(),
+        what,
+    );
 }
 
 fn stderr(out: &Output) -> String {
@@ -48,18 +54,29 @@ fn the_manifest_route_goes_direct_and_falls_back_to_the_relay() {
     let before = snapshot(tb.host_venv_dir(1));
 
     // The plan records the route and says it.
-    let out = ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    let out = ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     let said = stderr(&out);
-    assert!(said.contains("Route: src sends the files straight to dst"), "{said}");
-    let plan: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(tb.dir().join(".overlay/plan.json")).unwrap())
-            .unwrap();
+    assert!(
+        said.contains("Route: src sends the files straight to dst"),
+        "{said}"
+    );
+    let plan: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(manifest.with_file_name(".overlay/plan.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(plan["target"]["route"], "direct", "{}", plan["target"]);
 
     // The manifest's route: direct.
     let (doc, _) = apply_json(&tb, &[], "apply by the manifest's route");
     assert_eq!(doc["route"], "direct", "{doc}");
-    assert_eq!(doc["fell_back_from_direct"], serde_json::Value::Null, "{doc}");
+    assert_eq!(
+        doc["fell_back_from_direct"],
+        serde_json::Value::Null,
+        "{doc}"
+    );
     let after = snapshot(tb.host_venv_dir(1));
     assert_ne!(before, after, "the apply changed the target");
     rollback(&tb, "rollback after the direct apply");
@@ -67,9 +84,17 @@ fn the_manifest_route_goes_direct_and_falls_back_to_the_relay() {
     // --relay: through this machine.
     let (doc, said) = apply_json(&tb, &["--relay"], "apply --relay");
     assert_eq!(doc["route"], "relay", "{doc}");
-    assert_eq!(doc["fell_back_from_direct"], serde_json::Value::Null, "{doc}");
+    assert_eq!(
+        doc["fell_back_from_direct"],
+        serde_json::Value::Null,
+        "{doc}"
+    );
     assert!(!said.contains("warning"), "{said}");
-    assert_same(&after, &snapshot(tb.host_venv_dir(1)), "after apply --relay");
+    assert_same(
+        &after,
+        &snapshot(tb.host_venv_dir(1)),
+        "after apply --relay",
+    );
     rollback(&tb, "rollback after the relay apply");
 
     // The source no longer trusts the target's host key: the relay takes
@@ -93,22 +118,40 @@ fn the_manifest_route_goes_direct_and_falls_back_to_the_relay() {
     );
     assert_same(&after, &snapshot(tb.host_venv_dir(1)), "after the fallback");
     rollback(&tb, "rollback after the fallback");
-    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after the rollbacks");
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after the rollbacks",
+    );
 
     // An explicit --direct never falls back: the error, nothing changed.
     let out = tb.overlay(&["apply", "--direct"]).output().unwrap();
     let said = stderr(&out);
     assert_eq!(out.status.code(), Some(4), "{said}");
-    assert!(said.contains("could not reach the target as \"dst-direct\""), "{said}");
+    assert!(
+        said.contains("could not reach the target as \"dst-direct\""),
+        "{said}"
+    );
     assert!(!said.contains("warning"), "{said}");
-    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after a refused --direct");
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after a refused --direct",
+    );
 
     // Both flags: a usage error.
-    let out = tb.overlay(&["apply", "--direct", "--relay"]).output().unwrap();
+    let out = tb
+        .overlay(&["apply", "--direct", "--relay"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 
     // A route that is not one: the manifest's line, nothing planned.
-    fs::write(&manifest, text.replacen("route = \"direct\"", "route = \"fast\"", 1)).unwrap();
+    fs::write(
+        &manifest,
+        text.replacen("route = \"direct\"", "route = \"fast\"", 1),
+    )
+    .unwrap();
     let out = tb.overlay(&["plan", "src", "dst"]).output().unwrap();
     let said = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{said}");
