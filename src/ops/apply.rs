@@ -615,12 +615,12 @@ fn transfer(
     let again = chosen.may_fall_back.then(|| send.clone());
     let mut result = stream(plan, &opts.connect, dst, send, compression, route, obs);
     let mut fell_back = None;
-    if let (Err(failure), Some(send), Some(dest)) = (&result, again, &chosen.direct) {
-        if let Some(why) = fallback_reason(&failure.error, dst) {
-            obs.warn(&fallback_warning(plan, dest, &why));
-            fell_back = Some(why);
-            result = stream(plan, &opts.connect, dst, send, compression, Way::Relay, obs);
-        }
+    if let (Err(failure), Some(send), Some(dest)) = (&result, again, &chosen.direct)
+        && let Some(why) = fallback_reason(&failure.error, dst)
+    {
+        obs.warn(&fallback_warning(plan, dest, &why));
+        fell_back = Some(why);
+        result = stream(plan, &opts.connect, dst, send, compression, Way::Relay, obs);
     }
     let failure = match result {
         Ok(moved) => {
