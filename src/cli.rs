@@ -222,10 +222,17 @@ pub struct ApplyArgs {
 
     /// Stream straight from the source host to the target with the source's
     /// own `ssh` client (to the target's `direct_ssh`, or its `ssh` value),
-    /// instead of relaying through this machine. Needs the source to reach
-    /// the target without a prompt: see docs/apply.md.
+    /// instead of relaying through this machine; an error if the source
+    /// cannot reach the target without a prompt. Without --direct or
+    /// --relay, the manifest's `route` decides (the relay unless it says
+    /// "direct"): see docs/apply.md.
     #[arg(long)]
     pub direct: bool,
+
+    /// Stream through this machine, even when the manifest's `route` is
+    /// "direct".
+    #[arg(long, conflicts_with = "direct")]
+    pub relay: bool,
 
     /// Apply a plan that predicts problems even though it was made with `--strict`.
     #[arg(long)]
@@ -363,7 +370,9 @@ Examples:
   Carry out a plan saved with `overlay plan -o`:
     overlay apply ct201.json
   Stream straight from the source host to the target, at zstd level 3:
-    overlay apply --direct --compress 3";
+    overlay apply --direct --compress 3
+  Send through this machine although the manifest says route = \"direct\":
+    overlay apply --relay";
 
 const ROLLBACK_EXAMPLES: &str = "\
 Examples:

@@ -124,6 +124,11 @@ pub struct Error {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<String>,
     pub hint: Option<String>,
+    /// Set by a source on the direct route whose `ssh` could not reach the
+    /// target (not started, refused, timed out, key or host key refused),
+    /// so nothing was sent: ssh's reason. `apply` may take the relay then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreached: Option<String>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -136,6 +141,7 @@ impl Error {
             message: message.into(),
             cause: None,
             hint: None,
+            unreached: None,
         }
     }
 

@@ -10,7 +10,7 @@ use toml::Spanned;
 
 use crate::err;
 use crate::error::{Error, Result};
-use crate::model::{Endpoint, Set, SshDest, normalize_name};
+use crate::model::{Endpoint, RouteSetting, Set, SshDest, normalize_name};
 
 /// A parsed, validated manifest.
 #[derive(Debug, Clone)]
@@ -21,6 +21,8 @@ pub struct Manifest {
     pub sets: Vec<Set>,
     pub verify: Option<Verify>,
     pub preflight: Preflight,
+    /// `[apply] route`: the route into every host that sets none of its own.
+    pub route: RouteSetting,
 }
 
 /// `[preflight]`: how `plan` treats predicted breakage.
@@ -44,6 +46,9 @@ pub struct Host {
     /// `sudo`: the user the agent runs as through `sudo -n` (`true` is
     /// `"root"`); `None` runs it as the login user (docs/sudo.md).
     pub sudo: Option<String>,
+    /// How `apply` streams into this host without `--relay` or `--direct`:
+    /// its own `route`, else `[apply] route`, else the relay.
+    pub route: RouteSetting,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -63,6 +68,14 @@ struct RawManifest {
     sets: BTreeMap<Spanned<String>, Spanned<RawSet>>,
     verify: Option<RawVerify>,
     preflight: Option<RawPreflight>,
+    apply: Option<RawApply>,
+}
+
+/// `[apply]`: defaults of `overlay apply` for every plan of this manifest.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApply {
+    route: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +96,7 @@ struct RawHost {
     /// `sudo = true | false | "user"`, checked in [`Locator::host`].
     sudo: Option<Spanned<toml::Value>>,
     proxy_jump: Option<Spanned<String>>,
+    route: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -129,8 +143,22 @@ impl Locator<'_> {
         )
     }
 
-    /// Check one `[hosts.NAME]` table.
-    fn host(&self, name: String, host: RawHost) -> Result<Host> {
+    /// A `route` value (`what` names where it is, e.g. `host dst`).
+    fn route(&self, what: &str, route: Spanned<String>) -> Result<RouteSetting> {
+        RouteSetting::parse(route.get_ref()).ok_or_else(|| {
+            self.at(
+                route.span(),
+                format!(
+                    "{what}: route must be \"relay\" (through this machine) or \"direct\" (from the source with its own ssh), not {:?}",
+                    route.get_ref()
+                ),
+            )
+        })
+    }
+
+    /// Check one `[hosts.NAME]` table; `route` is `[apply] route`, which
+    /// the host's own `route` overrides.
+    fn host(&self, name: String, host: RawHost, route: RouteSetting) -> Result<Host> {
         let venv = host.venv.get_ref().trim_end_matches('/').to_string();
         if !venv.starts_with('/') {
             return Err(self.at(
@@ -201,12 +229,17 @@ impl Locator<'_> {
                 }
             }
         };
+        let route = match host.route {
+            Some(r) => self.route(&format!("host {name}"), r)?,
+            None => route,
+        };
         Ok(Host {
             name,
             endpoint,
             venv: if venv.is_empty() { "/".into() } else { venv },
             direct_ssh,
             sudo,
+            route,
         })
     }
 
@@ -279,9 +312,13 @@ impl Manifest {
                 None => err!("{}: {msg}", path.display()),
             }
         })?;
+        let route = match raw.apply.and_then(|a| a.route) {
+            Some(r) => loc.route("[apply]", r)?,
+            None => RouteSetting::Relay,
+        };
         let mut hosts = BTreeMap::new();
         for (name, host) in raw.hosts {
-            let host = loc.host(name, host.into_inner())?;
+            let host = loc.host(name, host.into_inner(), route)?;
             hosts.insert(host.name.clone(), host);
         }
         let mut sets: Vec<(usize, Set)> = Vec::new();
@@ -317,6 +354,7 @@ impl Manifest {
             sets: sets.into_iter().map(|(_, s)| s).collect(),
             verify,
             preflight,
+            route,
         })
     }
 
@@ -544,6 +582,29 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
             assert!(e.message.starts_with("m.toml:4:8:"), "{bad}: {}", e.message);
             assert!(e.message.contains("sudo"), "{bad}: {}", e.message);
         }
+    }
+
+    #[test]
+    fn route_values() {
+        let m = parse("[hosts.a]\nvenv = \"/v\"\n").unwrap();
+        assert_eq!(m.hosts["a"].route, RouteSetting::Relay, "the default");
+        let m = parse(
+            "[apply]\nroute = \"direct\"\n[hosts.a]\nvenv = \"/v\"\n[hosts.b]\nvenv = \"/v\"\nroute = \"relay\"\n",
+        )
+        .unwrap();
+        assert_eq!(m.route, RouteSetting::Direct);
+        assert_eq!(m.hosts["a"].route, RouteSetting::Direct, "from [apply]");
+        assert_eq!(m.hosts["b"].route, RouteSetting::Relay, "its own");
+        let e = parse("[hosts.a]\nvenv = \"/v\"\nroute = \"fast\"\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:3:9:"), "{}", e.message);
+        assert!(e.message.contains("host a: route must be"), "{}", e.message);
+        let e = parse("[apply]\nroute = \"Direct\"\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:9:"), "{}", e.message);
+        assert!(e.message.contains("[apply]"), "{}", e.message);
+        let e = parse("[apply]\nroute = true\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:"), "{}", e.message);
+        let e = parse("[apply]\nroutes = \"direct\"\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:1:"), "{}", e.message);
     }
 
     #[test]

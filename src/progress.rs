@@ -249,6 +249,17 @@ impl Observer for Console {
         }
     }
 
+    fn note(&self, line: &str) {
+        if self.verbose >= 1 {
+            self.above(|| eprintln!("{}", escape(line)));
+        }
+    }
+
+    /// Even with `--quiet`, which keeps errors and warnings.
+    fn warn(&self, line: &str) {
+        self.above(|| eprintln!("warning: {}", escape(line)));
+    }
+
     /// A live line for `step` on `on`; nothing off a terminal.
     fn step(&self, step: Step, on: &str) -> Box<dyn Meter> {
         let Some(multi) = self.multi() else {

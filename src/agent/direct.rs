@@ -71,14 +71,18 @@ pub fn send_direct(
         .nodename()
         .to_string_lossy()
         .into_owned();
+    // Until the target's agent has answered, nothing was sent: the error
+    // says so (`unreached`), and `apply` may take the relay instead.
     let unreachable = |why: String| {
-        err!(
+        let mut e = err!(
             kind = Connection,
             hint = "the direct route uses the source host's own ssh (its ~/.ssh/config, keys and known_hosts) without prompting: check `ssh -o BatchMode=yes DEST true` on the source, set `direct_ssh` for the target in the manifest, or apply without --direct",
             "The source ({here}) could not reach the target as {:?} over SSH: {}",
             to.ssh,
             why.trim()
-        )
+        );
+        e.unreached = Some(why.trim().to_string());
+        e
     };
     let pipe = crate::transport::openssh::start_agent(
         to.ssh,
@@ -88,7 +92,14 @@ pub fn send_direct(
         },
         to.agent,
         to.timeout,
-    )?;
+    );
+    let pipe = match pipe {
+        Ok(p) => p,
+        Err(mut e) => {
+            e.unreached = Some(e.to_string());
+            return Err(e);
+        }
+    };
     let mut target = match Client::over(to.ssh, pipe) {
         Ok(c) => c,
         Err(e) => return Err(unreachable(e.message)),

@@ -19,6 +19,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         resume: args.resume,
         force: args.force,
         direct: args.direct,
+        relay: args.relay,
         // Backups are the default; --backup is accepted and changes nothing.
         backup: !args.no_backup,
         keep: args.keep,

@@ -46,6 +46,9 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
         ));
     }
     if !global.quiet {
+        if let Some(note) = overlay::ops::apply::route_note(&plan) {
+            eprintln!("{}", text::escape(&note));
+        }
         eprintln!(
             "Plan saved to {}; run `{}` to carry it out.",
             text::escape(&args.out.to_string_lossy()),

@@ -33,8 +33,8 @@ use crate::err;
 use crate::error::{Error, ErrorKind, Result};
 use crate::interrupt;
 use crate::model::{
-    Action, Compression, GenChange, LevelWindow, PrepareRequest, SendFile, ShebangRewrite,
-    VerifyRequest,
+    Action, Compression, GenChange, LevelWindow, PrepareRequest, RouteSetting, SendFile,
+    ShebangRewrite, VerifyRequest,
 };
 use crate::plan::Plan;
 use crate::transport::ConnectOptions;
@@ -56,8 +56,11 @@ pub struct ApplyOptions {
     pub resume: bool,
     /// Apply a strict plan that predicts problems.
     pub force: bool,
-    /// Stream from the source straight to the target.
+    /// `--direct`: stream from the source straight to the target, whatever
+    /// the plan's route (no fallback to the relay).
     pub direct: bool,
+    /// `--relay`: stream through this machine, whatever the plan's route.
+    pub relay: bool,
     /// Keep a backup, to roll back to (the default; off with `--no-backup`).
     pub backup: bool,
     /// Generations to keep after the commit.
@@ -112,6 +115,9 @@ pub struct Applied {
     pub sent_bytes: u64,
     /// How the files travelled; `None` when none were sent.
     pub route: Option<Route>,
+    /// The plan's route was direct but the source could not reach the
+    /// target, so the files went through this machine: ssh's reason.
+    pub fell_back_from_direct: Option<String>,
     pub seconds: f64,
     pub backup: bool,
     /// Bytes the backup holds on the target (0 without one).
@@ -181,7 +187,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     });
     let stopped = |left: Left<'_>| interrupted(left, &tname, &opts.plan);
     strict_check(&plan, opts.force)?;
-    let direct = direct_destination(&plan, opts.direct)?;
+    let chosen = choose_route(&plan, opts, obs)?;
     // Read the check before touching anything, so a missing [verify] fails early.
     let check = opts
         .verify
@@ -204,15 +210,8 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     let generation = prepared.generation;
     let send = files_to_send(&changes);
     let files = send.len();
-    let moved = transfer(
-        &mut dst,
-        &plan,
-        opts,
-        &generation,
-        direct.as_deref(),
-        send,
-        obs,
-    )?;
+    let sent = transfer(&mut dst, &plan, opts, &generation, &chosen, send, obs)?;
+    let moved = sent.moved;
     clock.mark(&format!("stream and stage ({})", HumanBytes(moved.sent)));
     let switching = obs.step(Step::Switch, &tname);
     let backup_bytes = switch_and_commit(&mut dst, opts, &tname, &generation, &clock)?;
@@ -224,9 +223,13 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     obs.status(&format!(
         "Applied generation {generation} on {tname}: {} changes, {files} files sent{}, {} on the wire for {} of files, in {:.1}s",
         changes.len(),
-        match (&direct, files == 0) {
+        match (&sent.direct, files == 0) {
             (_, true) => String::new(),
             (Some(d), false) => format!(" directly from {} to {d:?}", plan.source.name),
+            (None, false) if sent.fell_back_from_direct.is_some() => format!(
+                " from {} through this machine ({} could not reach {} directly)",
+                plan.source.name, plan.source.name, plan.target.name
+            ),
             (None, false) => format!(" from {} through this machine", plan.source.name),
         },
         HumanBytes(moved.sent),
@@ -251,11 +254,12 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
         changes: changes.len() as u64,
         raw_bytes: moved.raw,
         sent_bytes: moved.sent,
-        route: match (&direct, files == 0) {
+        route: match (&sent.direct, files == 0) {
             (_, true) => None,
             (Some(_), false) => Some(Route::Direct),
             (None, false) => Some(Route::Relay),
         },
+        fell_back_from_direct: sent.fell_back_from_direct,
         seconds: clock.seconds(),
         backup: opts.backup,
         backup_bytes,
@@ -288,6 +292,85 @@ fn strict_check(plan: &Plan, force: bool) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The route chosen before anything is sent ([`choose_route`]).
+#[derive(Debug, Clone, Default)]
+pub struct ChosenRoute {
+    /// The direct route: the target's ssh destination as the source knows
+    /// it. `None`: the relay.
+    pub direct: Option<String>,
+    /// The direct route comes from the plan (the manifest's `route`), not
+    /// from `--direct`: if the source cannot reach the target, the files go
+    /// through this machine instead.
+    pub may_fall_back: bool,
+}
+
+/// How the files go: `--relay` or `--direct` if given, else the plan's
+/// route (the manifest's `route` for the target). A direct route from the
+/// plan that cannot work (a target behind `sudo`, or this machine) is the
+/// relay, with a note at `-v`; one that can may fall back to the relay.
+pub fn choose_route(plan: &Plan, opts: &ApplyOptions, obs: &dyn Observer) -> Result<ChosenRoute> {
+    if opts.relay && opts.direct {
+        return Err(err!(
+            kind = Usage,
+            hint = "pass one of them",
+            "--relay and --direct ask for two routes; {} is unchanged",
+            plan.target.name
+        ));
+    }
+    if opts.relay || (!opts.direct && plan.target.route == RouteSetting::Relay) {
+        return Ok(ChosenRoute::default());
+    }
+    if opts.direct {
+        return Ok(ChosenRoute {
+            direct: direct_destination(plan, true)?,
+            may_fall_back: false,
+        });
+    }
+    if let Some(why) = direct_obstacle(plan) {
+        obs.note(&format!(
+            "{why}: the manifest's route = \"direct\" is not taken, the files go through this machine"
+        ));
+        return Ok(ChosenRoute::default());
+    }
+    Ok(ChosenRoute {
+        direct: direct_destination(plan, true)?,
+        may_fall_back: true,
+    })
+}
+
+/// Why the direct route cannot be taken to the plan's target at all, if
+/// it cannot: its agent runs through `sudo`, or it is this machine.
+fn direct_obstacle(plan: &Plan) -> Option<String> {
+    let tname = &plan.target.name;
+    if let Some(user) = &plan.target.sudo {
+        return Some(format!(
+            "{tname} runs its agent through sudo (as {user}), which the source's ssh cannot do"
+        ));
+    }
+    if plan.target.direct_ssh.is_none() && plan.target.ssh.is_none() {
+        return Some(format!("{tname} is this machine"));
+    }
+    None
+}
+
+/// For `overlay plan`: the route `apply` takes without `--relay` or
+/// `--direct`, when the manifest asks for the direct route (the relay,
+/// the default, goes unsaid).
+pub fn route_note(plan: &Plan) -> Option<String> {
+    if plan.target.route != RouteSetting::Direct {
+        return None;
+    }
+    let (src, dst) = (&plan.source.name, &plan.target.name);
+    Some(match direct_obstacle(plan) {
+        Some(why) => format!(
+            "Route: through this machine ({why}, so the manifest's route = \"direct\" is not taken)"
+        ),
+        None => format!(
+            "Route: {src} sends the files straight to {dst} with its own ssh (the manifest's route = \"direct\"), or through this machine if it cannot reach {dst}; `overlay apply --relay` always goes through this machine"
+        ),
+    })
 }
 
 /// With `--direct`: the target's ssh destination as the source knows it.
@@ -477,6 +560,16 @@ fn files_to_send(changes: &[GenChange]) -> Vec<SendFile> {
         .collect()
 }
 
+/// What [`transfer`] did: the bytes, and the route they took.
+#[derive(Debug, Clone, Default)]
+struct Transferred {
+    moved: Moved,
+    /// The direct route's destination, if the files took it.
+    direct: Option<String>,
+    /// The direct route fell back to the relay: ssh's reason.
+    fell_back_from_direct: Option<String>,
+}
+
 /// Bytes a stream carried.
 #[derive(Debug, Clone, Copy, Default)]
 struct Moved {
@@ -487,16 +580,19 @@ struct Moved {
 }
 
 /// Stream the added and replaced files from the source into the target's
-/// staging. If the source fails, the target discards the generation.
+/// staging. If the source fails, the target discards the generation. A
+/// direct route that may fall back ([`ChosenRoute`]) and whose source could
+/// not reach the target (nothing was sent) is followed by the relay, with a
+/// warning.
 fn transfer(
     dst: &mut Client,
     plan: &Plan,
     opts: &ApplyOptions,
     generation: &str,
-    direct: Option<&str>,
+    chosen: &ChosenRoute,
     send: Vec<SendFile>,
     obs: &dyn Observer,
-) -> Result<Moved> {
+) -> Result<Transferred> {
     let tname = &plan.target.name;
     if interrupt::requested() {
         return Err(match dst.abort() {
@@ -505,9 +601,9 @@ fn transfer(
         });
     }
     if send.is_empty() {
-        return Ok(Moved::default());
+        return Ok(Transferred::default());
     }
-    let route = match direct {
+    let route = match chosen.direct.as_deref() {
         None => Way::Relay,
         Some(dest) => Way::Direct {
             dest,
@@ -516,8 +612,24 @@ fn transfer(
         },
     };
     let compression = route_compression(opts.compression, plan);
-    let failure = match stream(plan, &opts.connect, dst, send, compression, route, obs) {
-        Ok(moved) => return Ok(moved),
+    let again = chosen.may_fall_back.then(|| send.clone());
+    let mut result = stream(plan, &opts.connect, dst, send, compression, route, obs);
+    let mut fell_back = None;
+    if let (Err(failure), Some(send), Some(dest)) = (&result, again, &chosen.direct)
+        && let Some(why) = fallback_reason(&failure.error, dst)
+    {
+        obs.warn(&fallback_warning(plan, dest, &why));
+        fell_back = Some(why);
+        result = stream(plan, &opts.connect, dst, send, compression, Way::Relay, obs);
+    }
+    let failure = match result {
+        Ok(moved) => {
+            return Ok(Transferred {
+                moved,
+                direct: chosen.direct.clone().filter(|_| fell_back.is_none()),
+                fell_back_from_direct: fell_back,
+            });
+        }
         Err(f) => f,
     };
     let e = failure.error;
@@ -540,6 +652,28 @@ fn transfer(
         Ok(()) => fate(e, dst.lost(), Phase::Aborted, tname, generation),
         Err(_) => fate(e, dst.lost(), Phase::Stream, tname, generation),
     })
+}
+
+/// Why the direct route may give way to the relay: the source's ssh could
+/// not reach the target, so nothing was sent, and the target is still there
+/// with the generation open. Not after Ctrl-C.
+fn fallback_reason(e: &Error, dst: &Client) -> Option<String> {
+    let why = e.unreached.as_ref()?;
+    if dst.lost() || e.kind == ErrorKind::Interrupted || interrupt::requested() {
+        return None;
+    }
+    Some(why.clone())
+}
+
+/// The warning of a direct route that fell back to the relay: who could not
+/// reach whom, ssh's reason, and how to make either route stick.
+fn fallback_warning(plan: &Plan, dest: &str, why: &str) -> String {
+    let (src, dst) = (&plan.source.name, &plan.target.name);
+    format!(
+        "{src} could not reach {dst} directly (its ssh to {dest:?}: {why}); sending through this machine instead. \
+         To relay without trying, apply with --relay or drop route = \"direct\" from the manifest; \
+         to go direct, fix {src}'s ~/.ssh until `ssh -o BatchMode=yes {dest} true` works there"
+    )
 }
 
 /// `--compress auto` between two venvs of this machine (both hosts on the

@@ -58,6 +58,15 @@ pub trait Observer: Sync {
     fn status(&self, line: &str);
     /// A detail shown with `-vv`: timings, measured compression levels.
     fn detail(&self, line: &str);
+    /// A note shown with `-v`: why a choice was made (e.g. the route).
+    fn note(&self, line: &str) {
+        self.detail(line);
+    }
+    /// A warning (shown even with `--quiet`): something did not go as
+    /// configured, but the operation goes on.
+    fn warn(&self, line: &str) {
+        self.status(&format!("warning: {line}"));
+    }
     /// `step` starts on `on` (a host, or `source -> target`): its meter,
     /// which `finish` ends (dropped unfinished, it goes away without a word).
     fn step(&self, step: Step, on: &str) -> Box<dyn Meter>;

@@ -86,6 +86,7 @@ pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
         venv: host.venv.clone(),
         direct_ssh: host.direct_ssh.clone(),
         sudo: host.sudo.clone(),
+        route: host.route,
         site_packages: scan.site_packages.clone(),
         python: scan.python.clone(),
     }

@@ -81,6 +81,11 @@ pub struct HostInfo {
     /// The manifest's `proxy_jump` value (jump hosts to reach `ssh`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_jump: Option<String>,
+    /// The manifest's route into this host (its `route`, else `[apply]
+    /// route`): on the target, how `apply` streams without `--relay` or
+    /// `--direct`. Plans that do not say it take the relay.
+    #[serde(default, skip_serializing_if = "crate::model::RouteSetting::is_relay")]
+    pub route: crate::model::RouteSetting,
     pub venv: String,
     /// Relative to the venv.
     pub site_packages: String,
@@ -204,6 +209,7 @@ mod tests {
             direct_ssh: None,
             sudo: None,
             proxy_jump: None,
+            route: Default::default(),
             venv: "/v".into(),
             site_packages: String::new(),
             python: py.into(),
