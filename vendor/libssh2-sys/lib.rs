@@ -1,6 +1,9 @@
 #![doc(html_root_url = "http://alexcrichton.com/ssh2-rs")]
 #![allow(bad_style)]
 #![allow(unused_extern_crates)]
+// overlay: as a path dependency this crate's warnings are not capped like a
+// registry crate's; libc::time_t is deprecated on musl (upstream's code).
+#![allow(deprecated)]
 
 extern crate libc;
 

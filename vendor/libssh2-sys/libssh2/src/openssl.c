@@ -913,10 +913,15 @@ int ssh2_cipher_init(ssh2_cipher_ctx *ctx, SSH2_CIPHER_T(algo),
 #define EVP_MAX_BLOCK_LENGTH 32
 #endif
 
+/* overlay: en/decrypts in place (EVP_Cipher with out == in, which OpenSSL
+   supports for every cipher libssh2 uses), so 'blocksize' may be any run of
+   whole cipher blocks (transport.c passes the middle of a packet in one
+   call); upstream copied through a stack buf[EVP_MAX_BLOCK_LENGTH] and
+   refused more than 32 bytes per call. The FIRST (IV, AAD) and LAST (tag)
+   handling is unchanged. */
 int ssh2_cipher_crypt(ssh2_cipher_ctx *ctx, SSH2_CIPHER_T(algo), int encrypt,
                       unsigned char *block, size_t blocksize, int firstlast)
 {
-    unsigned char buf[EVP_MAX_BLOCK_LENGTH];
     int ret = 1;
     int rc = 1;
 
@@ -937,8 +942,9 @@ int ssh2_cipher_crypt(ssh2_cipher_ctx *ctx, SSH2_CIPHER_T(algo), int encrypt,
 
     (void)algo;
 
-    if(blocksize > sizeof(buf) ||
-       blocksize < (size_t)(aadlen + authenticationtag))
+    /* overlay: no 'blocksize > sizeof(buf)' limit (in place, see above) */
+    if(blocksize < (size_t)(aadlen + authenticationtag) ||
+       blocksize > (size_t)INT_MAX)
         return 1;
 
     cryptlen = (unsigned int)blocksize - aadlen - authenticationtag;
@@ -966,7 +972,8 @@ int ssh2_cipher_crypt(ssh2_cipher_ctx *ctx, SSH2_CIPHER_T(algo), int encrypt,
 #endif /* LIBSSH2_AES_GCM */
 
     if(cryptlen > 0)
-        ret = EVP_Cipher(*ctx, buf + aadlen, block + aadlen, cryptlen);
+        /* overlay: in place, was EVP_Cipher(*ctx, buf + aadlen, ...) */
+        ret = EVP_Cipher(*ctx, block + aadlen, block + aadlen, cryptlen);
 
 #if defined(USE_OPENSSL_3) || defined(LIBSSH2_WOLFSSL)
     if(ret != -1)
@@ -1004,10 +1011,9 @@ int ssh2_cipher_crypt(ssh2_cipher_ctx *ctx, SSH2_CIPHER_T(algo), int encrypt,
 #endif /* LIBSSH2_AES_GCM */
             }
         }
-        /* Copy en/decrypted data back to the caller.
-           The first aadlen should not be touched because they were not
+        /* overlay: the data was en/decrypted in place, so there is no
+           copy back from buf here. The first aadlen bytes were not
            encrypted and are unmodified. */
-        memcpy(block + aadlen, buf + aadlen, cryptlen);
         rc = !ret;
     }
 

@@ -144,6 +144,36 @@ static int transport_decrypt(LIBSSH2_SESSION *session, unsigned char *source,
     if(!CRYPT_FLAG_R(session, SSH2_CRYPT_FLAG_PKTLEN_AAD))
         assert((len % blocksize) == 0);
 
+#ifdef LIBSSH2_OPENSSL
+    /* overlay: decrypt in one crypt() call the run of whole blocks that the
+       loop below would decrypt one MIDDLE_BLOCK at a time (the OpenSSL
+       backend's ssh2_cipher_crypt() takes any multiple of the block size).
+       The first block and the final call (LAST_BLOCK, or the short block
+       combined with the one before it so that the whole MAC is in one call)
+       are left to the loop exactly as upstream makes them. */
+    if(!IS_FIRST(firstlast) &&
+       !CRYPT_FLAG_R(session, SSH2_CRYPT_FLAG_REQUIRES_FULL_PACKET)) {
+        /* the loop decrypts MIDDLE blocks while more than one block is left,
+           or while at least two are left when it combines the last one */
+        ssize_t keep = (CRYPT_FLAG_R(session, SSH2_CRYPT_FLAG_PKTLEN_AAD) &&
+                        IS_LAST(firstlast)) ? 2 * blocksize - 1 : blocksize;
+        ssize_t bulk = len > keep ?
+            ((len - keep + blocksize - 1) / blocksize) * blocksize : 0;
+        if(bulk > blocksize) {
+            if(session->remote.crypt->crypt(session, 0, source, bulk,
+                                            &session->remote.crypt_abstract,
+                                            MIDDLE_BLOCK)) {
+                SSH2_SAFEFREE(session, p->payload);
+                return LIBSSH2_ERROR_DECRYPT;
+            }
+            memcpy(dest, source, bulk);
+            len -= bulk;
+            dest += bulk;
+            source += bulk;
+        }
+    }
+#endif /* LIBSSH2_OPENSSL */
+
     while(len > 0) {
         /* normally decrypt up to blocksize bytes at a time */
         ssize_t decryptlen = SSH2_MIN(blocksize, len);
@@ -1243,6 +1273,28 @@ int ssh2_transport_send(LIBSSH2_SESSION *session,
                     /* advance the loop counter by the extra amount */
                     i += bsize - session->local.crypt->blocksize;
                 }
+#ifdef LIBSSH2_OPENSSL
+                /* overlay: encrypt in this one crypt() call the whole run of
+                   full-size MIDDLE blocks this loop would make one by one
+                   (the OpenSSL backend's ssh2_cipher_crypt() takes any
+                   multiple of the block size). The loop makes a block LAST
+                   at packet_length - blocksize, or combines the last two,
+                   only without INTEGRATED_MAC; so the run ends there, or at
+                   the last whole block with INTEGRATED_MAC. The first block,
+                   that last block, a short tail and the tag call stay as
+                   upstream makes them. */
+                else if(firstlast == MIDDLE_BLOCK &&
+                        bsize == (size_t)session->local.crypt->blocksize) {
+                    size_t limit = CRYPT_FLAG_L(session,
+                                            SSH2_CRYPT_FLAG_INTEGRATED_MAC) ?
+                        packet_length : packet_length - bsize;
+                    if(limit > i + bsize) {
+                        bsize = ((limit - i) / bsize) * bsize;
+                        /* advance the loop counter by the extra amount */
+                        i += bsize - session->local.crypt->blocksize;
+                    }
+                }
+#endif /* LIBSSH2_OPENSSL */
                 ssh2_deb((session, LIBSSH2_TRACE_SOCKET,
                           "crypting bytes %lu-%lu", (unsigned long)i,
                           (unsigned long)(i + bsize - 1)));
