@@ -52,6 +52,10 @@ fn main() {
     // overlay: the C sources are vendored next to this file (no git
     // submodule); upstream ran `git submodule update --init` here, which
     // inside the overlay repository would act on overlay's own checkout.
+    // They are patched (OVERLAY-PATCH.md): rebuild when they change (the
+    // rerun-if-env-changed lines below would otherwise make cargo watch
+    // nothing else).
+    println!("cargo:rerun-if-changed=libssh2");
 
     let target = env::var("TARGET").unwrap();
     let profile = env::var("PROFILE").unwrap();
