@@ -616,6 +616,29 @@ impl Testbed {
             }
         }
     }
+
+    /// Restart SSH host `i` on its address with `sshd_options` as extra
+    /// sshd_config lines (e.g. `["Ciphers aes128-ctr", "MACs hmac-sha2-256"]`;
+    /// none for the default config). Its host key, ~ and venv stay.
+    pub fn restart_host(&mut self, i: usize, sshd_options: &[&str]) {
+        self.stop(i);
+        let key = self.client.join(".ssh/id_ed25519.pub");
+        let h = &mut self.hosts[i];
+        let (ip, port) = h.addr.clone().expect("restart_host: an SSH host");
+        let mut c = testbed();
+        c.args(["host", "up"])
+            .arg(&h.dir)
+            .arg("--venv-dir")
+            .arg(&h.venv_dir)
+            .args(["--ip", &ip, "--port", &port.to_string()])
+            .arg("--authorized-keys")
+            .arg(&key);
+        for o in sshd_options {
+            c.arg(format!("--sshd-option={o}"));
+        }
+        run(c.stdin(Stdio::null()));
+        h.up = true;
+    }
 }
 
 impl Drop for Testbed {
