@@ -868,7 +868,8 @@ fn stream(
 
 /// The stream itself, on this thread: start it on the source (and, relayed,
 /// on the target), then follow the source's events until it has sent
-/// everything, and have the target confirm what it staged.
+/// everything ([`relay::follow`], which passes data frames on to the target
+/// from a second thread), and have the target confirm what it staged.
 fn relay(
     plan: &Plan,
     dst: &mut Client,

@@ -131,7 +131,10 @@ fn relay(src: &mut Client, dst: &mut Client, listen: Listener<'_>) -> Result<End
             });
             if sent.is_none() {
                 writer_gone = true;
-                return Err(err!(kind = Connection, "the target stopped taking the stream"));
+                return Err(err!(
+                    kind = Connection,
+                    "the target stopped taking the stream"
+                ));
             }
             Ok(())
         });
@@ -273,7 +276,10 @@ mod tests {
         assert_eq!(ended.sent.packed_bytes, 5);
         assert_eq!(seen.len(), 1);
         assert_eq!((seen[0].bytes, seen[0].total_bytes), (3, 9));
-        assert!(taken.after_hello() == expected, "the frames changed on the way");
+        assert!(
+            taken.after_hello() == expected,
+            "the frames changed on the way"
+        );
     }
 
     #[test]
