@@ -13,9 +13,9 @@
 //! A frame the source sends that is larger than the protocol allows, or cut
 //! short, is refused before anything of it is forwarded, with the source
 //! named (see [`crate::protocol::read_raw`]); the target checks the
-//! payload itself, as from any sender. Whichever side fails first gives the
-//! error: the writer's failure (its target gone) is reported as the
-//! target's, and after any failure or Ctrl-C the writer stops at a frame
+//! payload itself, as from any sender. A failed write (the target gone) is
+//! the error reported, whatever the source's side saw meanwhile; else the
+//! reader's. After any failure or Ctrl-C the writer stops at a frame
 //! boundary, so the target's input never ends inside a frame.
 //!
 //! On the direct route there is no writer: a data frame from the source is
@@ -113,9 +113,6 @@ fn relay(src: &mut Client, dst: &mut Client, listen: Listener<'_>) -> Result<End
             Ok(())
         });
         let mut made = 0;
-        // Set when the writer stopped taking frames: it failed, and its
-        // error says why.
-        let mut writer_gone = false;
         let read = events(src, listen, &mut |buf, n, _| {
             let next = match free_rx.try_recv() {
                 Ok(b) => Some(b),
@@ -130,7 +127,7 @@ fn relay(src: &mut Client, dst: &mut Client, listen: Listener<'_>) -> Result<End
                 full_tx.send((frame, n)).ok()
             });
             if sent.is_none() {
-                writer_gone = true;
+                // The writer failed; its error, which says why, is returned.
                 return Err(err!(
                     kind = Connection,
                     "the target stopped taking the stream"
@@ -147,9 +144,10 @@ fn relay(src: &mut Client, dst: &mut Client, listen: Listener<'_>) -> Result<End
             .unwrap_or_else(|_| Err(err!("the relay's writer thread failed")));
         match (read, wrote) {
             (Ok(ended), Ok(())) => Ok(ended),
-            // The target failed first; the source's side only saw the writer go.
-            (Ok(_), Err(e)) => Err(e),
-            (Err(_), Err(e)) if writer_gone => Err(e),
+            // The writer fails only when the target is gone: that is the
+            // cause, whatever the source's side saw meanwhile (the watch
+            // cuts the source when the target dies).
+            (_, Err(w)) => Err(w),
             (Err(e), _) => Err(e),
         }
     })
@@ -305,6 +303,51 @@ mod tests {
             assert_eq!(taken.after_hello(), first);
             assert!(!dst.lost());
         }
+    }
+
+    /// An agent input that takes the greeting (two writes) and is then closed.
+    struct ClosedAfterHello(usize);
+    impl Write for ClosedAfterHello {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += 1;
+            if self.0 > 2 {
+                return Err(std::io::ErrorKind::BrokenPipe.into());
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_target_that_stops_taking_frames_is_the_error() {
+        let mut hello = Vec::new();
+        write_frame(
+            &mut hello,
+            &Response::Hello {
+                protocol: PROTOCOL_VERSION,
+                version: "test".into(),
+                exe: "/x".into(),
+            },
+        )
+        .unwrap();
+        let pipe = AgentPipe {
+            reader: Box::new(std::io::Cursor::new(hello)),
+            writer: Box::new(ClosedAfterHello(0)),
+            finish: Box::new(|| Ok(String::new())),
+            watch: Watch::new(|| None, || {}),
+        };
+        let mut dst = Client::over("dst", pipe).unwrap();
+        let mut said = Vec::new();
+        for _ in 0..3 * BUFFERS {
+            said.extend(data(&[0, 1, 2]));
+        }
+        said.extend(sent());
+        let (mut src, _) = client("src", &said);
+        let e = run(&mut src, Some(&mut dst)).0.err().unwrap();
+        assert!(e.message.contains("dst"), "{}", e.message);
+        assert!(dst.lost());
     }
 
     #[test]
