@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::transport::{self, AgentPipe, ConnectOptions, Watch};
 
 use super::protocol::{
-    Frame, PROTOCOL_VERSION, Request, Response, read_any, read_frame, write_data, write_frame,
+    PROTOCOL_VERSION, RawFrame, Request, Response, read_frame, read_raw, write_frame,
 };
 use crate::model::{
     Compression, ElfInfo, Endpoint, Entry, GenerationInfo, HashMode, PreflightReport,
@@ -89,8 +89,11 @@ pub struct DirectTo {
 /// One event of a source's stream ([`Client::stream_event`]).
 #[derive(Debug)]
 pub enum StreamEvent {
-    /// Raw stream bytes, to relay to the target.
-    Data(Vec<u8>),
+    /// A data frame of the stream, to relay to the target: the first this
+    /// many bytes of the buffer given to [`Client::stream_event`], length
+    /// field and all, as the source sent them (pass them on with
+    /// [`Client::write_frame_bytes`]).
+    Data(usize),
     Progress(Progress),
     /// The stream is complete: what the source sent, and on the direct
     /// route what the target wrote.
@@ -508,21 +511,22 @@ impl Client {
         })
     }
 
-    /// The next event of a stream a source was asked for: stream data,
+    /// The next event of a stream a source was asked for: stream data (read
+    /// into `buf`, reused from frame to frame, see [`StreamEvent::Data`]),
     /// progress, or the end.
-    pub fn stream_event(&mut self) -> Result<StreamEvent> {
+    pub fn stream_event(&mut self, buf: &mut Vec<u8>) -> Result<StreamEvent> {
         let host = self.host.clone();
-        let frame = match read_any::<Response>(&mut self.pipe()?.reader) {
-            Ok(Some(Frame::Msg(Response::Error(e)))) => return Err(on_host(e, &host)),
+        let frame = match read_raw::<Response>(&mut self.pipe()?.reader, buf) {
+            Ok(Some(RawFrame::Msg(Response::Error(e)))) => return Err(on_host(e, &host)),
             Ok(Some(f)) => f,
             Ok(None) => return Err(self.died("it stopped in the middle of a stream")),
             Err(e) if self.gone().is_some() => return Err(self.died(&e.message)),
             Err(e) => return Err(on_host(e, &host)),
         };
         match frame {
-            Frame::Data(d) => Ok(StreamEvent::Data(d)),
-            Frame::Msg(Response::Progress(p)) => Ok(StreamEvent::Progress(p)),
-            Frame::Msg(Response::Sent {
+            RawFrame::Data(n) => Ok(StreamEvent::Data(n)),
+            RawFrame::Msg(Response::Progress(p)) => Ok(StreamEvent::Progress(p)),
+            RawFrame::Msg(Response::Sent {
                 raw_bytes,
                 compressed_bytes,
                 hashes,
@@ -538,12 +542,12 @@ impl Client {
                 },
                 written,
             }),
-            Frame::Msg(other) => Err(self.unexpected("a stream", &other)),
+            RawFrame::Msg(other) => Err(self.unexpected("a stream", &other)),
         }
     }
 
     /// Have the target stage the relayed stream (data frames follow, sent
-    /// with [`Client::write_data`], then [`Client::end_stage`]).
+    /// with [`Client::write_frame_bytes`], then [`Client::end_stage`]).
     pub fn start_stage(&mut self) -> Result<()> {
         self.send(&Request::Stage)
     }
@@ -716,9 +720,10 @@ impl Client {
         }
     }
 
-    /// Relay raw stream bytes to this agent.
-    pub fn write_data(&mut self, bytes: &[u8]) -> Result<()> {
-        let r = write_data(&mut self.pipe()?.writer, bytes);
+    /// Pass a data frame read by [`Client::stream_event`] on to this agent
+    /// as it is (one write: its length field and body together).
+    pub fn write_frame_bytes(&mut self, frame: &[u8]) -> Result<()> {
+        let r = self.pipe()?.writer.write_all(frame);
         r.map_err(|e| self.died(&e.to_string()))
     }
 

@@ -329,8 +329,9 @@ pub fn write_data_parts(w: &mut dyn Write, head: &[u8], body: &[u8]) -> std::io:
     w.write_all(body)
 }
 
-/// Read a message or a data frame. `Ok(None)` at a clean end of stream.
-pub fn read_any<T: Message>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
+/// A frame's length field, checked against its cap: `Ok(None)` at a clean
+/// end of stream, else the body's length and whether it is data.
+fn read_head<T: Message>(r: &mut dyn Read) -> Result<Option<(usize, bool)>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(()) => {}
@@ -348,6 +349,78 @@ pub fn read_any<T: Message>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
             if data { "data" } else { "message" }
         ));
     }
+    Ok(Some((len, data)))
+}
+
+/// What [`read_raw`] read: a data frame, whole and as it came, or a message.
+#[derive(Debug)]
+pub enum RawFrame<T> {
+    /// A data frame: its length field and body are the first this many
+    /// bytes of the caller's buffer, ready to be written on unchanged.
+    Data(usize),
+    Msg(T),
+}
+
+/// Read a message, or a data frame into `buf` as it came (length field and
+/// body, see [`RawFrame::Data`]) for a relay to pass on without decoding
+/// it. The frame's size is checked before a byte of its body is read, as
+/// in [`read_any`]. `buf` is grown once to the largest data frame and then
+/// reused: nothing is allocated or zeroed per frame. `Ok(None)` at a clean
+/// end of stream.
+pub fn read_raw<T: Message>(r: &mut dyn Read, buf: &mut Vec<u8>) -> Result<Option<RawFrame<T>>> {
+    let Some((len, data)) = read_head::<T>(r)? else {
+        return Ok(None);
+    };
+    if !data {
+        return read_message(r, len).map(|m| Some(RawFrame::Msg(m)));
+    }
+    if buf.len() < 4 + MAX_DATA {
+        buf.resize(4 + MAX_DATA, 0);
+    }
+    buf[..4].copy_from_slice(&(len as u32 | DATA_BIT).to_le_bytes());
+    let body = &mut buf[4..4 + len];
+    let mut n = 0;
+    while n < len {
+        match r.read(&mut body[n..]) {
+            Ok(0) => {
+                return Err(err!(
+                    kind = Connection,
+                    "connection closed in the middle of a frame ({n} of {len} bytes)"
+                ));
+            }
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(err!(
+                    kind = Connection,
+                    "connection closed in the middle of a frame: {e}"
+                ));
+            }
+        }
+    }
+    Ok(Some(RawFrame::Data(4 + len)))
+}
+
+/// Read a message's body of `len` bytes (already checked against its cap)
+/// and decode it.
+fn read_message<T: Message>(r: &mut dyn Read, len: usize) -> Result<T> {
+    decode(&read_body(r, len)?)
+}
+
+/// Read a message or a data frame. `Ok(None)` at a clean end of stream.
+pub fn read_any<T: Message>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
+    let Some((len, data)) = read_head::<T>(r)? else {
+        return Ok(None);
+    };
+    let body = read_body(r, len)?;
+    if data {
+        return Ok(Some(Frame::Data(body)));
+    }
+    decode(&body).map(|m| Some(Frame::Msg(m)))
+}
+
+/// A frame's body of `len` bytes (checked against its cap), as it arrives.
+fn read_body(r: &mut dyn Read, len: usize) -> Result<Vec<u8>> {
     // Read into fresh capacity: a data frame is up to 1 MiB, and zeroing it
     // first would cost as much as a copy. A message grows as its bytes
     // arrive: its length alone reserves no more than a data frame's.
@@ -367,12 +440,12 @@ pub fn read_any<T: Message>(r: &mut dyn Read) -> Result<Option<Frame<T>>> {
             ));
         }
     }
-    if data {
-        return Ok(Some(Frame::Data(body)));
-    }
-    rmp_serde::from_slice(&body)
-        .map(|m| Some(Frame::Msg(m)))
-        .map_err(|e| {
+    Ok(body)
+}
+
+/// Decode a message's body.
+fn decode<T: Message>(body: &[u8]) -> Result<T> {
+    rmp_serde::from_slice(body).map_err(|e| {
             // Protocols 1-5 framed JSON. Our MessagePack messages start with
             // a map or a string, never with `{` (0x7b, the integer 123).
             if body.starts_with(b"{\"") {

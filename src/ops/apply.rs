@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use indicatif::HumanBytes;
 use serde::Serialize;
 
-use crate::client::{Client, DirectTo, SendRequest, StreamEvent};
+use crate::client::{Client, DirectTo, SendRequest};
 use crate::err;
 use crate::error::{Error, ErrorKind, Result};
 use crate::interrupt;
@@ -39,7 +39,7 @@ use crate::model::{
 use crate::plan::Plan;
 use crate::transport::ConnectOptions;
 
-use super::{Clock, Observer, Step, endpoint, load_plan};
+use super::{Clock, Observer, Step, endpoint, load_plan, relay};
 
 /// What `overlay apply` is asked.
 #[derive(Debug, Clone)]
@@ -1002,7 +1002,8 @@ fn stream(
 
 /// The stream itself, on this thread: start it on the source (and, relayed,
 /// on the target), then follow the source's events until it has sent
-/// everything, and have the target confirm what it staged.
+/// everything ([`relay::follow`], which passes data frames on to the target
+/// from a second thread), and have the target confirm what it staged.
 fn relay(
     plan: &Plan,
     dst: &mut Client,
@@ -1052,29 +1053,14 @@ fn relay(
             format!("{from} -> {to} (direct)")
         },
     );
-    let mut first = true;
-    let sent = loop {
-        if interrupt::requested() {
-            return Err(err!(kind = Interrupted, "interrupted"));
-        }
-        let event = src.stream_event()?;
-        if std::mem::take(&mut first) {
-            pause_hook("stream");
-        }
-        match event {
-            StreamEvent::Data(d) if relayed => dst.write_data(&d)?,
-            StreamEvent::Data(_) => {
-                return Err(err!(
-                    kind = Protocol,
-                    "unexpected stream data from {} on the direct route",
-                    plan.source.name
-                ));
-            }
-            StreamEvent::Progress(p) => meter.update(&p),
-            StreamEvent::Sent { sent, written } => break (sent, written),
-        }
-    };
-    let (sent, written) = sent;
+    let relay::Ended { sent, written } = relay::follow(
+        src,
+        relayed.then_some(&mut *dst),
+        relay::Listener {
+            first: &mut || pause_hook("stream"),
+            progress: &mut |p| meter.update(p),
+        },
+    )?;
     show_windows(obs, &sent.windows);
     meter.finish();
     if interrupt::requested() {

@@ -20,6 +20,7 @@ pub mod doctor;
 pub mod history;
 pub mod plan;
 mod record_note;
+mod relay;
 pub mod rollback;
 pub mod verify;
 
