@@ -12,8 +12,8 @@
 //!   compression is better.
 //! - **paired trials**: whether a level really moves more bytes of files
 //!   per second than its neighbour is measured in four windows, the two
-//!   levels in the order A B B A, and compared by the geometric mean of
-//!   each level's two windows. A window's rate swings 2-3x with content
+//!   levels in the order A B B A (and unless the one with more compression
+//!   lost, four more, B A A B), and compared by the geometric mean of each level's windows. A window's rate swings 2-3x with content
 //!   (big objects or small files, cached or not); the pairing cancels
 //!   content that alternates or drifts, so the level does not flip with it.
 //!
@@ -47,6 +47,12 @@ const SINK_BOUND: f64 = 0.7;
 const STARVED: f64 = 0.35;
 /// The longest wait, in windows, between trials in one direction.
 const MAX_WAIT: u32 = 64;
+/// A trial's windows: at the level tried (`true`) or the one it left.
+/// After the first four (A B B A), a trial where the level with more
+/// compression was slower ends; otherwise the mirrored four (B A A B) run
+/// too, which cancels content that comes in runs (a lucky A B B A of
+/// content swinging 3x can look 30% faster).
+const ORDER: [bool; 8] = [false, true, true, false, true, false, false, true];
 
 /// What one block cost the writer: its level, bytes of files (`raw`) and
 /// on the wire (`wire`), and the seconds the writer was blocked handing it
@@ -86,11 +92,25 @@ struct Trial {
     from: usize,
     to: usize,
     /// Windows measured so far (the first is the one at `from` that
-    /// started the trial); the order is from, to, to, from.
+    /// started the trial), in the order of [`ORDER`].
     step: usize,
     /// Sum of the log rates at `from` and at `to`.
     log_from: f64,
     log_to: f64,
+}
+
+impl Trial {
+    /// How much faster the level with more compression moved bytes of
+    /// files: the ratio of the geometric means of each level's windows.
+    fn gain(&self) -> f64 {
+        let each = self.step.div_ceil(2).max(1) as f64;
+        let (log_lo, log_hi) = if self.to > self.from {
+            (self.log_from, self.log_to)
+        } else {
+            (self.log_to, self.log_from)
+        };
+        ((log_hi - log_lo) / each).exp()
+    }
 }
 
 /// Picks `Auto`'s level from the writer's blocks (see the module doc).
@@ -207,13 +227,12 @@ impl Tuner {
                 t.log_to += log_rate;
             }
             t.step += 1;
-            match t.step {
-                2 => {}
-                3 => self.at = t.from,
-                _ => {
-                    let t = *t;
-                    self.end_trial(t);
-                }
+            let t = *t;
+            if t.step == ORDER.len() || (t.step == 4 && t.gain() < 1.0) {
+                self.end_trial(t);
+            } else {
+                self.at = if ORDER[t.step] { t.to } else { t.from };
+                self.trial = Some(t);
             }
             return;
         }
@@ -248,14 +267,8 @@ impl Tuner {
     fn end_trial(&mut self, t: Trial) {
         self.trial = None;
         self.since_trial = 0;
-        let (lo, hi, log_lo, log_hi) = if t.to > t.from {
-            (t.from, t.to, t.log_from, t.log_to)
-        } else {
-            (t.to, t.from, t.log_to, t.log_from)
-        };
-        // Geometric means of each level's two windows.
-        let gain = ((log_hi - log_lo) / 2.0).exp();
-        let keep = if gain >= MARGIN { hi } else { lo };
+        let (lo, hi) = (t.from.min(t.to), t.from.max(t.to));
+        let keep = if t.gain() >= MARGIN { hi } else { lo };
         let up = t.to > t.from;
         if keep == t.from {
             // Nothing changed: wait longer before trying this way again.
@@ -393,9 +406,9 @@ mod tests {
         .run(&mut t, 150);
         assert_eq!(t.log[0].level, 0);
         assert!(t.log[0].blocked > 0.9, "{:?}", t.log[0]);
-        // After the first trial, zstd 1 nearly all the time (trials of 3
-        // grow rarer).
-        assert!(share(&levels, 4, 1) > 0.85, "{levels:?}");
+        // After the first trial, zstd 1 most of the time (trials of 3, close
+        // and so of eight windows, grow rarer).
+        assert!(share(&levels, 4, 1) > 0.8, "{levels:?}");
         assert_eq!(t.settled(), 1, "{levels:?}");
     }
 
@@ -417,19 +430,22 @@ mod tests {
             content: steady,
         }
         .run(&mut t, 150);
-        assert!(share(&levels, 20, 3) > 0.85, "{levels:?}");
+        assert!(share(&levels, 20, 3) > 0.8, "{levels:?}");
     }
 
     #[test]
     fn content_that_swings_the_rate_does_not_flip_levels() {
         // A fast link that the reader cannot fill, with content that swings
-        // the rate 3x between windows (and in runs of three): stored all
-        // along. Then the same content on a slow link: zstd 1 all along
+        // the rate 3x between windows: stored all along. Then the same content on a slow link: zstd 1 all along
         // once found.
         for content in [
             (|w| if w % 2 == 0 { 3.0 } else { 1.0 }) as fn(usize) -> f64,
-            |w| if (w / 3) % 2 == 0 { 1.0 } else { 3.0 },
-            |w| [1.0, 3.0, 1.5, 0.7, 2.5, 1.0, 0.5][w % 7],
+            |w| [1.0, 3.0, 2.0, 1.0, 3.0, 1.5, 1.0][w % 7],
+            // Scrambled: 1x to 3x, no period a trial could line up with.
+            |w| {
+                1.0 + 2.0 * ((w as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f64
+                    / (1u64 << 24) as f64
+            },
         ] {
             let mut t = Tuner::new();
             let levels = Link {
@@ -451,7 +467,7 @@ mod tests {
                 content,
             }
             .run(&mut t, 150);
-            assert!(share(&levels, 4, 1) > 0.85, "{levels:?}");
+            assert!(share(&levels, 4, 1) > 0.8, "{levels:?}");
             assert_eq!(t.settled(), 1, "{levels:?}");
         }
     }
@@ -470,7 +486,7 @@ mod tests {
             content: |w| if w % 5 == 0 { 1.5 } else { 1.0 },
         }
         .run(&mut t, 100);
-        assert!(share(&levels, 0, 0) > 0.9, "{levels:?}");
+        assert!(share(&levels, 0, 0) > 0.85, "{levels:?}");
         assert_eq!(t.settled(), 0, "{levels:?}");
     }
 
@@ -489,7 +505,7 @@ mod tests {
             content: |w| if w % 2 == 0 { 2.0 } else { 1.0 },
         }
         .run(&mut t, 150);
-        assert!(share(&levels, 0, 0) > 0.85, "{levels:?}");
+        assert!(share(&levels, 0, 0) > 0.8, "{levels:?}");
         assert_eq!(t.settled(), 0, "{levels:?}");
         // Trials back off: few windows away from stored in the second half.
         assert!(share(&levels, 75, 0) > 0.9, "{levels:?}");
