@@ -28,7 +28,8 @@ use crate::model::{
     ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
 };
 
-/// Bumped whenever a frame changes shape. 12: `force` in `Rollback`; the
+/// Bumped whenever a frame changes shape. 13: `blocked` and `ratio` in a
+/// measured window ([`LevelWindow`]). 12: `force` in `Rollback`; the
 /// rollback report's `later`, `refused`, `displaced`, `inconsistent`;
 /// `sudo` in a plan's hosts; `backup_bytes` in `Committed`; `versions` in
 /// `PrepareRequest`. 11: `Abort` may be sent while a
@@ -40,7 +41,7 @@ use crate::model::{
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 12;
+pub const PROTOCOL_VERSION: u32 = 13;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).

@@ -83,13 +83,19 @@ pub struct SourceHash {
     pub blake3: String,
 }
 
-/// One window `--compress auto` measured: the level it packed at and the
-/// bytes of files per second that got through at it.
+/// One window `--compress auto` measured: the level it packed at, the
+/// bytes of files per second that got through at it, the fraction of the
+/// window the source's writer was blocked handing blocks to the link, and
+/// the bytes of files per byte on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LevelWindow {
     /// The zstd level (0: stored).
     pub level: i32,
     pub bytes_per_sec: f64,
+    #[serde(default)]
+    pub blocked: f64,
+    #[serde(default)]
+    pub ratio: f64,
 }
 
 /// What the source sent: the bytes of files read, the bytes put on the

@@ -1083,10 +1083,18 @@ fn show_windows(obs: &dyn Observer, windows: &[LevelWindow]) {
     if !windows.is_empty() {
         let w: Vec<String> = windows
             .iter()
-            .map(|w| format!("{}:{:.0}", w.level, w.bytes_per_sec / 1e6))
+            .map(|w| {
+                format!(
+                    "{}:{:.0}:{:.0}%:{:.2}",
+                    w.level,
+                    w.bytes_per_sec / 1e6,
+                    w.blocked * 100.0,
+                    w.ratio
+                )
+            })
             .collect();
         obs.detail(&format!(
-            "compression windows (level:MB/s of files): {}",
+            "compression windows (level:MB/s of files:blocked on the link:ratio): {}",
             w.join(" ")
         ));
     }

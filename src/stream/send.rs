@@ -3,7 +3,8 @@
 //! ([`BlockCutter`]), pack the blocks on every core ([`packer`]: zstd at the
 //! level of the moment, or stored when that is not smaller), and hand them
 //! to the [`BlockSink`] in order ([`write_blocks`], which also feeds the
-//! level tuner). [`send`] runs the three on their own threads.
+//! level tuner each block's cost: how long handing it over blocked).
+//! [`send`] runs the three on their own threads.
 //!
 //! Progress is counted at the block level: each block carries how far the
 //! files were read when it was cut ([`Done`]: whole files, and bytes of
@@ -25,7 +26,7 @@ use std::sync::{Mutex, mpsc};
 
 use rustix::fs::FileType;
 
-use super::tune::Tuner;
+use super::tune::{BlockCost, Tuner};
 use super::{BlockSink, TAG_STORED, TAG_ZSTD};
 use crate::err;
 use crate::error::{Error, Result, io_cause};
@@ -53,9 +54,11 @@ struct Block {
     done: Done,
 }
 
-/// A packed block: `tag` says how `payload` holds `raw` bytes of the stream.
+/// A packed block: `tag` says how `payload` holds `raw` bytes of the
+/// stream, packed at `level` (stored when zstd was not smaller).
 struct Packed {
     seq: u64,
+    level: i32,
     raw: usize,
     tag: u8,
     payload: Vec<u8>,
@@ -185,6 +188,7 @@ fn packer(rx: &Mutex<mpsc::Receiver<Block>>, tx: mpsc::SyncSender<Packed>) {
         let (tag, payload) = packed.unwrap_or((TAG_STORED, block.data));
         let p = Packed {
             seq: block.seq,
+            level: block.level,
             raw,
             tag,
             payload,
@@ -198,8 +202,10 @@ fn packer(rx: &Mutex<mpsc::Receiver<Block>>, tx: mpsc::SyncSender<Packed>) {
 
 /// Hand packed blocks to `sink` in order, each followed by a progress
 /// report of how far the files are once it is handed over (also kept in
-/// `counters`, which the direct route's reporter reads); tune the level.
-/// Returns the bytes handed over (tags included) and the tuner's windows.
+/// `counters`, which the direct route's reporter reads); tune the level
+/// from each block's cost, timed around the hand-over (two clock reads
+/// per block, from the vDSO). Returns the bytes handed over (tags
+/// included) and the tuner's windows.
 fn write_blocks(
     rx: mpsc::Receiver<Packed>,
     sink: &mut dyn BlockSink,
@@ -215,16 +221,23 @@ fn write_blocks(
             if counters.cancel.load(Ordering::Relaxed) {
                 return Err(std::io::Error::other("the controller went away"));
             }
+            let t0 = tuner.is_some().then(std::time::Instant::now);
             sink.block(p.tag, &p.payload)?;
             counters.files.store(p.done.files, Ordering::Relaxed);
             counters.bytes.store(p.done.bytes, Ordering::Relaxed);
             sink.progress(&progress(counters))?;
             sent += p.payload.len() as u64 + 1;
             next += 1;
-            if let Some(t) = tuner.as_mut()
-                && let Some(l) = t.wrote(p.raw as u64)
-            {
-                level.store(l, Ordering::Relaxed);
+            if let Some(t) = tuner.as_mut() {
+                let cost = BlockCost {
+                    level: p.level,
+                    raw: p.raw as u64,
+                    wire: p.payload.len() as u64 + 1,
+                    sink_secs: t0.map_or(0.0, |t0| t0.elapsed().as_secs_f64()),
+                };
+                if let Some(l) = t.wrote(cost) {
+                    level.store(l, Ordering::Relaxed);
+                }
             }
         }
     }
