@@ -227,13 +227,13 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
         return Err(stopped(Left::Applied(&generation)));
     }
     obs.status(&format!(
-        "Applied generation {generation} on {tname}: {} changes, {files} files sent{}, {} on the wire for {} of files, in {:.1}s",
+        "Applied generation {generation} on {tname}: {} changes, {files} files {}, {} on the wire for {} of files, in {:.1}s",
         changes.len(),
         match (&direct, files == 0) {
-            (_, true) => String::new(),
-            _ if moved.local => format!(" copied on this machine from {}", plan.source.name),
-            (Some(d), false) => format!(" directly from {} to {d:?}", plan.source.name),
-            (None, false) => format!(" from {} through this machine", plan.source.name),
+            (_, true) => "sent".to_string(),
+            _ if moved.local => format!("copied on this machine from {}", plan.source.name),
+            (Some(d), false) => format!("sent directly from {} to {d:?}", plan.source.name),
+            (None, false) => format!("sent from {} through this machine", plan.source.name),
         },
         HumanBytes(moved.sent),
         HumanBytes(moved.raw),
