@@ -47,6 +47,14 @@ pub struct Staged {
     pub bytes: u64,
 }
 
+/// What the target copied on the local route ([`Client::stage_local`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagedLocal {
+    pub files: u64,
+    pub bytes: u64,
+    pub copies: crate::model::CopyCounts,
+}
+
 /// A venv's generations ([`Client::history`]).
 #[derive(Debug, Clone)]
 pub struct History {
@@ -567,6 +575,58 @@ impl Client {
     ) -> Result<Staged> {
         let req = Request::StagedDirect { hashes, written };
         answer!(self, &req, "a direct stream's report", Response::Staged { files, bytes } => Staged { files, bytes })
+    }
+
+    /// The local route: have the target copy the generation's files from
+    /// the source venv on its own machine, passing progress frames to
+    /// `on_progress` and looking at `stop` at each: once it says stop
+    /// (Ctrl-C), `Abort` is sent, and the target stops and discards the
+    /// generation. Returns `None` then.
+    pub fn stage_local(
+        &mut self,
+        source_venv: &str,
+        shebang: Option<ShebangRewrite>,
+        on_progress: &mut dyn FnMut(Progress),
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<StagedLocal>> {
+        self.send(&Request::StageLocal {
+            source_venv: source_venv.to_string(),
+            shebang,
+        })?;
+        let mut aborted = false;
+        let answer = loop {
+            match self.recv() {
+                Ok(Response::Progress(p)) => {
+                    on_progress(p);
+                    if !aborted && stop() {
+                        self.send(&Request::Abort)?;
+                        aborted = true;
+                    }
+                }
+                Ok(Response::CopiedLocal {
+                    files,
+                    bytes,
+                    copies,
+                }) if !aborted => {
+                    return Ok(Some(StagedLocal {
+                        files,
+                        bytes,
+                        copies,
+                    }));
+                }
+                // Copied before the `Abort` came: it discards the generation.
+                Ok(Response::CopiedLocal { .. }) => break Ok(()),
+                Err(e) if aborted && !self.lost => break Err(e),
+                Err(e) => return Err(e),
+                Ok(other) => return Err(self.unexpected("a local copy", &other)),
+            }
+        };
+        // The answer to the `Abort`: the target discarded the generation.
+        match self.recv() {
+            Ok(Response::Aborted) => Ok(None),
+            Ok(other) => Err(self.unexpected("an abort", &other)),
+            Err(e) => Err(answer.err().unwrap_or(e)),
+        }
     }
 
     /// On the direct route, the source's side: have the target's agent

@@ -23,13 +23,14 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::err;
 use crate::error::{Error, Result};
 use crate::model::{
-    BLOCK, Compression, ElfInfo, GenerationInfo, HashMode, LevelWindow, PreflightReport,
-    PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport, SendFile, Set,
-    ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
+    BLOCK, Compression, CopyCounts, ElfInfo, GenerationInfo, HashMode, LevelWindow,
+    PreflightReport, PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport,
+    SendFile, Set, ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
 };
 
 /// Bumped whenever a frame changes shape. 13: `blocked` and `ratio` in a
-/// measured window ([`LevelWindow`]). 12: `force` in `Rollback`; the
+/// measured window ([`LevelWindow`]); `StageLocal` and `CopiedLocal` (the
+/// local route); `unreached` in an error. 12: `force` in `Rollback`; the
 /// rollback report's `later`, `refused`, `displaced`, `inconsistent`;
 /// `sudo` in a plan's hosts; `backup_bytes` in `Committed`; `versions` in
 /// `PrepareRequest`. 11: `Abort` may be sent while a
@@ -157,6 +158,17 @@ pub enum Request {
         /// What the receiving agent wrote.
         written: Vec<Written>,
     },
+    /// Target side, the local route (the source venv is on this machine):
+    /// stage the files of the generation `Prepare` opened by copying them
+    /// from the source venv at `source_venv` with the kernel's copy,
+    /// checked against the plan as the stream is. `Progress` frames come
+    /// while it runs; an `Abort` sent meanwhile stops it (answered with an
+    /// error of kind `interrupted`, then `Aborted`). Answered with
+    /// `CopiedLocal`.
+    StageLocal {
+        source_venv: String,
+        shebang: Option<ShebangRewrite>,
+    },
     /// The end of the stream, with the blake3 the source computed while
     /// reading each file the plan had not hashed (by change index).
     EndData {
@@ -271,6 +283,13 @@ pub enum Response {
     Staged {
         files: u64,
         bytes: u64,
+    },
+    /// The local route's copy is staged: files, bytes, and how the kernel
+    /// copied them.
+    CopiedLocal {
+        files: u64,
+        bytes: u64,
+        copies: CopyCounts,
     },
     Switched {
         changed: u64,

@@ -145,6 +145,8 @@ impl Session {
                 h::send_direct(output, &Sending { venv, files, shebang, compression },
                     &Peer { ssh, proxy_jump, agent, target_venv, generation, connect_timeout_secs }),
             Request::StagedDirect { hashes, written } => h::staged_direct(self, &hashes, &written),
+            Request::StageLocal { source_venv, shebang } =>
+                h::stage_local(self, output, &source_venv, shebang.as_ref()),
             Request::Prepare(req) => h::prepare(self, output, &req),
             Request::Switch => h::switch(self, output),
             Request::Commit { keep_backup, keep } => h::commit(self, keep_backup, keep),

@@ -130,3 +130,26 @@ pub struct Unpacked {
     pub count: StageCount,
     pub written: Vec<Written>,
 }
+
+/// How the kernel copied the files of a local copy (`apply` with both
+/// hosts on this machine): whole-file clones, `copy_file_range`, plain
+/// reads and writes (where the kernel refused both), and scripts whose
+/// shebang was rewritten (read, rewritten, written).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyCounts {
+    pub reflink: u64,
+    pub copy_range: u64,
+    pub read_write: u64,
+    pub rewritten: u64,
+}
+
+/// What a local copy staged: the count, each regular file as written (and
+/// the blake3 read back from it, which is also the source's), and how the
+/// kernel copied them.
+#[derive(Debug, Clone, Default)]
+pub struct Copied {
+    pub count: StageCount,
+    pub written: Vec<Written>,
+    pub hashes: Vec<SourceHash>,
+    pub copies: CopyCounts,
+}

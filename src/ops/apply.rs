@@ -7,7 +7,9 @@
 //! check (an explicit `--manifest` must be the one the plan recorded), the
 //! line naming the plan and its target ([`announcement`]), the resume check
 //! ([`resume`]), the strict check, prepare (which hands the target the
-//! plan's versions to record), stream (`transfer`), switch and commit
+//! plan's versions to record), stream (`transfer`; with both hosts on this
+//! machine, the target's agent copies the files itself instead, `copy_here`:
+//! the local route), switch and commit
 //! (keeping the backup unless `--no-backup`; the target says its size),
 //! verify with rollback on failure.
 //!
@@ -96,6 +98,9 @@ pub enum Route {
     Relay,
     /// From the source to the target (`--direct`).
     Direct,
+    /// Copied by the target's agent from the source venv on this machine
+    /// (both hosts local: the local route).
+    Local,
 }
 
 /// A generation applied (also `apply --json`'s document).
@@ -221,16 +226,17 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
         return Err(stopped(Left::Applied(&generation)));
     }
     obs.status(&format!(
-        "Applied generation {generation} on {tname}: {} changes, {files} files sent{}, {} on the wire for {} of files, in {:.1}s",
+        "Applied generation {generation} on {tname}: {} changes, {files} files {}, {} on the wire for {} of files, in {:.1}s",
         changes.len(),
         match (&sent.direct, files == 0) {
-            (_, true) => String::new(),
-            (Some(d), false) => format!(" directly from {} to {d:?}", plan.source.name),
+            (_, true) => "sent".to_string(),
+            _ if moved.local => format!("copied on this machine from {}", plan.source.name),
+            (Some(d), false) => format!("sent directly from {} to {d:?}", plan.source.name),
             (None, false) if sent.fell_back_from_direct.is_some() => format!(
-                " from {} through this machine ({} could not reach {} directly)",
+                "sent from {} through this machine ({} could not reach {} directly)",
                 plan.source.name, plan.source.name, plan.target.name
             ),
-            (None, false) => format!(" from {} through this machine", plan.source.name),
+            (None, false) => format!("sent from {} through this machine", plan.source.name),
         },
         HumanBytes(moved.sent),
         HumanBytes(moved.raw),
@@ -256,6 +262,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
         sent_bytes: moved.sent,
         route: match (&sent.direct, files == 0) {
             (_, true) => None,
+            _ if moved.local => Some(Route::Local),
             (Some(_), false) => Some(Route::Direct),
             (None, false) => Some(Route::Relay),
         },
@@ -577,6 +584,9 @@ struct Moved {
     raw: u64,
     /// Bytes on the wire.
     sent: u64,
+    /// The target copied the files itself (the local route): none went
+    /// on a wire.
+    local: bool,
 }
 
 /// Stream the added and replaced files from the source into the target's
@@ -602,6 +612,13 @@ fn transfer(
     }
     if send.is_empty() {
         return Ok(Transferred::default());
+    }
+    if local_copy(plan, chosen.direct.as_deref()) {
+        let moved = copy_here(dst, plan, opts, generation, obs)?;
+        return Ok(Transferred {
+            moved,
+            ..Transferred::default()
+        });
     }
     let route = match chosen.direct.as_deref() {
         None => Way::Relay,
@@ -674,6 +691,76 @@ fn fallback_warning(plan: &Plan, dest: &str, why: &str) -> String {
          To relay without trying, apply with --relay or drop route = \"direct\" from the manifest; \
          to go direct, fix {src}'s ~/.ssh until `ssh -o BatchMode=yes {dest} true` works there"
     )
+}
+
+/// The local route: both hosts on this machine's local transport (no `ssh`
+/// for either), not `--direct`, and the target's agent reads the source
+/// venv as the source's agent would (the same `sudo`, or the target's
+/// agent runs as root). The target's agent then copies the files itself.
+fn local_copy(plan: &Plan, direct: Option<&str>) -> bool {
+    let local = plan.source.ssh.is_none() && plan.target.ssh.is_none();
+    let reads_alike = plan.source.sudo == plan.target.sudo
+        || plan.target.sudo.as_deref() == Some("root")
+        || (plan.target.sudo.is_none() && rustix::process::geteuid().is_root());
+    direct.is_none() && local && reads_alike
+}
+
+/// The local route: the target's agent copies the files from the source
+/// venv with the kernel's copy (no source agent, no stream). On a failure
+/// the target has discarded the generation; on Ctrl-C it stops and
+/// discards it.
+fn copy_here(
+    dst: &mut Client,
+    plan: &Plan,
+    opts: &ApplyOptions,
+    generation: &str,
+    obs: &dyn Observer,
+) -> Result<Moved> {
+    let tname = &plan.target.name;
+    let meter = obs.step(
+        Step::Stream,
+        &format!("copying {} -> {tname} (local)", plan.source.name),
+    );
+    let shebang = ShebangRewrite {
+        from: plan.source.venv.clone(),
+        to: plan.target.venv.clone(),
+    };
+    pause_hook("stream");
+    if interrupt::requested() {
+        return Err(match dst.abort() {
+            Ok(()) => interrupted(Left::Discarded, tname, &opts.plan),
+            Err(_) => interrupted(Left::Pending(generation), tname, &opts.plan),
+        });
+    }
+    let copied = dst.stage_local(
+        &plan.source.venv,
+        Some(shebang),
+        &mut |p| meter.update(&p),
+        &interrupt::requested,
+    );
+    let copied = copied.map_err(|e| match e.kind {
+        ErrorKind::Interrupted if !dst.lost() => interrupted(Left::Discarded, tname, &opts.plan),
+        _ => fate(e, dst.lost(), Phase::Stream, tname, generation),
+    })?;
+    let Some(c) = copied else {
+        return Err(interrupted(Left::Discarded, tname, &opts.plan));
+    };
+    meter.finish();
+    let k = c.copies;
+    obs.detail(&format!(
+        "local copy of {} files ({}): {} reflinked, {} by copy_file_range, {} read and written, {} scripts rewritten",
+        c.files,
+        HumanBytes(c.bytes),
+        k.reflink,
+        k.copy_range,
+        k.read_write,
+        k.rewritten
+    ));
+    Ok(Moved {
+        raw: c.bytes,
+        sent: 0,
+        local: true,
+    })
 }
 
 /// `--compress auto` between two venvs of this machine (both hosts on the
@@ -1075,6 +1162,7 @@ fn relay(
     Ok(Moved {
         raw: sent.raw_bytes,
         sent: sent.packed_bytes,
+        local: false,
     })
 }
 

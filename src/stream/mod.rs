@@ -26,7 +26,10 @@
 //!   entry against the plan and stage it; [`check_staged`] checks a staging
 //!   folder another agent filled (the direct route);
 //! - `write`: the staged-file writer (`O_DIRECT` for big files, owners,
-//!   modes, fsync threads).
+//!   modes, fsync threads);
+//! - [`copy_local`] (target, the local route): no stream at all: the
+//!   target's agent copies the files from a source venv on its own machine
+//!   with the kernel's copy, checked as the sender and the unpacker check.
 //!
 //! The stream is pipelined end to end: on the source, one thread reads and
 //! hashes, a compressor per core packs blocks, and a writer hands them to
@@ -40,12 +43,14 @@
 //! what it refuses and how every staged file is created.
 
 mod head;
+mod local;
 mod receive;
 mod send;
 pub mod testing;
 mod tune;
 mod write;
 
+pub use local::copy_local;
 pub use receive::{ChannelReader, check_staged, unpack, unpack_block};
 pub use send::send;
 

@@ -353,10 +353,7 @@ fn read_files(
             abs: &abs,
             rel: &rel,
         };
-        let meta = walker
-            .lstat(&rel)
-            .map_err(|b| src.blocked(b))?
-            .ok_or_else(|| src.changed())?;
+        let meta = src.lstat(&mut walker)?;
         let mut h = tar::Header::new_gnu();
         h.set_uid(meta.st_uid as u64);
         h.set_gid(meta.st_gid as u64);
@@ -364,10 +361,7 @@ fn read_files(
         let name = f.index.to_string();
         match &f.kind {
             Kind::Symlink { target } => {
-                let now = walker.read_link(&rel).map_err(|_| src.changed())?;
-                if now != *target {
-                    return Err(src.changed());
-                }
+                src.check_link(&mut walker, target)?;
                 // The target travels as the entry's data (as long as the
                 // plan says), never in a GNU long-link record.
                 h.set_entry_type(tar::EntryType::Symlink);
@@ -410,15 +404,33 @@ fn read_files(
 }
 
 /// A file of the source being sent: where it is, for the errors.
-struct Source<'a> {
-    venv: &'a Venv,
-    abs: &'a Path,
+pub(super) struct Source<'a> {
+    pub(super) venv: &'a Venv,
+    pub(super) abs: &'a Path,
     /// Relative to the venv root.
-    rel: &'a str,
+    pub(super) rel: &'a str,
 }
 
 impl Source<'_> {
-    fn changed(&self) -> Error {
+    /// The file's `lstat`, reached from the venv root without following a
+    /// symlink; gone: changed since the plan.
+    pub(super) fn lstat(&self, walker: &mut Walker<'_>) -> Result<rustix::fs::Stat> {
+        walker
+            .lstat(self.rel)
+            .map_err(|b| self.blocked(b))?
+            .ok_or_else(|| self.changed())
+    }
+
+    /// A symlink must still point where the plan saw it point.
+    pub(super) fn check_link(&self, walker: &mut Walker<'_>, target: &str) -> Result<()> {
+        let now = walker.read_link(self.rel).map_err(|_| self.changed())?;
+        if now != *target {
+            return Err(self.changed());
+        }
+        Ok(())
+    }
+
+    pub(super) fn changed(&self) -> Error {
         err!(
             kind = Drift,
             hint = "the source changed since the plan; run `overlay plan` again",
@@ -427,7 +439,7 @@ impl Source<'_> {
         )
     }
 
-    fn blocked(&self, b: Blocked) -> Error {
+    pub(super) fn blocked(&self, b: Blocked) -> Error {
         match b {
             Blocked::Link(link) => err!(
                 kind = Drift,
@@ -447,16 +459,78 @@ impl Source<'_> {
 }
 
 /// A regular file to append to the stream, as the plan and `lstat` saw it.
-struct FileToSend<'a> {
-    src: &'a Source<'a>,
+pub(super) struct FileToSend<'a> {
+    pub(super) src: &'a Source<'a>,
     /// The plan's `Kind::File`.
-    kind: &'a Kind,
-    meta: &'a rustix::fs::Stat,
+    pub(super) kind: &'a Kind,
+    pub(super) meta: &'a rustix::fs::Stat,
     /// The tar entry's name: the change index.
-    name: &'a str,
+    pub(super) name: &'a str,
 }
 
 impl FileToSend<'_> {
+    /// The file opened for reading, once its `lstat` says it is still the
+    /// plan's: a regular file, and unhashed in the plan, the stamp the plan
+    /// saw.
+    pub(super) fn open_checked(&self, walker: &mut Walker<'_>) -> Result<File> {
+        let Kind::File { blake3, stamp, .. } = self.kind else {
+            unreachable!("called for regular files only");
+        };
+        let src = self.src;
+        let is_file = FileType::from_raw_mode(self.meta.st_mode) == FileType::RegularFile;
+        // Unhashed in the plan: the stamp must be as the plan saw it.
+        if !is_file || (blake3.is_none() && *stamp != Some(stamp_of(self.meta))) {
+            return Err(src.changed());
+        }
+        walker.open(src.rel).map_err(|b| src.blocked(b))
+    }
+
+    /// Whether the file goes with its shebang rewritten (a small script
+    /// under `bin/`, when the plan rewrites).
+    pub(super) fn rewrites(&self, shebang: Option<&ShebangRewrite>) -> bool {
+        self.src.rel.starts_with("bin/")
+            && (self.meta.st_size as u64) < (1 << 20)
+            && shebang.is_some()
+    }
+
+    /// After the file was read: what was read (`digest`) is the plan's
+    /// hash, or unhashed in the plan, its stamp did not move meanwhile.
+    pub(super) fn check_read(&self, file: &File, digest: &str) -> Result<()> {
+        let Kind::File { blake3, stamp, .. } = self.kind else {
+            unreachable!("called for regular files only");
+        };
+        match blake3 {
+            Some(want) if *want != digest => Err(self.src.changed()),
+            // Read while something wrote to it: the stamp moved.
+            None if rustix::fs::fstat(file).map(|m| stamp_of(&m)).ok() != *stamp => {
+                Err(self.src.changed())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A script's content with its shebang rewritten for the target; it
+    /// must then be as long as the plan says.
+    pub(super) fn read_rewritten(
+        &self,
+        file: &File,
+        shebang: Option<&ShebangRewrite>,
+        size: u64,
+    ) -> Result<Vec<u8>> {
+        let src = self.src;
+        let mut content = Vec::new();
+        (&*file)
+            .read_to_end(&mut content)
+            .map_err(|e| err!("Failed to read {}: {}", src.abs.display(), io_cause(&e)))?;
+        let content = shebang
+            .and_then(|rw| rewrite_shebang(&content, rw))
+            .unwrap_or(content);
+        if content.len() as u64 != size {
+            return Err(src.changed());
+        }
+        Ok(content)
+    }
+
     /// Check the file against the plan, append it to the stream, and
     /// return its blake3 as read.
     fn append(
@@ -466,42 +540,22 @@ impl FileToSend<'_> {
         mut h: tar::Header,
         shebang: Option<&ShebangRewrite>,
     ) -> Result<String> {
-        let Kind::File {
-            size,
-            mode,
-            blake3,
-            stamp,
-        } = self.kind
-        else {
+        let Kind::File { size, mode, .. } = self.kind else {
             unreachable!("called for regular files only");
         };
-        let src = self.src;
-        let is_file = FileType::from_raw_mode(self.meta.st_mode) == FileType::RegularFile;
-        // Unhashed in the plan: the stamp must be as the plan saw it.
-        if !is_file || (blake3.is_none() && *stamp != Some(stamp_of(self.meta))) {
-            return Err(src.changed());
-        }
+        let file = self.open_checked(walker)?;
         h.set_entry_type(tar::EntryType::Regular);
         h.set_mode(*mode);
         h.set_size(*size);
-        let file = walker.open(src.rel).map_err(|b| src.blocked(b))?;
-        let len = self.meta.st_size as u64;
-        let digest = if src.rel.starts_with("bin/") && len < (1 << 20) && shebang.is_some() {
+        let digest = if self.rewrites(shebang) {
             self.append_rewritten(tar, &file, h, shebang, *size)?
         } else {
-            if len != *size {
-                return Err(src.changed());
+            if self.meta.st_size as u64 != *size {
+                return Err(self.src.changed());
             }
             self.append_read_through(tar.get_mut(), &file, h, *size)?
         };
-        match blake3 {
-            Some(want) if *want != digest => return Err(src.changed()),
-            // Read while something wrote to it: the stamp moved.
-            None if rustix::fs::fstat(&file).map(|m| stamp_of(&m)).ok() != *stamp => {
-                return Err(src.changed());
-            }
-            _ => {}
-        }
+        self.check_read(&file, &digest)?;
         Ok(digest)
     }
 
@@ -515,19 +569,9 @@ impl FileToSend<'_> {
         shebang: Option<&ShebangRewrite>,
         size: u64,
     ) -> Result<String> {
-        let src = self.src;
-        let mut content = Vec::new();
-        (&*file)
-            .read_to_end(&mut content)
-            .map_err(|e| err!("Failed to read {}: {}", src.abs.display(), io_cause(&e)))?;
-        let content = shebang
-            .and_then(|rw| rewrite_shebang(&content, rw))
-            .unwrap_or(content);
-        if content.len() as u64 != size {
-            return Err(src.changed());
-        }
+        let content = self.read_rewritten(file, shebang, size)?;
         tar.append_data(&mut h, self.name, &content[..])
-            .map_err(|e| src.stream_error(e))?;
+            .map_err(|e| self.src.stream_error(e))?;
         Ok(content_hex(ContentHasher::new().update(&content)))
     }
 
