@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
+use super::durable;
 use super::format::{Generation, Record};
 use super::{State, ancestors, crash_hook, fs_err, parent_of, stat_mixed};
 use crate::err;
@@ -234,8 +235,24 @@ impl State {
         Ok(())
     }
 
-    /// Make the renames durable: every directory that gained or lost an entry.
+    /// Make the renames durable: every directory that gained or lost an
+    /// entry. Where one `syncfs` vouches for them ([`durable::batched`]):
+    /// one of the venv's file system and one of the generation's (when it
+    /// is another), instead of an fsync per directory, each its own journal
+    /// commit. Either way this comes before the `Switched` record, and a
+    /// crash before it is undone from the journal as before.
     fn sync_changed_dirs(&self, g: &Generation) {
+        if durable::batched() {
+            let venv = durable::sync_fs(&self.fs);
+            let generation = if durable::device(&self.fs) == durable::device(&g.fs) {
+                Ok(())
+            } else {
+                durable::sync_fs(&g.fs)
+            };
+            if venv.is_ok() && generation.is_ok() {
+                return;
+            }
+        }
         let mut parents: BTreeSet<&str> = g.rels.iter().map(|r| parent_of(r)).collect();
         parents.insert(&self.venv.site_rel);
         for p in parents {
