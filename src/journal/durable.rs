@@ -46,12 +46,7 @@ pub fn start_writeback(file: &impl AsFd) {
     use std::os::fd::AsRawFd;
     // SAFETY: a plain syscall on a valid fd; it reads no memory of ours.
     unsafe {
-        libc::sync_file_range(
-            file.as_fd().as_raw_fd(),
-            0,
-            0,
-            libc::SYNC_FILE_RANGE_WRITE,
-        );
+        libc::sync_file_range(file.as_fd().as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
     }
 }
 

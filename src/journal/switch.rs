@@ -386,8 +386,8 @@ impl PauseHook {
 #[cfg(test)]
 mod tests {
     use super::super::State;
-    use super::{SWITCH_BATCH, SWITCH_BATCH_MAX, batches};
     use super::super::tests_support::{Fx, New, apply, change, history, request, rollback, stage};
+    use super::{SWITCH_BATCH, SWITCH_BATCH_MAX, batches};
     use crate::inventory::Counters;
     use crate::model::{Action, Status};
 
@@ -524,7 +524,10 @@ mod tests {
             let sizes: Vec<usize> = b.iter().map(|b| b.len()).collect();
             for (k, s) in sizes.iter().enumerate() {
                 let full = (SWITCH_BATCH << k.min(4)).min(SWITCH_BATCH_MAX);
-                assert!(*s == full || k == sizes.len() - 1 && *s <= full, "{sizes:?}");
+                assert!(
+                    *s == full || k == sizes.len() - 1 && *s <= full,
+                    "{sizes:?}"
+                );
             }
         }
         assert_eq!(batches(&(0..17_857).collect::<Vec<_>>()).len(), 8);

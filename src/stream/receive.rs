@@ -188,8 +188,7 @@ pub fn unpack(
         synced?;
         if batched {
             // Every staged file's data, inode and name, in one commit.
-            durable::sync_fs(&staging_fd)
-                .map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
+            durable::sync_fs(&staging_fd).map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
         } else {
             let _ = staging_fd.sync_all();
         }

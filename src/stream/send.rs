@@ -865,7 +865,9 @@ mod tests {
         let done = ReadAhead::new(2 * piece, piece);
         done.finish();
         let advised = Mutex::new(0usize);
-        read_ahead(&venv, &files, &done, |_, _, _| *advised.lock().unwrap() += 1);
+        read_ahead(&venv, &files, &done, |_, _, _| {
+            *advised.lock().unwrap() += 1
+        });
         assert_eq!(*advised.lock().unwrap(), 0);
     }
 
@@ -875,8 +877,11 @@ mod tests {
     #[test]
     fn a_changed_file_stops_the_stream_with_read_ahead() {
         let big: Vec<u8> = (0..3 * BLOCK + 7).map(|i| (i % 253) as u8).collect();
-        let contents: [(&str, &[u8]); 3] =
-            [("a.py", b"a = 1\n"), ("big.bin", &big), ("pkg/m.py", b"m = 2\n")];
+        let contents: [(&str, &[u8]); 3] = [
+            ("a.py", b"a = 1\n"),
+            ("big.bin", &big),
+            ("pkg/m.py", b"m = 2\n"),
+        ];
         let files: Vec<SendFile> = contents
             .iter()
             .enumerate()
@@ -886,8 +891,15 @@ mod tests {
         let dir = venv_with(&contents);
         let root = dir.path().to_str().unwrap();
         let mut sink = Recorder::default();
-        let sent = send(root, &files, None, Compression::None, &mut sink, &Counters::default())
-            .unwrap();
+        let sent = send(
+            root,
+            &files,
+            None,
+            Compression::None,
+            &mut sink,
+            &Counters::default(),
+        )
+        .unwrap();
         let order: Vec<usize> = sent.hashes.iter().map(|h| h.index).collect();
         assert_eq!(order, [0, 1, 2]);
         // The big file changed in its last byte: same size, other hash.
@@ -895,8 +907,15 @@ mod tests {
         let mut changed = big.clone();
         *changed.last_mut().unwrap() ^= 1;
         std::fs::write(site.join("big.bin"), &changed).unwrap();
-        let e = send(root, &files, None, Compression::None, &mut Recorder::default(), &Counters::default())
-            .unwrap_err();
+        let e = send(
+            root,
+            &files,
+            None,
+            Compression::None,
+            &mut Recorder::default(),
+            &Counters::default(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("big.bin"), "{e}");
         assert!(e.to_string().contains("changed since the plan"), "{e}");
         // A parent swapped for a symlink to a look-alike outside the venv.
@@ -909,10 +928,23 @@ mod tests {
         // The files are well within the window: it never waits.
         let ahead = ReadAhead::new(READ_AHEAD, ADVICE);
         let advised = Mutex::new(0usize);
-        read_ahead(&venv, &files, &ahead, |_, _, _| *advised.lock().unwrap() += 1);
-        assert_eq!(*advised.lock().unwrap(), 2, "a.py and big.bin, not pkg/m.py");
-        let e = send(root, &files, None, Compression::None, &mut Recorder::default(), &Counters::default())
-            .unwrap_err();
+        read_ahead(&venv, &files, &ahead, |_, _, _| {
+            *advised.lock().unwrap() += 1
+        });
+        assert_eq!(
+            *advised.lock().unwrap(),
+            2,
+            "a.py and big.bin, not pkg/m.py"
+        );
+        let e = send(
+            root,
+            &files,
+            None,
+            Compression::None,
+            &mut Recorder::default(),
+            &Counters::default(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("symlink"), "{e}");
     }
 }
