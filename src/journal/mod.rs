@@ -54,6 +54,7 @@
 //!
 //! This file holds [`State`] and the small helpers every step shares.
 
+pub mod durable;
 mod format;
 mod guard;
 mod prepare;

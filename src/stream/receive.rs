@@ -29,7 +29,7 @@ use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Error, Result, io_cause};
 use crate::inventory::{ContentHasher, Counters, content_hex};
-use crate::journal::Generation;
+use crate::journal::{Generation, durable};
 use crate::model::{Action, BLOCK, FileStamp, GenChange, Kind, StageCount, Unpacked, Written};
 
 /// Decode one data frame of the stream back into bytes of the tar stream.
@@ -137,7 +137,9 @@ impl Read for ChannelReader {
 /// Three kinds of thread share the work: this one parses the tar stream and
 /// hashes each file into a chunk buffer, one writer writes the chunks out
 /// (so that a wait on the disk does not stall the stream), and two fsync
-/// each staged file beside both. The stage is done when every fsync is.
+/// each staged file beside both (or, where one `syncfs` can vouch for them
+/// all, only start its writeback: see `write`'s module doc). The stage is
+/// done when every staged file is durable.
 pub fn unpack(
     g: &Generation,
     host_dir: &Path,
@@ -151,11 +153,17 @@ pub fn unpack(
     for _ in 0..WRITE_BUFFERS {
         let _ = free_tx.send(AlignedBuf::new(WRITE_CHUNK));
     }
+    // Opened before the first write: its `syncfs` reports any writeback
+    // error of the stage (see `write`'s module doc).
+    let staging_dir = g.dir.join("staging");
+    let staging_fd =
+        File::open(&staging_dir).map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
+    let batched = durable::batched();
     std::thread::scope(|scope| {
         let syncers: Vec<_> = (0..2)
             .map(|_| {
                 let rx = &sync_rx;
-                scope.spawn(move || sync_files(rx, host_dir, g))
+                scope.spawn(move || sync_files(rx, host_dir, g, batched))
             })
             .collect();
         let writer = scope.spawn(move || write_staged(g, host_dir, job_rx, free_tx, sync_tx));
@@ -178,8 +186,11 @@ pub fn unpack(
         let written = written?;
         let count = r?;
         synced?;
-        if let Ok(d) = File::open(g.dir.join("staging")) {
-            let _ = d.sync_all();
+        if batched {
+            // Every staged file's data, inode and name, in one commit.
+            durable::sync_fs(&staging_fd).map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
+        } else {
+            let _ = staging_fd.sync_all();
         }
         Ok(Unpacked { count, written })
     })

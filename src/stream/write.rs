@@ -11,6 +11,16 @@
 //! what its workloads keep hot. A tail that is not a whole block, or a
 //! filesystem that refuses, is written through the page cache.
 //!
+//! Every staged file is durable before the stage is reported done, so
+//! before any switch. Where the kernel reports writeback errors through
+//! `syncfs` ([`durable::batched`], Linux 5.8+), the fsync threads only start
+//! each finished file's writeback (`sync_file_range`), and the stage ends
+//! with one `syncfs` of the staging file system through an fd opened
+//! before the first write ([`receive::unpack`](super::receive::unpack)): it
+//! waits for every staged file's data, inode and directory entry, and fails
+//! if any of them failed to reach the disk, in one journal commit instead
+//! of one per file. Elsewhere each file is fsynced on its own.
+//!
 //! As root, a staged file's owner is that of the file it replaces or the
 //! directory it lands in ([`Owners`]), or with `apply --same-owner` the
 //! source's; its mode is masked to `0o777` whatever the plan says.
@@ -24,7 +34,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use crate::err;
 use crate::error::{Error, Result, io_cause};
 use crate::inventory::Venv;
-use crate::journal::{Generation, free_bytes};
+use crate::journal::{Generation, durable, free_bytes};
 use crate::model::{FileStamp, Kind, Written};
 
 /// Staged files are written in chunks of this many bytes.
@@ -226,17 +236,23 @@ impl Owners {
 }
 
 /// An fsync thread: fsync each staged file the writer finished, until the
-/// writer is done. Returns the first failure (the others are the same
-/// disk's).
+/// writer is done; with `batched`, only start its writeback (the stage's
+/// closing `syncfs` waits for it). Returns the first failure (the others
+/// are the same disk's).
 pub(super) fn sync_files(
     files: &Mutex<mpsc::Receiver<(Arc<File>, PathBuf)>>,
     host_dir: &Path,
     g: &Generation,
+    batched: bool,
 ) -> Result<()> {
     let mut first = Ok(());
     loop {
         let next = files.lock().ok().and_then(|r| r.recv().ok());
         let Some((f, dest)) = next else { break };
+        if batched {
+            durable::start_writeback(&*f);
+            continue;
+        }
         if let Err(e) = f.sync_all()
             && first.is_ok()
         {
