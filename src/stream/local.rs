@@ -120,11 +120,17 @@ pub fn copy_local(
 ) -> Result<Copied> {
     let (sync_tx, sync_rx) = mpsc::sync_channel::<(Arc<File>, std::path::PathBuf)>(256);
     let sync_rx = Mutex::new(sync_rx);
+    // As the stream's unpacker does: opened before the first copy, so that
+    // its `syncfs` reports any writeback error of the stage.
+    let staging_dir = g.dir.join("staging");
+    let staging_fd =
+        File::open(&staging_dir).map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
+    let batched = crate::journal::durable::batched();
     std::thread::scope(|scope| {
         let syncers: Vec<_> = (0..2)
             .map(|_| {
                 let rx = &sync_rx;
-                scope.spawn(move || sync_files(rx, host_dir, g))
+                scope.spawn(move || sync_files(rx, host_dir, g, batched))
             })
             .collect();
         let copied = Copier::new(g, host_dir, counters, stop, sync_tx)
@@ -140,8 +146,11 @@ pub fn copy_local(
         }
         let copied = copied?;
         synced?;
-        if let Ok(d) = File::open(g.dir.join("staging")) {
-            let _ = d.sync_all();
+        if batched {
+            crate::journal::durable::sync_fs(&staging_fd)
+                .map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
+        } else {
+            let _ = staging_fd.sync_all();
         }
         Ok(copied)
     })
