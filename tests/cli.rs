@@ -187,11 +187,11 @@ fn assert_conda_refused(tb: &Testbed, out: &Output, i: usize) {
 /// One pair of local venvs (built once: that is most of these tests' time)
 /// for the conda refusal, then the local route's compression.
 #[test]
-fn on_local_venvs_conda_is_refused_and_the_stream_is_not_compressed() {
+fn on_local_venvs_conda_is_refused_and_the_files_are_copied_not_streamed() {
     let tb = Testbed::local(2);
     tb.write_manifest(common::SCENARIO_SETS);
     a_conda_environment_is_refused_on_either_side_and_nothing_changes(&tb);
-    a_local_route_is_not_compressed_unless_a_level_is_asked_for(&tb);
+    a_local_route_copies_and_puts_nothing_on_a_wire(&tb);
 }
 
 fn a_conda_environment_is_refused_on_either_side_and_nothing_changes(tb: &Testbed) {
@@ -231,7 +231,7 @@ fn a_conda_environment_is_refused_on_either_side_and_nothing_changes(tb: &Testbe
     make_venv(tb, 1);
 }
 
-fn a_local_route_is_not_compressed_unless_a_level_is_asked_for(tb: &Testbed) {
+fn a_local_route_copies_and_puts_nothing_on_a_wire(tb: &Testbed) {
     // 4 MiB of text that zstd shrinks to a fraction, in the patched set.
     let rel = "minisglang/srt/speculative/table.txt";
     let text: String = (0..1_000_000).map(|i| format!("{i}\n")).collect();
@@ -254,19 +254,20 @@ fn a_local_route_is_not_compressed_unless_a_level_is_asked_for(tb: &Testbed) {
         )
     };
 
-    // `auto` (the default): the files go as they are.
-    let (raw, sent) = moved(&apply(&[]));
+    // Both hosts are this machine: the target's agent copies the files
+    // (the local route), so nothing goes on a wire to compress.
+    let doc = apply(&[]);
+    let (raw, sent) = moved(&doc);
     assert!(raw > 4 << 20, "{raw}");
-    assert!(
-        sent >= raw,
-        "auto compressed a local stream: {sent} of {raw}"
-    );
+    assert_eq!(doc["route"], "local", "{doc}");
+    assert_eq!(sent, 0, "a local copy put {sent} bytes on a wire");
 
-    // A level asked for is a level used.
+    // A level asked for changes nothing on that route.
     ok(
         tb.overlay(&["rollback", "dst"]).output().unwrap(),
         "rollback",
     );
-    let (raw, sent) = moved(&apply(&["--compress", "3"]));
-    assert!(sent < raw / 2, "--compress 3 sent {sent} of {raw}");
+    let doc = apply(&["--compress", "3"]);
+    assert_eq!(doc["route"], "local", "{doc}");
+    assert_eq!(moved(&doc).1, 0, "{doc}");
 }

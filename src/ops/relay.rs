@@ -300,7 +300,11 @@ mod tests {
             let e = run(&mut src, Some(&mut dst)).0.err().unwrap();
             assert!(e.message.contains("on src:"), "{}", e.message);
             assert!(e.message.contains(says), "{}", e.message);
-            assert_eq!(taken.after_hello(), first);
+            // The frame before the bad one may or may not have gone out
+            // (the writer stops at a frame boundary once the reader
+            // failed); nothing after it ever does.
+            let got = taken.after_hello();
+            assert!(got.is_empty() || got == first, "{got:?}");
             assert!(!dst.lost());
         }
     }
