@@ -45,13 +45,13 @@
 use std::fs::File;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, mpsc};
 
 use super::send::{
     ADVICE, FileToSend, READ_AHEAD, ReadAhead, ReaderDone, Source, advise_willneed, read_ahead,
 };
-use super::write::{Owners, stage_error, sync_files};
+use super::write::{Owners, SyncSender, stage_error, staged_durably};
 use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Error, Result, io_cause};
@@ -128,51 +128,18 @@ pub fn copy_local(
     counters: &Counters,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> Result<Copied> {
-    let (sync_tx, sync_rx) = mpsc::sync_channel::<(Arc<File>, std::path::PathBuf)>(256);
-    let sync_rx = Mutex::new(sync_rx);
-    // As the stream's unpacker does: opened before the first copy, so that
-    // its `syncfs` reports any writeback error of the stage.
-    let staging_dir = g.dir.join("staging");
-    let staging_fd =
-        File::open(&staging_dir).map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
-    let batched = crate::journal::durable::batched();
-    std::thread::scope(|scope| {
-        let syncers: Vec<_> = (0..2)
-            .map(|_| {
-                let rx = &sync_rx;
-                scope.spawn(move || sync_files(rx, host_dir, g, batched))
-            })
-            .collect();
-        let copied = Venv::open(source_root).and_then(|venv| {
-            let files = files_of(g);
-            let ahead = ReadAhead::new(READ_AHEAD, ADVICE);
-            std::thread::scope(|inner| {
-                let (venv, files, ahead) = (&venv, &files, &ahead);
-                inner.spawn(move || read_ahead(venv, files, ahead, advise_willneed));
-                // Done, failed or panicked: the read-ahead has nothing left to do.
-                let _done = ReaderDone(ahead);
-                Copier::new(g, host_dir, counters, stop, sync_tx, ahead)
-                    .and_then(|c| c.run(venv, files, shebang))
-            })
-        });
-        let mut synced = Ok(());
-        for s in syncers {
-            let r = s
-                .join()
-                .unwrap_or_else(|_| Err(err!(kind = Internal, "an fsync thread panicked")));
-            if synced.is_ok() {
-                synced = r;
-            }
-        }
-        let copied = copied?;
-        synced?;
-        if batched {
-            crate::journal::durable::sync_fs(&staging_fd)
-                .map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
-        } else {
-            let _ = staging_fd.sync_all();
-        }
-        Ok(copied)
+    staged_durably(g, host_dir, |sync_tx| {
+        let venv = Venv::open(source_root)?;
+        let files = files_of(g);
+        let ahead = ReadAhead::new(READ_AHEAD, ADVICE);
+        std::thread::scope(|scope| {
+            let (venv, files, ahead) = (&venv, &files, &ahead);
+            scope.spawn(move || read_ahead(venv, files, ahead, advise_willneed));
+            // Done, failed or panicked: the read-ahead has nothing left to do.
+            let _done = ReaderDone(ahead);
+            Copier::new(g, host_dir, counters, stop, sync_tx, ahead)
+                .and_then(|c| c.run(venv, files, shebang))
+        })
     })
 }
 
@@ -206,7 +173,7 @@ struct Copier<'a> {
     /// Who staged files belong to, as root without `--same-owner`.
     owners: Option<Owners>,
     is_root: bool,
-    sync: mpsc::SyncSender<(Arc<File>, std::path::PathBuf)>,
+    sync: SyncSender,
     kernel: Kernel,
     buf: Vec<u8>,
     out: Copied,
@@ -220,7 +187,7 @@ impl<'a> Copier<'a> {
         host_dir: &'a Path,
         counters: &'a Counters,
         stop: &'a (dyn Fn() -> bool + Sync),
-        sync: mpsc::SyncSender<(Arc<File>, std::path::PathBuf)>,
+        sync: SyncSender,
         ahead: &'a ReadAhead,
     ) -> Result<Copier<'a>> {
         let staging_path = g.dir.join("staging");

@@ -17,19 +17,19 @@ use std::fs::{self, File};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 
 use super::head::{EntryHead, TAR_BLOCK, parse_head};
 use super::write::{
     AlignedBuf, DIRECT_MIN, Finish, Owners, WRITE_BUFFERS, WRITE_CHUNK, WriteJob, direct_io_fs,
-    set_direct, stage_error, sync_files, write_staged,
+    set_direct, stage_error, staged_durably, write_staged,
 };
 use super::{TAG_STORED, TAG_ZSTD};
 use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Error, Result, io_cause};
 use crate::inventory::{ContentHasher, Counters, content_hex};
-use crate::journal::{Generation, durable};
+use crate::journal::Generation;
 use crate::model::{Action, BLOCK, FileStamp, GenChange, Kind, StageCount, Unpacked, Written};
 
 /// Decode one data frame of the stream back into bytes of the tar stream.
@@ -146,53 +146,25 @@ pub fn unpack(
     input: impl Read,
     counters: &Counters,
 ) -> Result<Unpacked> {
-    let (sync_tx, sync_rx) = mpsc::sync_channel::<(Arc<File>, PathBuf)>(256);
-    let sync_rx = Mutex::new(sync_rx);
     let (job_tx, job_rx) = mpsc::sync_channel::<WriteJob>(WRITE_BUFFERS);
     let (free_tx, free_rx) = mpsc::sync_channel::<AlignedBuf>(WRITE_BUFFERS);
     for _ in 0..WRITE_BUFFERS {
         let _ = free_tx.send(AlignedBuf::new(WRITE_CHUNK));
     }
-    // Opened before the first write: its `syncfs` reports any writeback
-    // error of the stage (see `write`'s module doc).
-    let staging_dir = g.dir.join("staging");
-    let staging_fd =
-        File::open(&staging_dir).map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
-    let batched = durable::batched();
-    std::thread::scope(|scope| {
-        let syncers: Vec<_> = (0..2)
-            .map(|_| {
-                let rx = &sync_rx;
-                scope.spawn(move || sync_files(rx, host_dir, g, batched))
-            })
-            .collect();
-        let writer = scope.spawn(move || write_staged(g, host_dir, job_rx, free_tx, sync_tx));
-        let direct = direct_io_fs(&g.dir.join("staging"));
-        let r = Stager::new(g, host_dir, counters, direct, job_tx, free_rx)
-            .and_then(|s| s.unpack(input));
-        let written = writer
-            .join()
-            .unwrap_or_else(|_| Err(err!(kind = Internal, "the staging writer panicked")));
-        let mut synced = Ok(());
-        for s in syncers {
-            let r = s
+    staged_durably(g, host_dir, |sync_tx| {
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(move || write_staged(g, host_dir, job_rx, free_tx, sync_tx));
+            let direct = direct_io_fs(&g.dir.join("staging"));
+            let r = Stager::new(g, host_dir, counters, direct, job_tx, free_rx)
+                .and_then(|s| s.unpack(input));
+            let written = writer
                 .join()
-                .unwrap_or_else(|_| Err(err!(kind = Internal, "an fsync thread panicked")));
-            if synced.is_ok() {
-                synced = r;
-            }
-        }
-        // The writer's own error explains a stream that stopped because of it.
-        let written = written?;
-        let count = r?;
-        synced?;
-        if batched {
-            // Every staged file's data, inode and name, in one commit.
-            durable::sync_fs(&staging_fd).map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
-        } else {
-            let _ = staging_fd.sync_all();
-        }
-        Ok(Unpacked { count, written })
+                .unwrap_or_else(|_| Err(err!(kind = Internal, "the staging writer panicked")));
+            // The writer's own error explains a stream that stopped because of it.
+            let written = written?;
+            let count = r?;
+            Ok(Unpacked { count, written })
+        })
     })
 }
 
@@ -659,8 +631,8 @@ mod tests {
 
         /// One generation for all cases (the tests take turns with it).
         fn intake() -> std::sync::MutexGuard<'static, Intake> {
-            static I: std::sync::OnceLock<Mutex<Intake>> = std::sync::OnceLock::new();
-            I.get_or_init(|| Mutex::new(Intake::new(&std::env::temp_dir(), false)))
+            static I: std::sync::OnceLock<std::sync::Mutex<Intake>> = std::sync::OnceLock::new();
+            I.get_or_init(|| std::sync::Mutex::new(Intake::new(&std::env::temp_dir(), false)))
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
         }

@@ -1,7 +1,7 @@
 //! The target's staged-file writer. The unpacker hands it chunks of each
 //! file ([`WriteJob`], in [`AlignedBuf`]s); the writer thread
 //! ([`write_staged`]) writes them, finishes each file (owner, mode, stamp)
-//! and passes it to the fsync threads ([`sync_files`]), so that neither a
+//! and passes it to the fsync threads ([`staged_durably`]), so that neither a
 //! wait on the disk nor an fsync stalls the stream.
 //!
 //! Big files bypass the page cache (`O_DIRECT`, [`DIRECT_MIN`] and up, on
@@ -16,7 +16,7 @@
 //! `syncfs` ([`durable::batched`], Linux 5.8+), the fsync threads only start
 //! each finished file's writeback (`sync_file_range`), and the stage ends
 //! with one `syncfs` of the staging file system through an fd opened
-//! before the first write ([`receive::unpack`](super::receive::unpack)): it
+//! before the first write ([`staged_durably`]): it
 //! waits for every staged file's data, inode and directory entry, and fails
 //! if any of them failed to reach the disk, in one journal commit instead
 //! of one per file. Elsewhere each file is fsynced on its own.
@@ -235,11 +235,60 @@ impl Owners {
     }
 }
 
+/// Where a stage hands each finished staged file, to be made durable.
+pub(super) type SyncSender = mpsc::SyncSender<(Arc<File>, PathBuf)>;
+
+/// Run `stage` (the stream's unpacker or the local route's copy) with a
+/// sender to two fsync threads ([`sync_files`]) for every file it
+/// finishes; then make the stage durable: wait for the threads and, where
+/// one `syncfs` vouches for the stage, sync the staging file system
+/// through an fd opened before the first write (see the module doc). The
+/// stage's own error comes first: it explains a disk error it stopped on.
+pub(super) fn staged_durably<T>(
+    g: &Generation,
+    host_dir: &Path,
+    stage: impl FnOnce(SyncSender) -> Result<T>,
+) -> Result<T> {
+    let (sync_tx, sync_rx) = mpsc::sync_channel::<(Arc<File>, PathBuf)>(256);
+    let sync_rx = Mutex::new(sync_rx);
+    let staging_dir = g.dir.join("staging");
+    let staging_fd =
+        File::open(&staging_dir).map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
+    let batched = durable::batched();
+    std::thread::scope(|scope| {
+        let syncers: Vec<_> = (0..2)
+            .map(|_| {
+                let rx = &sync_rx;
+                scope.spawn(move || sync_files(rx, host_dir, g, batched))
+            })
+            .collect();
+        let staged = stage(sync_tx);
+        let mut synced = Ok(());
+        for s in syncers {
+            let r = s
+                .join()
+                .unwrap_or_else(|_| Err(err!(kind = Internal, "an fsync thread panicked")));
+            if synced.is_ok() {
+                synced = r;
+            }
+        }
+        let staged = staged?;
+        synced?;
+        if batched {
+            // Every staged file's data, inode and name, in one commit.
+            durable::sync_fs(&staging_fd).map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
+        } else {
+            let _ = staging_fd.sync_all();
+        }
+        Ok(staged)
+    })
+}
+
 /// An fsync thread: fsync each staged file the writer finished, until the
 /// writer is done; with `batched`, only start its writeback (the stage's
 /// closing `syncfs` waits for it). Returns the first failure (the others
 /// are the same disk's).
-pub(super) fn sync_files(
+fn sync_files(
     files: &Mutex<mpsc::Receiver<(Arc<File>, PathBuf)>>,
     host_dir: &Path,
     g: &Generation,
