@@ -45,6 +45,25 @@ pub struct SendFile {
     pub kind: Kind,
 }
 
+impl SendFile {
+    /// The files a generation's changes stage, in its order: every change
+    /// that is not a delete, by its index in the list.
+    pub fn of_changes(changes: &[super::GenChange]) -> Vec<SendFile> {
+        changes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.action != super::Action::Delete)
+            .filter_map(|(index, c)| {
+                Some(SendFile {
+                    index,
+                    path: c.path.clone(),
+                    kind: c.source.clone()?,
+                })
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Progress {
     pub files: u64,

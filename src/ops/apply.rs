@@ -213,7 +213,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     }
     clock.mark("connect and prepare");
     let generation = prepared.generation;
-    let send = files_to_send(&changes);
+    let send = SendFile::of_changes(&changes);
     let files = send.len();
     let sent = transfer(&mut dst, &plan, opts, &generation, &chosen, send, obs)?;
     let moved = sent.moved;
@@ -548,22 +548,6 @@ fn versions(plan: &Plan) -> Vec<crate::model::Transition> {
         .flat_map(|s| &s.versions)
         .filter(|t| seen.insert(t.name.clone()))
         .cloned()
-        .collect()
-}
-
-/// The added and replaced files, to stream from the source.
-fn files_to_send(changes: &[GenChange]) -> Vec<SendFile> {
-    changes
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.action != Action::Delete)
-        .filter_map(|(index, c)| {
-            Some(SendFile {
-                index,
-                path: c.path.clone(),
-                kind: c.source.clone()?,
-            })
-        })
         .collect()
 }
 

@@ -57,9 +57,7 @@ use crate::err;
 use crate::error::{Error, Result, io_cause};
 use crate::inventory::{ContentHasher, Counters, Venv, Walker, content_hex};
 use crate::journal::Generation;
-use crate::model::{
-    Action, Copied, FileStamp, Kind, SendFile, ShebangRewrite, SourceHash, Written,
-};
+use crate::model::{Copied, FileStamp, Kind, SendFile, ShebangRewrite, SourceHash, Written};
 
 /// Bytes per `copy_file_range` call (and per read of the fallback's): a big
 /// file's progress moves, and a stop is seen, within it.
@@ -130,7 +128,7 @@ pub fn copy_local(
 ) -> Result<Copied> {
     staged_durably(g, host_dir, |sync_tx| {
         let venv = Venv::open(source_root)?;
-        let files = files_of(g);
+        let files = SendFile::of_changes(&g.meta.changes);
         let ahead = ReadAhead::new(READ_AHEAD, ADVICE);
         std::thread::scope(|scope| {
             let (venv, files, ahead) = (&venv, &files, &ahead);
@@ -141,24 +139,6 @@ pub fn copy_local(
                 .and_then(|c| c.run(venv, files, shebang))
         })
     })
-}
-
-/// The files the generation stages, in its order, as the read-ahead and
-/// the copy walk them: every change that is not a delete, by its index.
-fn files_of(g: &Generation) -> Vec<SendFile> {
-    g.meta
-        .changes
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.action != Action::Delete)
-        .filter_map(|(index, c)| {
-            Some(SendFile {
-                index,
-                path: c.path.clone(),
-                kind: c.source.clone()?,
-            })
-        })
-        .collect()
 }
 
 /// The copying thread's state.
@@ -179,6 +159,9 @@ struct Copier<'a> {
     out: Copied,
     /// Told how far the files were copied, for the read-ahead.
     ahead: &'a ReadAhead,
+    /// Where the file being copied starts among the files' bytes, as the
+    /// read-ahead counts.
+    at: u64,
 }
 
 impl<'a> Copier<'a> {
@@ -209,6 +192,7 @@ impl<'a> Copier<'a> {
             buf: vec![0u8; READ_BUF],
             out: Copied::default(),
             ahead,
+            at: 0,
         })
     }
 
@@ -237,11 +221,9 @@ impl<'a> Copier<'a> {
             .store(files.iter().map(|f| f.kind.size()).sum(), Ordering::Relaxed);
         let root = venv.beneath()?;
         let mut walker = Walker::new(std::os::fd::AsFd::as_fd(&root));
-        // Where the file starts among the files' bytes, as the read-ahead counts.
-        let mut at = 0u64;
         for f in files {
             let (i, kind, path) = (f.index, &f.kind, f.path.as_str());
-            self.ahead.reader_at(at);
+            self.ahead.reader_at(self.at);
             if (self.stop)() {
                 return Err(Self::stopped());
             }
@@ -281,7 +263,7 @@ impl<'a> Copier<'a> {
                         meta: &meta,
                         name: &name,
                     };
-                    self.file(&mut walker, &file, *size, *mode, owner, shebang, at)?;
+                    self.file(&mut walker, &file, *size, *mode, owner, shebang)?;
                     self.out.count.bytes += size;
                 }
                 other => {
@@ -294,7 +276,7 @@ impl<'a> Copier<'a> {
             }
             self.out.count.files += 1;
             c.files.fetch_add(1, Ordering::Relaxed);
-            at += kind.size();
+            self.at += kind.size();
         }
         Ok(self.out)
     }
@@ -309,7 +291,6 @@ impl<'a> Copier<'a> {
         mode: u32,
         owner: Option<(u32, u32)>,
         shebang: Option<&ShebangRewrite>,
-        at: u64,
     ) -> Result<()> {
         let src = file.src;
         let name = file.name;
@@ -329,7 +310,7 @@ impl<'a> Copier<'a> {
             if file.meta.st_size as u64 != size {
                 return Err(src.changed());
             }
-            let (counters, ahead) = (self.counters, self.ahead);
+            let (counters, ahead, at) = (self.counters, self.ahead, self.at);
             let done = std::cell::Cell::new(0u64);
             let copied = copy_file(
                 &input,
