@@ -99,6 +99,11 @@ pub enum Command {
     #[command(after_help = APPLY_EXAMPLES)]
     Apply(ApplyArgs),
 
+    /// Write the sets of a live source into one bundle file, for
+    /// `overlay apply --bundle FILE --venv PATH` on hosts the controller
+    /// does not reach live (docs/pack.md).
+    Pack(PackArgs),
+
     /// Restore the target to its state before a generation, byte for byte.
     /// Needs only the target host, and the generations' backups.
     #[command(after_help = ROLLBACK_EXAMPLES)]
@@ -143,9 +148,20 @@ pub const DEFAULT_PLAN: &str = ".overlay/plan.json";
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// The host with the working venv (a name from the manifest's [hosts]).
-    pub source: String,
+    #[arg(required_unless_present = "bundle")]
+    pub source: Option<String>,
     /// The host whose venv is to be changed (a name from [hosts]).
-    pub target: String,
+    #[arg(required_unless_present = "bundle")]
+    pub target: Option<String>,
+
+    /// Plan from a bundle written by `overlay pack`, on this host, against
+    /// the venv given with --venv (no manifest, no SSH; read-only).
+    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["source", "target"])]
+    pub bundle: Option<PathBuf>,
+
+    /// With --bundle: the venv on this host.
+    #[arg(long, value_name = "PATH", requires = "bundle")]
+    pub venv: Option<String>,
 
     /// Only these sets (repeatable); default: every set in the manifest.
     #[arg(long = "set", value_name = "NAME")]
@@ -179,6 +195,16 @@ pub struct ApplyArgs {
     /// The plan to carry out, as saved by `overlay plan` (its `-o`).
     #[arg(default_value = ".overlay/plan.json")]
     pub plan: PathBuf,
+
+    /// Apply a bundle written by `overlay pack` to the venv given with
+    /// --venv, on this host (no manifest, no SSH): plan against its index,
+    /// then apply through the journal; `--json` prints one line.
+    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["direct", "relay", "resume"])]
+    pub bundle: Option<PathBuf>,
+
+    /// With --bundle: the venv on this host.
+    #[arg(long, value_name = "PATH", requires = "bundle")]
+    pub venv: Option<String>,
 
     /// Keep the old files so that `overlay rollback` can restore them (the
     /// default; accepted for scripts that pass it).
@@ -278,6 +304,24 @@ pub struct DoctorArgs {
     /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct PackArgs {
+    /// The host with the working venv (a name from the manifest's [hosts]).
+    pub source: String,
+
+    /// Only these sets (repeatable); default: every set in the manifest.
+    #[arg(long = "set", value_name = "NAME")]
+    pub sets: Vec<String>,
+
+    /// The bundle to write (replaced atomically).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub out: PathBuf,
+
+    /// Print the result as one JSON line on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

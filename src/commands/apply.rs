@@ -11,6 +11,9 @@ use crate::cli::{ApplyArgs, GlobalArgs};
 use crate::progress::{CheckOutput, Console};
 
 pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
+    if let (Some(bundle), Some(venv)) = (&args.bundle, &args.venv) {
+        return run_bundle(global, args, bundle, venv);
+    }
     let opts = ApplyOptions {
         plan: args.plan.clone(),
         manifest: global.manifest.clone(),
@@ -72,6 +75,58 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
             } else {
                 EXIT_OK
             })
+        }
+    }
+}
+
+/// `overlay apply --bundle FILE --venv PATH` on this host; `--json`
+/// prints one line (for pdsh and the like: one line per host).
+fn run_bundle(
+    global: &GlobalArgs,
+    args: &ApplyArgs,
+    bundle: &std::path::Path,
+    venv: &str,
+) -> Result<u8> {
+    use overlay::ops::pack::{BundleApply, apply_bundle};
+    let console = Console::new(global).check_output(if args.json {
+        CheckOutput::Stderr
+    } else {
+        CheckOutput::Text
+    });
+    let opts = BundleApply {
+        bundle: bundle.to_path_buf(),
+        venv: venv.to_string(),
+        backup: !args.no_backup,
+        keep: args.keep,
+        force: args.force,
+        verify: args.verify,
+        rollback_on_failure: args.rollback_on_failure,
+    };
+    match apply_bundle(&opts, &console)? {
+        ApplyReport::Applied(applied) => {
+            if !applied.rolled_back {
+                console.status(&backup_line(&applied));
+            }
+            if args.json {
+                println!("{}", serde_json::to_string(&applied).expect("serializes"));
+            }
+            Ok(if applied.verified == Some(false) {
+                ErrorKind::VerifyFailed.exit_code()
+            } else {
+                EXIT_OK
+            })
+        }
+        ApplyReport::NothingToApply { .. } | ApplyReport::Resumed { .. } => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "generation": null, "changes": 0 })
+                );
+            }
+            console.status(&format!(
+                "Nothing to apply: {venv} already has the bundle's files"
+            ));
+            Ok(EXIT_OK)
         }
     }
 }

@@ -18,6 +18,7 @@
 pub mod apply;
 pub mod doctor;
 pub mod history;
+pub mod pack;
 pub mod plan;
 mod record_note;
 mod relay;
