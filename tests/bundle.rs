@@ -1,0 +1,177 @@
+//! End-to-end tests of bundles (docs/pack.md): `overlay pack` from a real
+//! sshd source, and `overlay apply --bundle FILE --venv PATH` run on the
+//! target host itself over plain `ssh` (and over pdsh where it is
+//! installed), against real venvs made by pip from the fixture wheels.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{Testbed, assert_same, ok, snapshot};
+
+const SETS: &str = common::SCENARIO_SETS;
+
+/// `overlay pack src -o FILE` in the work dir; must succeed.
+fn pack(tb: &Testbed, file: &str) -> PathBuf {
+    ok(
+        tb.overlay(&["pack", "src", "-o", file]).output().unwrap(),
+        "pack",
+    );
+    tb.work.join(file)
+}
+
+/// `overlay ARGS` run on host `i` itself over plain ssh (the test binary
+/// is at the same path there: the hosts share the file system but /root).
+fn on_host(tb: &Testbed, i: usize, args: &str) -> Output {
+    tb.ssh(i, &format!("{} {args}", env!("CARGO_BIN_EXE_overlay")))
+        .output()
+        .unwrap()
+}
+
+/// Unpack folders left beside a host's venv.
+fn leftovers(tb: &Testbed, i: usize) -> Vec<String> {
+    let home = tb.host_venv_dir(i).parent().unwrap().to_path_buf();
+    fs::read_dir(home)
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().to_string_lossy().into_owned();
+            n.starts_with(".overlay-bundle.").then_some(n)
+        })
+        .collect()
+}
+
+/// A valid bundle (right trailer and hashes) packed from Python 3.12.
+fn other_python_bundle(dir: &Path) -> PathBuf {
+    use overlay::model::{BUNDLE_FORMAT, BundleEntry, BundleIndex, BundleKind};
+    let stage = dir.join("stage312");
+    let site = "lib/python3.12/site-packages";
+    fs::create_dir_all(stage.join(site)).unwrap();
+    fs::write(stage.join(site).join("x.py"), b"x = 1\n").unwrap();
+    let mut entries = Vec::new();
+    for p in ["lib", "lib/python3.12", site] {
+        entries.push(BundleEntry {
+            path: p.into(),
+            kind: BundleKind::Dir { mode: 0o755 },
+            owner: None,
+        });
+    }
+    entries.push(BundleEntry {
+        path: format!("{site}/x.py"),
+        kind: BundleKind::File {
+            size: 6,
+            mode: 0o644,
+            blake3: blake3::hash(b"x = 1\n").to_hex().to_string(),
+        },
+        owner: None,
+    });
+    let index = BundleIndex {
+        format: BUNDLE_FORMAT,
+        python: "3.12".into(),
+        site_packages: site.into(),
+        source_host: "py312".into(),
+        source_venv: "/root/venv".into(),
+        manifest: "[sets.x]\nfiles = [\"x.py\"]\n".into(),
+        sets: vec!["x".into()],
+        dists: Vec::new(),
+        entries,
+    };
+    let out = dir.join("py312.ovl");
+    overlay::bundle::write(&stage, &index, &out).unwrap();
+    out
+}
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
+    let tb = Testbed::new(3);
+    tb.write_manifest(&format!("{SETS}{}", common::VERIFY));
+
+    // Deterministic: two packs, the same bytes.
+    let a = pack(&tb, "a.ovl");
+    let b = pack(&tb, "b.ovl");
+    let (ba, bb) = (fs::read(&a).unwrap(), fs::read(&b).unwrap());
+    assert!(ba.len() > 1000);
+    assert!(ba == bb, "two packs of the same source differ");
+    // A standard zstd + tar: the index first, then venv/... members.
+    let list = ok(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("zstd -dc {} | tar -t", a.display()))
+            .output()
+            .unwrap(),
+        "zstd | tar",
+    );
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(list.starts_with("overlay-bundle.json\nvenv/"), "{list}");
+
+    let dst_before = snapshot(tb.host_venv_dir(1));
+
+    // plan --bundle: read-only, shows the changes.
+    let out = on_host(&tb, 1, &format!("plan --bundle {} --venv /root/venv --check", a.display()));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("minitorch"), "{out:?}");
+    assert_same(&dst_before, &snapshot(tb.host_venv_dir(1)), "plan --bundle changed the venv");
+    assert!(leftovers(&tb, 1).is_empty());
+
+    // Another Python minor, a truncated and a tampered bundle: refused,
+    // nothing changed, nothing left behind.
+    let py312 = other_python_bundle(&tb.work);
+    let out = on_host(&tb, 1, &format!("apply --bundle {} --venv /root/venv", py312.display()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("Python 3.12") && err.contains("3.11"), "{err}");
+    let cut = tb.work.join("cut.ovl");
+    fs::write(&cut, &ba[..ba.len() - 100]).unwrap();
+    let out = on_host(&tb, 1, &format!("apply --bundle {} --venv /root/venv", cut.display()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("truncated or damaged"), "{err}");
+    let mut bad = ba.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0x40;
+    let tampered = tb.work.join("tampered.ovl");
+    fs::write(&tampered, &bad).unwrap();
+    let out = on_host(&tb, 1, &format!("apply --bundle {} --venv /root/venv --json", tampered.display()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("does not match"), "{err}");
+    assert!(out.stdout.is_empty());
+    assert_same(&dst_before, &snapshot(tb.host_venv_dir(1)), "a refused bundle changed the venv");
+    assert!(leftovers(&tb, 1).is_empty());
+
+    // The bundle on dst over plain ssh; a live apply of the same sets on dst2.
+    let out = on_host(
+        &tb,
+        1,
+        &format!("apply --bundle {} --venv /root/venv --verify --json", a.display()),
+    );
+    let out = ok(out, "apply --bundle over ssh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "one JSON line: {stdout}");
+    let result: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(result["generation"].is_string(), "{result}");
+    assert_eq!(result["verified"], true, "{result}");
+    assert!(leftovers(&tb, 1).is_empty());
+    ok(tb.overlay(&["plan", "src", "dst2"]).output().unwrap(), "plan");
+    ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
+    assert_same(
+        &snapshot(tb.host_venv_dir(2)),
+        &snapshot(tb.host_venv_dir(1)),
+        "bundle apply vs live apply",
+    );
+    // Nothing left to do, by the bundle's own plan.
+    let out = on_host(&tb, 1, &format!("plan --bundle {} --venv /root/venv --check", a.display()));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    // The journal is the ordinary one: history and rollback from the controller.
+    let out = ok(tb.overlay(&["history", "dst", "--json"]).output().unwrap(), "history");
+    let gen_id = result["generation"].as_str().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains(gen_id), "{out:?}");
+    ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
+    assert_same(&dst_before, &snapshot(tb.host_venv_dir(1)), "rollback after a bundle apply");
+}
