@@ -32,8 +32,7 @@ fn on_host(tb: &Testbed, i: usize, args: &str) -> Output {
 
 /// Unpack folders left beside a host's venv.
 fn leftovers(tb: &Testbed, i: usize) -> Vec<String> {
-    let home = tb.host_venv_dir(i).parent().unwrap().to_path_buf();
-    fs::read_dir(home)
+    fs::read_dir(tb.host_dir(i).join("root"))
         .unwrap()
         .filter_map(|e| {
             let n = e.unwrap().file_name().to_string_lossy().into_owned();
@@ -125,12 +124,14 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("Python 3.12") && err.contains("3.11"), "{err}");
+    assert_eq!(out.status.code(), Some(8), "refused: {err}");
     let cut = tb.work.join("cut.ovl");
     fs::write(&cut, &ba[..ba.len() - 100]).unwrap();
     let out = on_host(&tb, 1, &format!("apply --bundle {} --venv /root/venv", cut.display()));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("truncated or damaged"), "{err}");
+    assert_eq!(out.status.code(), Some(10), "damaged: {err}");
     let mut bad = ba.clone();
     let mid = bad.len() / 2;
     bad[mid] ^= 0x40;
@@ -140,7 +141,10 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("does not match"), "{err}");
-    assert!(out.stdout.is_empty());
+    // --json: one line saying so, for the fleet's table.
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(line["ok"], false, "{line}");
+    assert_eq!(line["exit"], 10, "{line}");
     assert_same(&dst_before, &snapshot(tb.host_venv_dir(1)), "a refused bundle changed the venv");
     assert!(leftovers(&tb, 1).is_empty());
 
@@ -174,4 +178,107 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(gen_id), "{out:?}");
     ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
     assert_same(&dst_before, &snapshot(tb.host_venv_dir(1)), "rollback after a bundle apply");
+}
+
+/// The documented jq line (docs/fleet.md "Bundles"): pdsh's `host: {json}`
+/// lines as a table, one tab-separated row per host.
+pub const JQ_TABLE: &str = r#"capture("^(?<host>[^:]+): (?<doc>[{].*)$") | (.doc | fromjson) as $r | [.host, (if $r.ok then "ok" else "FAILED" end), ($r.generation // "-"), ($r.changes // 0), ($r.error // "")] | @tsv"#;
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
+    for tool in ["pdsh", "pdcp", "jq"] {
+        assert!(
+            std::process::Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .output()
+                .unwrap()
+                .status
+                .success(),
+            "{tool} is not installed (.ci/run installs it: apt-get install pdsh jq)"
+        );
+    }
+    let tb = Testbed::new(3);
+    tb.write_manifest(SETS);
+    let stack = pack(&tb, "stack.ovl");
+    // dst2's venv is broken (no site-packages): its row says so, dst goes on.
+    fs::rename(
+        tb.host_venv_dir(2).join("lib"),
+        tb.host_venv_dir(2).join("lib.away"),
+    )
+    .unwrap();
+    let dst_before = snapshot(tb.host_venv_dir(1));
+
+    // pdsh runs the system ssh: the testbed's config, key and known_hosts,
+    // host keys checked.
+    let ssh = tb.client.join(".ssh");
+    let ssh_args = format!(
+        "-F {} -o UserKnownHostsFile={} -o StrictHostKeyChecking=yes -i {} -o IdentitiesOnly=yes -o BatchMode=yes -l%u %h",
+        ssh.join("config").display(),
+        ssh.join("known_hosts").display(),
+        ssh.join("id_ed25519").display()
+    );
+    let pd = |tool: &str, args: &[&str]| {
+        let mut c = std::process::Command::new(tool);
+        c.args(["-R", "ssh", "-w", "dst,dst[2-2]"])
+            .args(args)
+            .env("PDSH_SSH_ARGS", &ssh_args)
+            .env("HOME", &tb.client)
+            .env_remove("SSH_AUTH_SOCK")
+            .env_remove("PDSH_RCMD_TYPE")
+            .current_dir(&tb.work)
+            .stdin(std::process::Stdio::null());
+        c.output().unwrap()
+    };
+    // The static binary and the bundle, to every host's /root.
+    let bin = env!("CARGO_BIN_EXE_overlay");
+    ok(pd("pdcp", &["-p", bin, stack.to_str().unwrap(), "/root/"]), "pdcp");
+    for i in [1, 2] {
+        let home = tb.host_dir(i).join("root");
+        assert_eq!(fs::read(home.join("stack.ovl")).unwrap(), fs::read(&stack).unwrap());
+        assert!(home.join("overlay").is_file());
+    }
+    let out = pd(
+        "pdsh",
+        &["/root/overlay apply --bundle /root/stack.ovl --venv /root/venv --json"],
+    );
+    let lines = String::from_utf8_lossy(&out.stdout).into_owned();
+    let table = std::process::Command::new("jq")
+        .args(["-rR", JQ_TABLE])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write as _;
+            c.stdin.take().unwrap().write_all(lines.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    let table = String::from_utf8_lossy(&ok(table, "jq").stdout).into_owned();
+    let mut rows: Vec<Vec<&str>> = table.lines().map(|l| l.split('\t').collect()).collect();
+    rows.sort();
+    assert_eq!(rows.len(), 2, "{table}\n--- pdsh\n{lines}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(&rows[0][..2], ["dst", "ok"], "{table}");
+    assert!(rows[0][3].parse::<u64>().unwrap() > 10, "{table}");
+    assert_eq!(&rows[1][..2], ["dst2", "FAILED"], "{table}");
+    assert!(rows[1][4].contains("site-packages"), "{table}");
+
+    // dst equals a live apply of the same sets (onto dst2, repaired).
+    fs::rename(
+        tb.host_venv_dir(2).join("lib.away"),
+        tb.host_venv_dir(2).join("lib"),
+    )
+    .unwrap();
+    ok(tb.overlay(&["plan", "src", "dst2"]).output().unwrap(), "plan");
+    ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
+    assert_same(
+        &snapshot(tb.host_venv_dir(2)),
+        &snapshot(tb.host_venv_dir(1)),
+        "pdsh bundle apply vs live apply",
+    );
+    ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
+    assert_same(&dst_before, &snapshot(tb.host_venv_dir(1)), "rollback after pdsh");
 }

@@ -102,25 +102,47 @@ fn run_bundle(
         verify: args.verify,
         rollback_on_failure: args.rollback_on_failure,
     };
-    match apply_bundle(&opts, &console)? {
+    let done = match apply_bundle(&opts, &console) {
+        Ok(done) => done,
+        Err(e) => {
+            // One line for the fleet's table too; the error itself on stderr.
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "ok": false,
+                        "venv": venv,
+                        "error": e.to_string(),
+                        "exit": e.kind.exit_code(),
+                    })
+                );
+            }
+            return Err(e);
+        }
+    };
+    match done {
         ApplyReport::Applied(applied) => {
             if !applied.rolled_back {
                 console.status(&backup_line(&applied));
             }
+            let ok = applied.verified != Some(false);
             if args.json {
-                println!("{}", serde_json::to_string(&applied).expect("serializes"));
+                let mut doc = serde_json::to_value(&applied).expect("serializes");
+                doc["ok"] = ok.into();
+                doc["venv"] = venv.into();
+                println!("{doc}");
             }
-            Ok(if applied.verified == Some(false) {
-                ErrorKind::VerifyFailed.exit_code()
-            } else {
+            Ok(if ok {
                 EXIT_OK
+            } else {
+                ErrorKind::VerifyFailed.exit_code()
             })
         }
         ApplyReport::NothingToApply { .. } | ApplyReport::Resumed { .. } => {
             if args.json {
                 println!(
                     "{}",
-                    serde_json::json!({ "generation": null, "changes": 0 })
+                    serde_json::json!({ "ok": true, "venv": venv, "generation": null, "changes": 0 })
                 );
             }
             console.status(&format!(
