@@ -164,12 +164,7 @@ pub fn write(stage: &Path, index: &BundleIndex, out: &Path) -> Result<Packed> {
     let body = sink.count;
     let digest = sink.hasher.finalize();
     let mut w = sink.inner;
-    w.write_all(&SKIPPABLE_MAGIC.to_le_bytes()).map_err(io)?;
-    w.write_all(&((TRAILER - 8) as u32).to_le_bytes())
-        .map_err(io)?;
-    w.write_all(TAG).map_err(io)?;
-    w.write_all(digest.as_bytes()).map_err(io)?;
-    w.write_all(&body.to_le_bytes()).map_err(io)?;
+    w.write_all(&trailer(&digest, body)).map_err(io)?;
     let f = w.into_inner().map_err(|e| io(e.into_error()))?;
     f.sync_all().map_err(io)?;
     tmp.persist(out).map_err(|e| io(e.error))?;
@@ -177,6 +172,17 @@ pub fn write(stage: &Path, index: &BundleIndex, out: &Path) -> Result<Packed> {
         bytes: body + TRAILER,
         blake3: digest.to_hex().to_string(),
     })
+}
+
+/// The trailer after `body` bytes whose BLAKE3 is `digest`.
+fn trailer(digest: &blake3::Hash, body: u64) -> Vec<u8> {
+    let mut t = Vec::with_capacity(TRAILER as usize);
+    t.extend_from_slice(&SKIPPABLE_MAGIC.to_le_bytes());
+    t.extend_from_slice(&((TRAILER - 8) as u32).to_le_bytes());
+    t.extend_from_slice(TAG);
+    t.extend_from_slice(digest.as_bytes());
+    t.extend_from_slice(&body.to_le_bytes());
+    t
 }
 
 /// A reader that hashes and counts what it reads.
@@ -565,4 +571,207 @@ fn check_index(index: &BundleIndex) -> std::result::Result<(), String> {
         last = Some(path);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SITE: &str = "lib/python3.11/site-packages";
+
+    fn file(path: &str, bytes: &[u8], mode: u32) -> BundleEntry {
+        BundleEntry {
+            path: path.into(),
+            kind: BundleKind::File {
+                size: bytes.len() as u64,
+                mode,
+                blake3: blake3::hash(bytes).to_hex().to_string(),
+            },
+            owner: Some("pkg".into()),
+        }
+    }
+
+    fn dir(path: &str) -> BundleEntry {
+        BundleEntry {
+            path: path.into(),
+            kind: BundleKind::Dir { mode: 0o755 },
+            owner: None,
+        }
+    }
+
+    /// A staged folder and its index: a module, a script, a symlink.
+    fn staged(root: &Path) -> BundleIndex {
+        let script = b"#!/src/venv/bin/python\nprint(1)\n";
+        std::fs::create_dir_all(root.join(SITE).join("pkg")).unwrap();
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::write(root.join(SITE).join("pkg/__init__.py"), b"x = 1\n").unwrap();
+        std::fs::write(root.join("bin/tool"), script).unwrap();
+        std::os::unix::fs::symlink("tool", root.join("bin/tool2")).unwrap();
+        let mut entries = vec![
+            dir("bin"),
+            file("bin/tool", script, 0o755),
+            BundleEntry {
+                path: "bin/tool2".into(),
+                kind: BundleKind::Symlink {
+                    target: "tool".into(),
+                },
+                owner: None,
+            },
+            dir("lib"),
+            dir("lib/python3.11"),
+            dir(SITE),
+            dir(&format!("{SITE}/pkg")),
+            file(&format!("{SITE}/pkg/__init__.py"), b"x = 1\n", 0o644),
+        ];
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        BundleIndex {
+            format: BUNDLE_FORMAT,
+            python: "3.11".into(),
+            site_packages: SITE.into(),
+            source_host: "src".into(),
+            source_venv: "/src/venv".into(),
+            manifest: "[sets.pkg]\ndists = [\"pkg\"]\n".into(),
+            sets: vec!["pkg".into()],
+            dists: Vec::new(),
+            entries,
+        }
+    }
+
+    /// A body (zstd tar) sealed with a correct trailer: valid to
+    /// [`Bundle::open`]'s whole-file check, whatever it holds.
+    fn sealed(t: &Path, name: &str, build: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> PathBuf {
+        let mut b = tar::Builder::new(Vec::new());
+        build(&mut b);
+        let tar = b.into_inner().unwrap();
+        let mut body = zstd::encode_all(tar.as_slice(), 3).unwrap();
+        let t_bytes = trailer(&blake3::hash(&body), body.len() as u64);
+        body.extend_from_slice(&t_bytes);
+        let p = t.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    fn add_index(b: &mut tar::Builder<Vec<u8>>, index: &BundleIndex) {
+        let json = serde_json::to_vec(index).unwrap();
+        let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
+        b.append_data(&mut h, INDEX_NAME, json.as_slice()).unwrap();
+    }
+
+    #[test]
+    fn the_same_files_give_the_same_bytes_and_unpack_exactly() {
+        let t = tempfile::tempdir().unwrap();
+        let index = staged(&t.path().join("stage"));
+        let a = write(&t.path().join("stage"), &index, &t.path().join("a.ovl")).unwrap();
+        let b = write(&t.path().join("stage"), &index, &t.path().join("b.ovl")).unwrap();
+        assert_eq!(a.blake3, b.blake3);
+        assert_eq!(
+            std::fs::read(t.path().join("a.ovl")).unwrap(),
+            std::fs::read(t.path().join("b.ovl")).unwrap()
+        );
+        let opened = Bundle::open(&t.path().join("a.ovl")).unwrap();
+        assert_eq!(opened.index, index);
+        let out = t.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let rw = ShebangRewrite {
+            from: "/src/venv".into(),
+            to: "/here".into(),
+        };
+        opened.extract(&out, Some(&rw)).unwrap();
+        assert_eq!(
+            std::fs::read(out.join(SITE).join("pkg/__init__.py")).unwrap(),
+            b"x = 1\n"
+        );
+        assert_eq!(
+            std::fs::read(out.join("bin/tool")).unwrap(),
+            b"#!/here/bin/python\nprint(1)\n"
+        );
+        assert_eq!(
+            std::fs::read_link(out.join("bin/tool2")).unwrap(),
+            Path::new("tool")
+        );
+    }
+
+    #[test]
+    fn a_cut_or_altered_bundle_is_refused_before_it_is_read() {
+        let t = tempfile::tempdir().unwrap();
+        let index = staged(&t.path().join("stage"));
+        let p = t.path().join("a.ovl");
+        write(&t.path().join("stage"), &index, &p).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
+            std::fs::write(&p, &bytes[..cut]).unwrap();
+            let e = Bundle::open(&p).unwrap_err();
+            assert!(e.message.contains("truncated or damaged"), "{cut}: {e:?}");
+        }
+        for at in [0, bytes.len() / 3, bytes.len() - 30, bytes.len() - 3] {
+            let mut bad = bytes.clone();
+            bad[at] ^= 1;
+            std::fs::write(&p, &bad).unwrap();
+            let e = Bundle::open(&p).unwrap_err();
+            assert!(e.message.contains("truncated or damaged"), "{at}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn a_sealed_but_hostile_bundle_is_refused_by_the_unpacker() {
+        let t = tempfile::tempdir().unwrap();
+        let mut index = staged(&t.path().join("stage"));
+        let unpack = |p: &Path| -> Error {
+            let out = tempfile::tempdir().unwrap();
+            match Bundle::open(p) {
+                Ok(b) => b.extract(out.path(), None).unwrap_err(),
+                Err(e) => e,
+            }
+        };
+        // A member the index does not name.
+        index.entries.truncate(1);
+        let p = sealed(t.path(), "extra.ovl", |b| {
+            add_index(b, &index);
+            let mut h = header(tar::EntryType::Directory, 0o755, 0);
+            b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
+            let mut h = header(tar::EntryType::Regular, 0o644, 3);
+            b.append_data(&mut h, "venv/etc/x", &b"bad"[..]).unwrap();
+        });
+        assert!(unpack(&p).message.contains("not in the index"));
+        // A file longer than the index says.
+        let script = b"#!/src/venv/bin/python\nprint(1)\n";
+        index.entries = vec![dir("bin"), file("bin/tool", script, 0o755)];
+        let p = sealed(t.path(), "size.ovl", |b| {
+            add_index(b, &index);
+            let mut h = header(tar::EntryType::Directory, 0o755, 0);
+            b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
+            let mut h = header(tar::EntryType::Regular, 0o755, 4096);
+            b.append_data(&mut h, "venv/bin/tool", &[0u8; 4096][..]).unwrap();
+        });
+        assert!(unpack(&p).message.contains("not the index's file"));
+        // The right size, other bytes.
+        let p = sealed(t.path(), "bytes.ovl", |b| {
+            add_index(b, &index);
+            let mut h = header(tar::EntryType::Directory, 0o755, 0);
+            b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
+            let mut h = header(tar::EntryType::Regular, 0o755, script.len() as u64);
+            b.append_data(&mut h, "venv/bin/tool", &[b'#'; 32][..]).unwrap();
+        });
+        assert!(unpack(&p).message.contains("do not match its hash"));
+        // A long name past the limit is refused, not read into memory.
+        let p = sealed(t.path(), "long.ovl", |b| {
+            add_index(b, &index);
+            let mut h = header(tar::EntryType::Regular, 0o644, 0);
+            b.append_data(&mut h, "venv/".to_string() + &"a/".repeat(3000), io::empty())
+                .unwrap();
+        });
+        assert!(unpack(&p).message.contains("a name of"));
+        // An index path that leaves the venv, or names overlay's state.
+        for bad in ["../etc/passwd", "/etc/passwd", ".overlay/journal", "a//b"] {
+            index.entries = vec![file(bad, b"x", 0o644)];
+            let p = sealed(t.path(), "path.ovl", |b| add_index(b, &index));
+            assert!(unpack(&p).message.contains("its index: path"), "{bad}");
+        }
+        // Not the first member.
+        let p = sealed(t.path(), "noindex.ovl", |b| {
+            let mut h = header(tar::EntryType::Regular, 0o644, 1);
+            b.append_data(&mut h, "venv/x", &b"x"[..]).unwrap();
+        });
+        assert!(unpack(&p).message.contains("first member"));
+    }
 }
