@@ -304,7 +304,7 @@ impl Bundle {
     }
 
     /// Write the bundle's entries beneath `dest` (an empty directory),
-    /// checking each against the index; scripts under `bin/` whose shebang
+    /// checking each against the index (modes masked to `0o777`); scripts under `bin/` whose shebang
     /// names `shebang.from` get `shebang.to` instead, as the stream does.
     pub fn extract(&self, dest: &Path, shebang: Option<&ShebangRewrite>) -> Result<()> {
         let out = Beneath::open(dest).map_err(|e| {
@@ -380,7 +380,7 @@ impl Bundle {
                         count: 0,
                     };
                     let f = out
-                        .create_new(&e.path, mode & 0o7777)
+                        .create_new(&e.path, mode & 0o777)
                         .map_err(|err| wr(&e.path, err))?;
                     let mut w = BufWriter::with_capacity(1 << 20, f);
                     match shebang.filter(|_| small_script) {
@@ -396,8 +396,9 @@ impl Bundle {
                     }
                     let f = w.into_inner().map_err(|err| wr(&e.path, err.into_error()))?;
                     // The mode again: create_new's is masked by the umask.
+                    // No setuid or setgid from a bundle (as from a stream).
                     f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
-                        mode & 0o7777,
+                        mode & 0o777,
                     ))
                     .map_err(|err| wr(&e.path, err))?;
                     if reader.count != size || reader.hasher.finalize().to_hex().as_str() != blake3
@@ -413,7 +414,7 @@ impl Bundle {
             return Err(self.bad(&format!("member {name:?} is not in the index")));
         }
         for (rel, mode) in dirs.into_iter().rev() {
-            out.set_dir_mode(rel, mode & 0o7777)
+            out.set_dir_mode(rel, mode & 0o777)
                 .map_err(|err| wr(rel, err))?;
         }
         Ok(())
