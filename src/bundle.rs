@@ -139,7 +139,11 @@ pub fn write(stage: &Path, index: &BundleIndex, out: &Path) -> Result<Packed> {
                 }
                 BundleKind::File { size, mode, blake3 } => {
                     let f = src.open_read(&e.path).map_err(|err| {
-                        failed(&format!("{}: {}", stage.join(&e.path).display(), io_cause(&err)))
+                        failed(&format!(
+                            "{}: {}",
+                            stage.join(&e.path).display(),
+                            io_cause(&err)
+                        ))
                     })?;
                     let mut reader = Checked {
                         inner: f.take(*size),
@@ -232,10 +236,7 @@ impl Bundle {
                 io_cause(&e)
             )
         })?;
-        let len = f
-            .metadata()
-            .map_err(|e| damaged(&io_cause(&e)))?
-            .len();
+        let len = f.metadata().map_err(|e| damaged(&io_cause(&e)))?.len();
         if len < TRAILER {
             return Err(damaged(&format!("{len} bytes, shorter than its trailer")));
         }
@@ -258,8 +259,8 @@ impl Bundle {
         f.seek(SeekFrom::Start(0))
             .map_err(|e| damaged(&io_cause(&e)))?;
         let mut hasher = blake3::Hasher::new();
-        let copied = io::copy(&mut (&mut f).take(body), &mut hasher)
-            .map_err(|e| damaged(&io_cause(&e)))?;
+        let copied =
+            io::copy(&mut (&mut f).take(body), &mut hasher).map_err(|e| damaged(&io_cause(&e)))?;
         let digest = hasher.finalize();
         if copied != body || digest.as_bytes()[..] != t[16..48] {
             return Err(damaged("its BLAKE3 does not match the one in its trailer"));
@@ -394,13 +395,13 @@ impl Bundle {
                             io::copy(&mut reader, &mut w).map_err(|err| wr(&e.path, err))?;
                         }
                     }
-                    let f = w.into_inner().map_err(|err| wr(&e.path, err.into_error()))?;
+                    let f = w
+                        .into_inner()
+                        .map_err(|err| wr(&e.path, err.into_error()))?;
                     // The mode again: create_new's is masked by the umask.
                     // No setuid or setgid from a bundle (as from a stream).
-                    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
-                        mode & 0o777,
-                    ))
-                    .map_err(|err| wr(&e.path, err))?;
+                    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))
+                        .map_err(|err| wr(&e.path, err))?;
                     if reader.count != size || reader.hasher.finalize().to_hex().as_str() != blake3
                     {
                         return Err(self.bad(&format!(
@@ -440,13 +441,20 @@ fn read_index(entries: &mut tar::Entries<'_, Box<dyn Read>>, shown: &str) -> Res
     let (name, _, entry) =
         next_member(entries, shown)?.ok_or_else(|| bad(shown, &"it is empty"))?;
     if name != INDEX_NAME {
-        return Err(bad(shown, &format!("its first member is {name:?}, not {INDEX_NAME}")));
+        return Err(bad(
+            shown,
+            &format!("its first member is {name:?}, not {INDEX_NAME}"),
+        ));
     }
     let size = entry.header().size().map_err(|e| bad(shown, &e))?;
     if size > INDEX_LIMIT {
-        return Err(bad(shown, &format!("its index has {size} bytes, more than {INDEX_LIMIT}")));
+        return Err(bad(
+            shown,
+            &format!("its index has {size} bytes, more than {INDEX_LIMIT}"),
+        ));
     }
-    let mut json = Vec::with_capacity(size as usize);
+    // Grown as it arrives: a header's size alone reserves little.
+    let mut json = Vec::with_capacity(size.min(1 << 20) as usize);
     entry
         .take(size)
         .read_to_end(&mut json)
@@ -537,7 +545,10 @@ fn next_member<'a>(
 /// inside the venv (none in overlay's state folder), sane Python minor.
 fn check_index(index: &BundleIndex) -> std::result::Result<(), String> {
     if index.format != BUNDLE_FORMAT {
-        return Err(format!("format {} (this overlay reads {BUNDLE_FORMAT})", index.format));
+        return Err(format!(
+            "format {} (this overlay reads {BUNDLE_FORMAT})",
+            index.format
+        ));
     }
     let minor_ok = index.python.split_once('.').is_some_and(|(a, b)| {
         !a.is_empty()
@@ -742,7 +753,8 @@ mod tests {
             let mut h = header(tar::EntryType::Directory, 0o755, 0);
             b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
             let mut h = header(tar::EntryType::Regular, 0o755, 4096);
-            b.append_data(&mut h, "venv/bin/tool", &[0u8; 4096][..]).unwrap();
+            b.append_data(&mut h, "venv/bin/tool", &[0u8; 4096][..])
+                .unwrap();
         });
         assert!(unpack(&p).message.contains("not the index's file"));
         // The right size, other bytes.
@@ -751,15 +763,20 @@ mod tests {
             let mut h = header(tar::EntryType::Directory, 0o755, 0);
             b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
             let mut h = header(tar::EntryType::Regular, 0o755, script.len() as u64);
-            b.append_data(&mut h, "venv/bin/tool", &[b'#'; 32][..]).unwrap();
+            b.append_data(&mut h, "venv/bin/tool", &[b'#'; 32][..])
+                .unwrap();
         });
         assert!(unpack(&p).message.contains("do not match its hash"));
         // A long name past the limit is refused, not read into memory.
         let p = sealed(t.path(), "long.ovl", |b| {
             add_index(b, &index);
             let mut h = header(tar::EntryType::Regular, 0o644, 0);
-            b.append_data(&mut h, "venv/".to_string() + &"a/".repeat(3000), io::empty())
-                .unwrap();
+            b.append_data(
+                &mut h,
+                "venv/".to_string() + &"a/".repeat(3000),
+                io::empty(),
+            )
+            .unwrap();
         });
         assert!(unpack(&p).message.contains("a name of"));
         // An index path that leaves the venv, or names overlay's state.

@@ -102,6 +102,7 @@ pub enum Command {
     /// Write the sets of a live source into one bundle file, for
     /// `overlay apply --bundle FILE --venv PATH` on hosts the controller
     /// does not reach live (docs/pack.md).
+    #[command(after_help = PACK_EXAMPLES)]
     Pack(PackArgs),
 
     /// Restore the target to its state before a generation, byte for byte.
@@ -405,7 +406,9 @@ Examples:
   Only the torch set, listing every changed path:
     overlay plan ct129 ct200 --set torch -v
   A plan of its own for a second target, applied by its name:
-    overlay plan ct129 ct201 -o ct201.json && overlay apply ct201.json";
+    overlay plan ct129 ct201 -o ct201.json && overlay apply ct201.json
+  On a host itself, what a bundle from `overlay pack` would change in its venv:
+    overlay plan --bundle /var/tmp/stack.ovl --venv /root/venv";
 
 const APPLY_EXAMPLES: &str = "\
 Examples:
@@ -417,6 +420,14 @@ Examples:
     overlay apply --direct --compress 3
   Send through this machine although the manifest says route = \"direct\":
     overlay apply --relay";
+
+const PACK_EXAMPLES: &str = "\
+Examples:
+  Pack every set of the manifest from ct129 into one file:
+    overlay pack ct129 -o stack.ovl
+  Only torch and its CUDA wheels; the result as one JSON line:
+    overlay pack ct129 --set torch --set nvidia-cu13 -o torch.ovl --json
+(Then, on each host: overlay apply --bundle FILE --venv PATH; docs/fleet.md)";
 
 const ROLLBACK_EXAMPLES: &str = "\
 Examples:

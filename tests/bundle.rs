@@ -111,23 +111,42 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
     let dst_before = snapshot(tb.host_venv_dir(1));
 
     // plan --bundle: read-only, shows the changes.
-    let out = on_host(&tb, 1, &format!("plan --bundle {} --venv /root/venv --check", a.display()));
+    let out = on_host(
+        &tb,
+        1,
+        &format!("plan --bundle {} --venv /root/venv --check", a.display()),
+    );
     assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("minitorch"), "{out:?}");
-    assert_same(&dst_before, &snapshot(tb.host_venv_dir(1)), "plan --bundle changed the venv");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("minitorch"),
+        "{out:?}"
+    );
+    assert_same(
+        &dst_before,
+        &snapshot(tb.host_venv_dir(1)),
+        "plan --bundle changed the venv",
+    );
     assert!(leftovers(&tb, 1).is_empty());
 
     // Another Python minor, a truncated and a tampered bundle: refused,
     // nothing changed, nothing left behind.
     let py312 = other_python_bundle(&tb.work);
-    let out = on_host(&tb, 1, &format!("apply --bundle {} --venv /root/venv", py312.display()));
+    let out = on_host(
+        &tb,
+        1,
+        &format!("apply --bundle {} --venv /root/venv", py312.display()),
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("Python 3.12") && err.contains("3.11"), "{err}");
     assert_eq!(out.status.code(), Some(8), "refused: {err}");
     let cut = tb.work.join("cut.ovl");
     fs::write(&cut, &ba[..ba.len() - 100]).unwrap();
-    let out = on_host(&tb, 1, &format!("apply --bundle {} --venv /root/venv", cut.display()));
+    let out = on_host(
+        &tb,
+        1,
+        &format!("apply --bundle {} --venv /root/venv", cut.display()),
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("truncated or damaged"), "{err}");
@@ -137,7 +156,14 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
     bad[mid] ^= 0x40;
     let tampered = tb.work.join("tampered.ovl");
     fs::write(&tampered, &bad).unwrap();
-    let out = on_host(&tb, 1, &format!("apply --bundle {} --venv /root/venv --json", tampered.display()));
+    let out = on_host(
+        &tb,
+        1,
+        &format!(
+            "apply --bundle {} --venv /root/venv --json",
+            tampered.display()
+        ),
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("does not match"), "{err}");
@@ -145,14 +171,21 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
     let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(line["ok"], false, "{line}");
     assert_eq!(line["exit"], 10, "{line}");
-    assert_same(&dst_before, &snapshot(tb.host_venv_dir(1)), "a refused bundle changed the venv");
+    assert_same(
+        &dst_before,
+        &snapshot(tb.host_venv_dir(1)),
+        "a refused bundle changed the venv",
+    );
     assert!(leftovers(&tb, 1).is_empty());
 
     // The bundle on dst over plain ssh; a live apply of the same sets on dst2.
     let out = on_host(
         &tb,
         1,
-        &format!("apply --bundle {} --venv /root/venv --verify --json", a.display()),
+        &format!(
+            "apply --bundle {} --venv /root/venv --verify --json",
+            a.display()
+        ),
     );
     let out = ok(out, "apply --bundle over ssh");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -161,7 +194,10 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
     assert!(result["generation"].is_string(), "{result}");
     assert_eq!(result["verified"], true, "{result}");
     assert!(leftovers(&tb, 1).is_empty());
-    ok(tb.overlay(&["plan", "src", "dst2"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst2"]).output().unwrap(),
+        "plan",
+    );
     ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
     assert_same(
         &snapshot(tb.host_venv_dir(2)),
@@ -169,15 +205,32 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
         "bundle apply vs live apply",
     );
     // Nothing left to do, by the bundle's own plan.
-    let out = on_host(&tb, 1, &format!("plan --bundle {} --venv /root/venv --check", a.display()));
+    let out = on_host(
+        &tb,
+        1,
+        &format!("plan --bundle {} --venv /root/venv --check", a.display()),
+    );
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 
     // The journal is the ordinary one: history and rollback from the controller.
-    let out = ok(tb.overlay(&["history", "dst", "--json"]).output().unwrap(), "history");
+    let out = ok(
+        tb.overlay(&["history", "dst", "--json"]).output().unwrap(),
+        "history",
+    );
     let gen_id = result["generation"].as_str().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains(gen_id), "{out:?}");
-    ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
-    assert_same(&dst_before, &snapshot(tb.host_venv_dir(1)), "rollback after a bundle apply");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(gen_id),
+        "{out:?}"
+    );
+    ok(
+        tb.overlay(&["rollback", "dst"]).output().unwrap(),
+        "rollback",
+    );
+    assert_same(
+        &dst_before,
+        &snapshot(tb.host_venv_dir(1)),
+        "rollback after a bundle apply",
+    );
 }
 
 /// The documented jq line (docs/fleet.md "Bundles"): pdsh's `host: {json}`
@@ -235,10 +288,16 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
     };
     // The static binary and the bundle, to every host's /root.
     let bin = env!("CARGO_BIN_EXE_overlay");
-    ok(pd("pdcp", &["-p", bin, stack.to_str().unwrap(), "/root/"]), "pdcp");
+    ok(
+        pd("pdcp", &["-p", bin, stack.to_str().unwrap(), "/root/"]),
+        "pdcp",
+    );
     for i in [1, 2] {
         let home = tb.host_dir(i).join("root");
-        assert_eq!(fs::read(home.join("stack.ovl")).unwrap(), fs::read(&stack).unwrap());
+        assert_eq!(
+            fs::read(home.join("stack.ovl")).unwrap(),
+            fs::read(&stack).unwrap()
+        );
         assert!(home.join("overlay").is_file());
     }
     let out = pd(
@@ -260,7 +319,12 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
     let table = String::from_utf8_lossy(&ok(table, "jq").stdout).into_owned();
     let mut rows: Vec<Vec<&str>> = table.lines().map(|l| l.split('\t').collect()).collect();
     rows.sort();
-    assert_eq!(rows.len(), 2, "{table}\n--- pdsh\n{lines}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        rows.len(),
+        2,
+        "{table}\n--- pdsh\n{lines}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(&rows[0][..2], ["dst", "ok"], "{table}");
     assert!(rows[0][3].parse::<u64>().unwrap() > 10, "{table}");
     assert_eq!(&rows[1][..2], ["dst2", "FAILED"], "{table}");
@@ -272,13 +336,23 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
         tb.host_venv_dir(2).join("lib"),
     )
     .unwrap();
-    ok(tb.overlay(&["plan", "src", "dst2"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst2"]).output().unwrap(),
+        "plan",
+    );
     ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
     assert_same(
         &snapshot(tb.host_venv_dir(2)),
         &snapshot(tb.host_venv_dir(1)),
         "pdsh bundle apply vs live apply",
     );
-    ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
-    assert_same(&dst_before, &snapshot(tb.host_venv_dir(1)), "rollback after pdsh");
+    ok(
+        tb.overlay(&["rollback", "dst"]).output().unwrap(),
+        "rollback",
+    );
+    assert_same(
+        &dst_before,
+        &snapshot(tb.host_venv_dir(1)),
+        "rollback after pdsh",
+    );
 }

@@ -123,7 +123,10 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
         h.insert(STAGE_HOST.into(), toml::Value::Table(t));
     }
     let staged_manifest = work_path.join("overlay.toml");
-    write_file(&staged_manifest, &toml::to_string(&table).expect("serializes"))?;
+    write_file(
+        &staged_manifest,
+        &toml::to_string(&table).expect("serializes"),
+    )?;
     let set_names: Vec<String> = sets.iter().map(|s| s.name.clone()).collect();
     let planned = plan(
         &PlanOptions {
@@ -239,9 +242,8 @@ fn index_of(
     src: &crate::manifest::Host,
     back: &ShebangRewrite,
 ) -> Result<BundleIndex> {
-    let fail = |p: &Path, e: &dyn std::fmt::Display| {
-        err!("Cannot read {} to pack it: {e}", p.display())
-    };
+    let fail =
+        |p: &Path, e: &dyn std::fmt::Display| err!("Cannot read {} to pack it: {e}", p.display());
     // RECORD ownership from the folder's own dist-infos.
     let scan = inventory::scan(&stage.to_string_lossy(), &[])?;
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
@@ -271,7 +273,10 @@ fn index_of(
         if rel == STATE_DIR || rel.starts_with(&format!("{STATE_DIR}/")) {
             continue;
         }
-        let meta = e.path().symlink_metadata().map_err(|err| fail(e.path(), &err))?;
+        let meta = e
+            .path()
+            .symlink_metadata()
+            .map_err(|err| fail(e.path(), &err))?;
         use std::os::unix::fs::PermissionsExt;
         let mode = meta.permissions().mode() & 0o7777;
         let kind = if meta.file_type().is_symlink() {
@@ -363,7 +368,8 @@ pub fn unpack(bundle: &Path, venv: &str) -> Result<Unpacked> {
         .tempdir_in(parent)
         .map_err(|e| {
             err!(
-                hint = "the bundle is unpacked beside the venv: make room or give write access there",
+                hint =
+                    "the bundle is unpacked beside the venv: make room or give write access there",
                 "Cannot make a folder in {} to unpack the bundle: {}",
                 parent.display(),
                 io_cause(&e)
