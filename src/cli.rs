@@ -81,6 +81,7 @@ impl GlobalArgs {
             manifest: self.manifest.clone(),
             host: host.clone(),
             plan: plan.to_path_buf(),
+            venv: None,
         }
     }
 }
@@ -346,6 +347,11 @@ pub struct RollbackArgs {
     /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
+
+    /// A venv on this machine instead of a manifest's host, e.g. one that
+    /// `overlay apply --bundle FILE --venv PATH` changed.
+    #[arg(long, value_name = "PATH")]
+    pub venv: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -360,6 +366,11 @@ pub struct HistoryArgs {
     /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
+
+    /// A venv on this machine instead of a manifest's host, e.g. one that
+    /// `overlay apply --bundle FILE --venv PATH` changed.
+    #[arg(long, value_name = "PATH")]
+    pub venv: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -212,7 +212,7 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
     );
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 
-    // The journal is the ordinary one: history and rollback from the controller.
+    // The journal is the ordinary one: history from the controller ...
     let out = ok(
         tb.overlay(&["history", "dst", "--json"]).output().unwrap(),
         "history",
@@ -222,9 +222,18 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
         String::from_utf8_lossy(&out.stdout).contains(gen_id),
         "{out:?}"
     );
+    // ... and on the host itself, with no manifest.
+    let out = ok(
+        on_host(&tb, 1, "history --venv /root/venv --json"),
+        "history --venv",
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(gen_id),
+        "{out:?}"
+    );
     ok(
-        tb.overlay(&["rollback", "dst"]).output().unwrap(),
-        "rollback",
+        on_host(&tb, 1, "rollback --venv /root/venv"),
+        "rollback --venv",
     );
     assert_same(
         &dst_before,

@@ -123,7 +123,18 @@ fn run_bundle(
     match done {
         ApplyReport::Applied(applied) => {
             if !applied.rolled_back {
-                console.status(&backup_line(&applied));
+                let q = overlay::text::shell_quote(venv);
+                console.status(&if applied.backup {
+                    format!(
+                        "Backup: {} in {venv}; undo with `overlay rollback --venv {q}`, list generations with `overlay history --venv {q}`.",
+                        HumanBytes(applied.backup_bytes)
+                    )
+                } else {
+                    format!(
+                        "No backup (--no-backup): `overlay rollback` cannot undo generation {} in {venv}.",
+                        applied.generation
+                    )
+                });
             }
             let ok = applied.verified != Some(false);
             if args.json {

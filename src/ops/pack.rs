@@ -379,11 +379,14 @@ pub fn unpack(bundle: &Path, venv: &str) -> Result<Unpacked> {
     std::fs::create_dir(&stage)
         .map_err(|e| err!("Cannot create {}: {}", stage.display(), io_cause(&e)))?;
     let stage_str = stage.to_string_lossy().into_owned();
+    // Scripts name the venv they go to already (the plan's own rewrite,
+    // from this folder, then finds nothing to do): as the live stream
+    // writes them, and with the source's RECORD hashes when the paths agree.
     b.extract(
         &stage,
         Some(&ShebangRewrite {
             from: b.index.source_venv.clone(),
-            to: stage_str.clone(),
+            to: venv_str.clone(),
         }),
     )?;
     std::fs::create_dir_all(stage.join(&b.index.site_packages))
