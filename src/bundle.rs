@@ -170,6 +170,9 @@ pub fn write(stage: &Path, index: &BundleIndex, out: &Path) -> Result<Packed> {
     let mut w = sink.inner;
     w.write_all(&trailer(&digest, body)).map_err(io)?;
     let f = w.into_inner().map_err(|e| io(e.into_error()))?;
+    // Not secret: readable as any copied file (the temporary one is 0600).
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .map_err(io)?;
     f.sync_all().map_err(io)?;
     tmp.persist(out).map_err(|e| io(e.error))?;
     Ok(Packed {
