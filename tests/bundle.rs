@@ -365,3 +365,127 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
         "rollback after pdsh",
     );
 }
+
+/// The playbook of docs/fleet.md's Ansible form (paths filled in): the
+/// binary and the bundle copied, the apply run, in batches of one that
+/// stop at the first failure.
+const PLAYBOOK: &str = r#"- hosts: fleet
+  serial: 1
+  max_fail_percentage: 0
+  gather_facts: false
+  tasks:
+    - name: overlay binary
+      ansible.builtin.copy: {src: "{{ overlay_bin }}", dest: /root/overlay, mode: "0755"}
+    - name: bundle
+      ansible.builtin.copy: {src: "{{ bundle }}", dest: /root/stack.ovl, mode: "0644"}
+    - name: apply
+      ansible.builtin.command: /root/overlay apply --bundle /root/stack.ovl --venv /root/venv --json
+      register: overlay
+      changed_when: (overlay.stdout | from_json).changes | default(0) > 0
+"#;
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn an_ansible_play_applies_in_batches_and_stops_at_a_failure() {
+    assert!(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v ansible-playbook"])
+            .output()
+            .unwrap()
+            .status
+            .success(),
+        "ansible-playbook is not installed (.ci/run installs ansible-core)"
+    );
+    let tb = Testbed::new(3);
+    tb.write_manifest(SETS);
+    let stack = pack(&tb, "stack.ovl");
+    let before = [snapshot(tb.host_venv_dir(1)), snapshot(tb.host_venv_dir(2))];
+    // dst2 first, and broken: the play stops there, dst is not started.
+    fs::rename(
+        tb.host_venv_dir(2).join("lib"),
+        tb.host_venv_dir(2).join("lib.away"),
+    )
+    .unwrap();
+    let ssh = tb.client.join(".ssh");
+    let inventory = format!(
+        "[fleet]\ndst2\ndst\n\n[fleet:vars]\nansible_user=root\nansible_python_interpreter=/usr/bin/python3\n\
+         ansible_ssh_common_args=-F {} -o UserKnownHostsFile={} -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes -i {}\n",
+        ssh.join("config").display(),
+        ssh.join("known_hosts").display(),
+        ssh.join("id_ed25519").display()
+    );
+    fs::write(tb.work.join("inventory.ini"), inventory).unwrap();
+    fs::write(tb.work.join("play.yml"), PLAYBOOK).unwrap();
+    let play = || {
+        std::process::Command::new("ansible-playbook")
+            .args(["-i", "inventory.ini", "play.yml", "-e"])
+            .arg(format!(
+                "overlay_bin={} bundle={}",
+                env!("CARGO_BIN_EXE_overlay"),
+                stack.display()
+            ))
+            .env("HOME", &tb.client)
+            .env("ANSIBLE_PIPELINING", "1")
+            // No ControlPersist: its socket path under the testbed is too long.
+            .env("ANSIBLE_SSH_ARGS", "-o ControlMaster=no")
+            .env("ANSIBLE_NOCOLOR", "1")
+            .env_remove("SSH_AUTH_SOCK")
+            .current_dir(&tb.work)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = play();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("site-packages"), "{text}");
+    let dst_home = tb.host_dir(1).join("root");
+    assert!(
+        !dst_home.join("stack.ovl").exists(),
+        "dst was started:\n{text}"
+    );
+    assert_same(
+        &before[0],
+        &snapshot(tb.host_venv_dir(1)),
+        "dst after the stop",
+    );
+
+    // Repaired, the play goes through both; each equals a live apply.
+    fs::rename(
+        tb.host_venv_dir(2).join("lib.away"),
+        tb.host_venv_dir(2).join("lib"),
+    )
+    .unwrap();
+    assert_same(
+        &before[1],
+        &snapshot(tb.host_venv_dir(2)),
+        "dst2 after its failure",
+    );
+    let out = play();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("changed=1"), "{text}");
+    let applied = snapshot(tb.host_venv_dir(1));
+    assert_same(&applied, &snapshot(tb.host_venv_dir(2)), "dst vs dst2");
+    ok(
+        tb.overlay(&["rollback", "dst2"]).output().unwrap(),
+        "rollback",
+    );
+    ok(
+        tb.overlay(&["plan", "src", "dst2"]).output().unwrap(),
+        "plan",
+    );
+    ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
+    assert_same(
+        &applied,
+        &snapshot(tb.host_venv_dir(2)),
+        "ansible vs live apply",
+    );
+}
