@@ -201,7 +201,7 @@ pub struct ApplyArgs {
     /// Apply a bundle written by `overlay pack` to the venv given with
     /// --venv, on this host (no manifest, no SSH): plan against its index,
     /// then apply through the journal; `--json` prints one line.
-    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["direct", "relay", "resume"])]
+    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["direct", "relay", "resume", "same_owner"])]
     pub bundle: Option<PathBuf>,
 
     /// With --bundle: the venv on this host.
