@@ -29,9 +29,9 @@ use crate::model::{
 };
 use crate::transport::ConnectOptions;
 
-use super::Observer;
 use super::apply::{ApplyOptions, ApplyReport, apply};
 use super::plan::{PlanOptions, plan, save, select_sets};
+use super::{Meter, Observer, Step};
 
 /// The manifest name of the folder a bundle is unpacked to (the source).
 pub const BUNDLE_HOST: &str = "bundle";
@@ -427,10 +427,65 @@ pub struct BundleApply {
     pub rollback_on_failure: bool,
 }
 
+/// An observer that names the bundle where the plan and apply would name
+/// the files in the unpack folder (gone when the command ends).
+struct Named<'a> {
+    inner: &'a dyn Observer,
+    names: Vec<(String, String)>,
+}
+
+impl Named<'_> {
+    fn fix(&self, line: &str) -> String {
+        let mut out = line.to_string();
+        for (from, to) in &self.names {
+            out = out.replace(from.as_str(), to);
+        }
+        out
+    }
+
+    fn fix_error(&self, mut e: crate::error::Error) -> crate::error::Error {
+        e.message = self.fix(&e.message);
+        e.hint = e.hint.map(|h| self.fix(&h));
+        e
+    }
+}
+
+impl Observer for Named<'_> {
+    fn status(&self, line: &str) {
+        self.inner.status(&self.fix(line));
+    }
+    fn detail(&self, line: &str) {
+        self.inner.detail(&self.fix(line));
+    }
+    fn note(&self, line: &str) {
+        self.inner.note(&self.fix(line));
+    }
+    fn warn(&self, line: &str) {
+        self.inner.warn(&self.fix(line));
+    }
+    fn step(&self, step: Step, on: &str) -> Box<dyn Meter> {
+        self.inner.step(step, on)
+    }
+    fn checked(&self, host: &str, report: &crate::model::VerifyReport, log: &Path) {
+        self.inner.checked(host, report, log);
+    }
+}
+
 /// Plan the unpacked bundle against the venv and apply it through the
 /// journal, as a live local pair.
 pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyReport> {
     let u = unpack(&opts.bundle, &opts.venv)?;
+    let shown = opts.bundle.display().to_string();
+    let obs = &Named {
+        inner: obs,
+        names: vec![
+            (
+                u.work.path().join("plan.json").display().to_string(),
+                shown.clone(),
+            ),
+            (u.manifest.display().to_string(), shown),
+        ],
+    };
     let planned = plan(
         &PlanOptions {
             manifest: u.manifest.clone(),
@@ -441,7 +496,8 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
             connect: ConnectOptions::default(),
         },
         obs,
-    )?;
+    )
+    .map_err(|e| obs.fix_error(e))?;
     planned.closing.wait();
     let plan_file = u.work.path().join("plan.json");
     save(&planned.plan, &plan_file)?;
@@ -464,6 +520,7 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
         },
         obs,
     )
+    .map_err(|e| obs.fix_error(e))
 }
 
 /// Plan the unpacked bundle against the venv (read-only).
