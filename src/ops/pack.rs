@@ -446,6 +446,11 @@ impl Named<'_> {
     fn fix_error(&self, mut e: crate::error::Error) -> crate::error::Error {
         e.message = self.fix(&e.message);
         e.hint = e.hint.map(|h| self.fix(&h));
+        if e.message.ends_with("has no [verify] check") {
+            e.hint = Some(
+                "the bundle carries the [verify] of the manifest it was packed from: pack it again from one with a [verify] table, or apply without --verify".into(),
+            );
+        }
         e
     }
 }
