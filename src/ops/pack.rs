@@ -333,7 +333,7 @@ pub struct Unpacked {
     pub index: BundleIndex,
     /// The bundle's whole-file BLAKE3.
     pub blake3: String,
-    /// The venv, canonical.
+    /// The venv's absolute path (symlinks kept unless it has `..`).
     pub venv: String,
 }
 
@@ -342,14 +342,23 @@ pub struct Unpacked {
 /// bundle leaves nothing behind.
 pub fn unpack(bundle: &Path, venv: &str) -> Result<Unpacked> {
     let b = Bundle::open(bundle)?;
-    let canon = std::fs::canonicalize(venv).map_err(|e| {
+    let cannot = |e: std::io::Error| {
         err!(
             hint = "give the venv's path with --venv",
             "Cannot open the venv {venv}: {}",
             io_cause(&e)
         )
-    })?;
-    let venv_str = canon.to_string_lossy().into_owned();
+    };
+    // Absolute, symlinks kept: scripts name the venv as given, as a
+    // manifest's `venv` would.
+    let given = std::path::absolute(venv).map_err(cannot)?;
+    let canon = std::fs::canonicalize(&given).map_err(cannot)?;
+    let plain = !given
+        .components()
+        .any(|c| matches!(c, std::path::Component::ParentDir));
+    let venv_str = if plain { &given } else { &canon }
+        .to_string_lossy()
+        .into_owned();
     let target = Venv::open(&venv_str)?;
     if target.python != b.index.python {
         return Err(err!(
