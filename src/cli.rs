@@ -81,6 +81,7 @@ impl GlobalArgs {
             manifest: self.manifest.clone(),
             host: host.clone(),
             plan: plan.to_path_buf(),
+            venv: None,
         }
     }
 }
@@ -98,6 +99,12 @@ pub enum Command {
     /// from the source, stage them, and switch them in through a journal.
     #[command(after_help = APPLY_EXAMPLES)]
     Apply(ApplyArgs),
+
+    /// Write the sets of a live source into one bundle file, for
+    /// `overlay apply --bundle FILE --venv PATH` on hosts the controller
+    /// does not reach live (docs/pack.md).
+    #[command(after_help = PACK_EXAMPLES)]
+    Pack(PackArgs),
 
     /// Restore the target to its state before a generation, byte for byte.
     /// Needs only the target host, and the generations' backups.
@@ -143,9 +150,20 @@ pub const DEFAULT_PLAN: &str = ".overlay/plan.json";
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// The host with the working venv (a name from the manifest's [hosts]).
-    pub source: String,
+    #[arg(required_unless_present = "bundle")]
+    pub source: Option<String>,
     /// The host whose venv is to be changed (a name from [hosts]).
-    pub target: String,
+    #[arg(required_unless_present = "bundle")]
+    pub target: Option<String>,
+
+    /// Plan from a bundle written by `overlay pack`, on this host, against
+    /// the venv given with --venv (no manifest, no SSH; read-only).
+    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["source", "target"])]
+    pub bundle: Option<PathBuf>,
+
+    /// With --bundle: the venv on this host.
+    #[arg(long, value_name = "PATH", requires = "bundle")]
+    pub venv: Option<String>,
 
     /// Only these sets (repeatable); default: every set in the manifest.
     #[arg(long = "set", value_name = "NAME")]
@@ -179,6 +197,16 @@ pub struct ApplyArgs {
     /// The plan to carry out, as saved by `overlay plan` (its `-o`).
     #[arg(default_value = ".overlay/plan.json")]
     pub plan: PathBuf,
+
+    /// Apply a bundle written by `overlay pack` to the venv given with
+    /// --venv, on this host (no manifest, no SSH): plan against its index,
+    /// then apply through the journal; `--json` prints one line.
+    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["direct", "relay", "resume", "same_owner"])]
+    pub bundle: Option<PathBuf>,
+
+    /// With --bundle: the venv on this host.
+    #[arg(long, value_name = "PATH", requires = "bundle")]
+    pub venv: Option<String>,
 
     /// Keep the old files so that `overlay rollback` can restore them (the
     /// default; accepted for scripts that pass it).
@@ -281,6 +309,24 @@ pub struct DoctorArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct PackArgs {
+    /// The host with the working venv (a name from the manifest's [hosts]).
+    pub source: String,
+
+    /// Only these sets (repeatable); default: every set in the manifest.
+    #[arg(long = "set", value_name = "NAME")]
+    pub sets: Vec<String>,
+
+    /// The bundle to write (replaced atomically).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub out: PathBuf,
+
+    /// Print the result as one JSON line on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct RollbackArgs {
     /// The target host (default: the target of the last plan).
     pub host: Option<String>,
@@ -301,6 +347,11 @@ pub struct RollbackArgs {
     /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
+
+    /// A venv on this machine instead of a manifest's host, e.g. one that
+    /// `overlay apply --bundle FILE --venv PATH` changed.
+    #[arg(long, value_name = "PATH")]
+    pub venv: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -315,6 +366,11 @@ pub struct HistoryArgs {
     /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
+
+    /// A venv on this machine instead of a manifest's host, e.g. one that
+    /// `overlay apply --bundle FILE --venv PATH` changed.
+    #[arg(long, value_name = "PATH")]
+    pub venv: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -361,7 +417,9 @@ Examples:
   Only the torch set, listing every changed path:
     overlay plan ct129 ct200 --set torch -v
   A plan of its own for a second target, applied by its name:
-    overlay plan ct129 ct201 -o ct201.json && overlay apply ct201.json";
+    overlay plan ct129 ct201 -o ct201.json && overlay apply ct201.json
+  On a host itself, what a bundle from `overlay pack` would change in its venv:
+    overlay plan --bundle /var/tmp/stack.ovl --venv /root/venv";
 
 const APPLY_EXAMPLES: &str = "\
 Examples:
@@ -373,6 +431,14 @@ Examples:
     overlay apply --direct --compress 3
   Send through this machine although the manifest says route = \"direct\":
     overlay apply --relay";
+
+const PACK_EXAMPLES: &str = "\
+Examples:
+  Pack every set of the manifest from ct129 into one file:
+    overlay pack ct129 -o stack.ovl
+  Only torch and its CUDA wheels; the result as one JSON line:
+    overlay pack ct129 --set torch --set nvidia-cu13 -o torch.ovl --json
+(Then, on each host: overlay apply --bundle FILE --venv PATH; docs/fleet.md)";
 
 const ROLLBACK_EXAMPLES: &str = "\
 Examples:

@@ -18,7 +18,8 @@
 //! | | [`plan`] | the set semantics: what to add, replace and delete |
 //! | | [`report`] | the plan as text for people |
 //! | | [`validate`] | the target's own check of a prepare request |
-//! | host side | [`hashcache`] | BLAKE3 digests remembered by file stamp |
+//! | host side | [`bundle`] | the bundle file of `overlay pack`: write, check, unpack |
+//! | | [`hashcache`] | BLAKE3 digests remembered by file stamp |
 //! | | [`inventory`] | finding the venv, scanning dists, stat and hash of paths |
 //! | | [`journal`] | generations: prepare, switch, commit, undo, history, prune |
 //! | | [`stream`] | the file stream: the source's send half, the target's receive half |
@@ -35,6 +36,7 @@
 
 pub mod agent;
 pub mod beneath;
+pub mod bundle;
 pub mod client;
 pub mod doctor;
 pub mod error;

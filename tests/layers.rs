@@ -23,6 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "host side and transport",
         &[
+            "bundle",
             "hashcache",
             "inventory",
             "journal",
@@ -48,6 +49,7 @@ const LAYERS: &[(&str, &[&str])] = &[
 const FORBIDDEN: &[(&[&str], &[&str], &str)] = &[
     (
         &[
+            "bundle",
             "hashcache",
             "inventory",
             "journal",

@@ -13,7 +13,10 @@ use crate::progress::Console;
 
 pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
     let opts = HistoryOptions {
-        host: global.host_choice(&args.host, &args.plan),
+        host: overlay::ops::HostChoice {
+            venv: args.venv.clone(),
+            ..global.host_choice(&args.host, &args.plan)
+        },
         connect: global.connect_options(),
     };
     let found = history(&opts)?;

@@ -9,6 +9,7 @@ pub mod completions;
 pub mod doctor;
 pub mod history;
 pub mod man;
+pub mod pack;
 pub mod plan;
 pub mod prune;
 pub mod rollback;

@@ -12,10 +12,13 @@ use crate::cli::{DEFAULT_PLAN, GlobalArgs, PlanArgs};
 use crate::progress::{self, Console};
 
 pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
+    if let (Some(bundle), Some(venv)) = (&args.bundle, &args.venv) {
+        return run_bundle(global, args, bundle, venv);
+    }
     let opts = PlanOptions {
         manifest: global.manifest.clone(),
-        source: args.source.clone(),
-        target: args.target.clone(),
+        source: args.source.clone().unwrap_or_default(),
+        target: args.target.clone().unwrap_or_default(),
         sets: args.sets.clone(),
         strict: args.strict,
         connect: global.connect_options(),
@@ -53,6 +56,39 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
             "Plan saved to {}; run `{}` to carry it out.",
             text::escape(&args.out.to_string_lossy()),
             text::escape(&apply_command(&args.out))
+        );
+    }
+    Ok(if args.check && plan.has_changes() {
+        EXIT_CHANGES
+    } else {
+        EXIT_OK
+    })
+}
+
+/// `overlay plan --bundle FILE --venv PATH`: the bundle's plan against
+/// the venv on this host, shown and not saved (it names a folder that is
+/// gone when the command ends); `apply --bundle` plans again.
+fn run_bundle(
+    global: &GlobalArgs,
+    args: &PlanArgs,
+    bundle: &std::path::Path,
+    venv: &str,
+) -> Result<u8> {
+    let plan = overlay::ops::pack::plan_bundle(bundle, venv, &Console::new(global))?;
+    if args.json {
+        print!("{}", report::plan_json(&plan));
+    } else {
+        print!(
+            "{}",
+            report::plan_text(&plan, global.verbose > 0, progress::color_stdout())
+        );
+    }
+    print_findings(&plan, global.verbose > 0);
+    if !global.quiet {
+        eprintln!(
+            "Run `overlay apply --bundle {} --venv {}` to carry it out.",
+            text::escape(&text::shell_quote(&bundle.to_string_lossy())),
+            text::escape(&text::shell_quote(venv))
         );
     }
     Ok(if args.check && plan.has_changes() {

@@ -13,7 +13,10 @@ use crate::progress::Console;
 
 pub fn run(global: &GlobalArgs, args: &RollbackArgs) -> Result<u8> {
     let opts = RollbackOptions {
-        host: global.host_choice(&args.host, &args.plan),
+        host: overlay::ops::HostChoice {
+            venv: args.venv.clone(),
+            ..global.host_choice(&args.host, &args.plan)
+        },
         to: args.to.clone(),
         force: args.force,
         connect: global.connect_options(),

@@ -7,6 +7,7 @@
 //! Everything is re-exported flat: `crate::model::Entry`, not
 //! `crate::model::entry::Entry`.
 
+mod bundle;
 mod dist;
 mod doctor;
 mod elf;
@@ -21,6 +22,7 @@ mod set;
 mod stream;
 mod verify;
 
+pub use bundle::*;
 pub use dist::*;
 pub use doctor::*;
 pub use elf::*;

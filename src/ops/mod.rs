@@ -18,6 +18,7 @@
 pub mod apply;
 pub mod doctor;
 pub mod history;
+pub mod pack;
 pub mod plan;
 mod record_note;
 mod relay;
@@ -138,6 +139,9 @@ pub struct HostChoice {
     pub host: Option<String>,
     /// The saved plan.
     pub plan: PathBuf,
+    /// `--venv PATH`: a venv on this machine, with no manifest or plan
+    /// (a host that applied a bundle itself); named `host` or "local".
+    pub venv: Option<String>,
 }
 
 /// A host to connect to.
@@ -153,6 +157,14 @@ pub struct HostRef {
 
 /// The host of `choice`: by manifest name, or else the target of the last plan.
 pub fn resolve(choice: &HostChoice) -> Result<HostRef> {
+    if let Some(venv) = &choice.venv {
+        return Ok(HostRef {
+            name: choice.host.clone().unwrap_or_else(|| "local".into()),
+            endpoint: Endpoint::Local,
+            venv: venv.clone(),
+            sudo: None,
+        });
+    }
     let (manifest, plan) = (&choice.manifest, &choice.plan);
     if (manifest.exists() || !plan.exists())
         && let Some(name) = &choice.host

@@ -1,0 +1,798 @@
+//! Bundles (`overlay pack`, docs/pack.md): one file that carries package
+//! sets to hosts the controller cannot reach live.
+//!
+//! A bundle is a standard zstd-compressed tar followed by a zstd skippable
+//! frame, so `zstd -dc stack.ovl | tar -tv` lists it:
+//!
+//! - the tar's first member is `overlay-bundle.json`, the index
+//!   ([`BundleIndex`]): Python minor, site-packages layout, the packed
+//!   sets, `[verify]` and `[preflight]` (as TOML), the distributions, and
+//!   every entry (path relative to the venv, kind, mode, size, BLAKE3, the
+//!   distribution whose RECORD lists it), sorted by path;
+//! - then one member per entry, in the index's order, named `venv/PATH`:
+//!   each file's bytes once;
+//! - the trailer is a skippable frame (magic `0x184D2A5E`, 48 bytes of
+//!   payload): `OVLBNDL1`, the BLAKE3 of every byte before it, and their
+//!   count (u64 little-endian).
+//!
+//! Deterministic: sorted order, every header with mtime 0, uid and gid 0,
+//! no user or group names, zstd level 3 on one thread, no timestamp of the
+//! run anywhere; the same staged files and index give the same bytes.
+//!
+//! Reading trusts nothing: [`Bundle::open`] checks the trailer's length and
+//! hash over the whole file before it parses anything (a truncated or
+//! altered bundle is refused before anything is written), the index is read
+//! with a size limit, the tar is read raw (GNU long names bounded by
+//! [`PATH_LIMIT`], no PAX), and [`Bundle::extract`] accepts only the members
+//! the index names, in its order, with its sizes, modes and hashes, writing
+//! beneath a fresh directory without following symlinks.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::beneath::{Beneath, normalize};
+use crate::err;
+use crate::error::{Error, Result, io_cause};
+use crate::inventory::rewrite_shebang;
+use crate::model::{BUNDLE_FORMAT, BundleEntry, BundleIndex, BundleKind, ShebangRewrite};
+
+/// The index's member name.
+pub const INDEX_NAME: &str = "overlay-bundle.json";
+/// The largest index read (bytes).
+pub const INDEX_LIMIT: u64 = 256 << 20;
+/// The longest member name or symlink target read (bytes).
+pub const PATH_LIMIT: u64 = 4096;
+/// zstd's largest window a reader accepts (2^27 = 128 MiB).
+const WINDOW_LOG_MAX: u32 = 27;
+/// The zstd level a bundle is written with.
+const LEVEL: i32 = 3;
+/// The trailer: skippable-frame magic, its payload size, tag, hash, length.
+const SKIPPABLE_MAGIC: u32 = 0x184D_2A5E;
+const TAG: &[u8; 8] = b"OVLBNDL1";
+const TRAILER: u64 = 4 + 4 + 8 + 32 + 8;
+
+/// A bundle written: its size and whole-file BLAKE3.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    pub bytes: u64,
+    /// The BLAKE3 of the bytes before the trailer (the trailer's own hash).
+    pub blake3: String,
+}
+
+/// Counts and hashes what passes through to the file.
+struct Hashing<W: Write> {
+    inner: W,
+    hasher: blake3::Hasher,
+    count: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.count += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode & 0o7777);
+    h.set_size(size);
+    h.set_mtime(0);
+    h.set_uid(0);
+    h.set_gid(0);
+    h
+}
+
+/// Write the bundle of `index` to `out` atomically (a temporary file beside
+/// it, renamed over it once complete and synced), taking each file's bytes
+/// from `stage` (a venv-shaped directory holding exactly the index's
+/// entries). Each file is checked against the index as it is read.
+pub fn write(stage: &Path, index: &BundleIndex, out: &Path) -> Result<Packed> {
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let failed = |e: &dyn std::fmt::Display| {
+        err!(
+            hint = "check that the folder exists and has room, or write elsewhere with -o",
+            "Cannot write the bundle {}: {e}",
+            out.display()
+        )
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix(".overlay-pack.")
+        .tempfile_in(&dir)
+        .map_err(|e| failed(&io_cause(&e)))?;
+    let src = Beneath::open(stage).map_err(|e| failed(&io_cause(&e)))?;
+    let file = tmp.as_file().try_clone().map_err(|e| failed(&e))?;
+    let mut sink = Hashing {
+        inner: BufWriter::with_capacity(1 << 20, file),
+        hasher: blake3::Hasher::new(),
+        count: 0,
+    };
+    let io = |e: io::Error| failed(&io_cause(&e));
+    {
+        let enc = zstd::Encoder::new(&mut sink, LEVEL).map_err(io)?;
+        let mut tar = tar::Builder::new(enc);
+        let json = serde_json::to_vec(index).map_err(|e| failed(&e))?;
+        let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
+        tar.append_data(&mut h, INDEX_NAME, json.as_slice())
+            .map_err(io)?;
+        for e in &index.entries {
+            let name = format!("venv/{}", e.path);
+            match &e.kind {
+                BundleKind::Dir { mode } => {
+                    let mut h = header(tar::EntryType::Directory, *mode, 0);
+                    tar.append_data(&mut h, format!("{name}/"), io::empty())
+                        .map_err(io)?;
+                }
+                BundleKind::Symlink { target } => {
+                    let mut h = header(tar::EntryType::Symlink, 0o777, 0);
+                    tar.append_link(&mut h, &name, target).map_err(io)?;
+                }
+                BundleKind::File { size, mode, blake3 } => {
+                    let f = src.open_read(&e.path).map_err(|err| {
+                        failed(&format!(
+                            "{}: {}",
+                            stage.join(&e.path).display(),
+                            io_cause(&err)
+                        ))
+                    })?;
+                    let mut reader = Checked {
+                        inner: f.take(*size),
+                        hasher: blake3::Hasher::new(),
+                        count: 0,
+                    };
+                    let mut h = header(tar::EntryType::Regular, *mode, *size);
+                    tar.append_data(&mut h, &name, &mut reader).map_err(io)?;
+                    if reader.count != *size || reader.hasher.finalize().to_hex().as_str() != blake3
+                    {
+                        return Err(failed(&format!(
+                            "{} changed while it was packed",
+                            stage.join(&e.path).display()
+                        )));
+                    }
+                }
+            }
+        }
+        let enc = tar.into_inner().map_err(io)?;
+        enc.finish().map_err(io)?;
+    }
+    let body = sink.count;
+    let digest = sink.hasher.finalize();
+    let mut w = sink.inner;
+    w.write_all(&trailer(&digest, body)).map_err(io)?;
+    let f = w.into_inner().map_err(|e| io(e.into_error()))?;
+    // Not secret: readable as any copied file (the temporary one is 0600).
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .map_err(io)?;
+    f.sync_all().map_err(io)?;
+    tmp.persist(out).map_err(|e| io(e.error))?;
+    Ok(Packed {
+        bytes: body + TRAILER,
+        blake3: digest.to_hex().to_string(),
+    })
+}
+
+/// The trailer after `body` bytes whose BLAKE3 is `digest`.
+fn trailer(digest: &blake3::Hash, body: u64) -> Vec<u8> {
+    let mut t = Vec::with_capacity(TRAILER as usize);
+    t.extend_from_slice(&SKIPPABLE_MAGIC.to_le_bytes());
+    t.extend_from_slice(&((TRAILER - 8) as u32).to_le_bytes());
+    t.extend_from_slice(TAG);
+    t.extend_from_slice(digest.as_bytes());
+    t.extend_from_slice(&body.to_le_bytes());
+    t
+}
+
+/// A reader that hashes and counts what it reads.
+struct Checked<R: Read> {
+    inner: R,
+    hasher: blake3::Hasher,
+    count: u64,
+}
+
+impl<R: Read> Read for Checked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.count += n as u64;
+        Ok(n)
+    }
+}
+
+/// A bundle whose whole-file hash was checked, with its index read.
+#[derive(Debug)]
+pub struct Bundle {
+    pub path: PathBuf,
+    pub index: BundleIndex,
+    /// The trailer's BLAKE3 (of every byte before it).
+    pub blake3: String,
+    /// Bytes before the trailer.
+    body: u64,
+}
+
+impl Bundle {
+    /// Open `path`: check its trailer and whole-file hash, then read and
+    /// check its index. Nothing is written.
+    pub fn open(path: &Path) -> Result<Bundle> {
+        let shown = path.display().to_string();
+        let damaged = |why: &str| {
+            err!(
+                kind = Protocol,
+                hint = "copy the bundle again (compare `b3sum` or `overlay pack`'s printed hash), or pack it again",
+                "Bundle {shown} is truncated or damaged: {why}"
+            )
+        };
+        let mut f = File::open(path).map_err(|e| {
+            err!(
+                kind = Usage,
+                hint = "give the path of a file written by `overlay pack`",
+                "Cannot open the bundle {shown}: {}",
+                io_cause(&e)
+            )
+        })?;
+        let len = f.metadata().map_err(|e| damaged(&io_cause(&e)))?.len();
+        if len < TRAILER {
+            return Err(damaged(&format!("{len} bytes, shorter than its trailer")));
+        }
+        let mut t = [0u8; TRAILER as usize];
+        f.seek(SeekFrom::Start(len - TRAILER))
+            .and_then(|_| f.read_exact(&mut t))
+            .map_err(|e| damaged(&io_cause(&e)))?;
+        if t[0..4] != SKIPPABLE_MAGIC.to_le_bytes() || &t[8..16] != TAG {
+            return Err(damaged(
+                "it does not end with overlay's trailer (not a bundle, or cut short)",
+            ));
+        }
+        let body = u64::from_le_bytes(t[48..56].try_into().expect("8 bytes"));
+        if body != len - TRAILER {
+            return Err(damaged(&format!(
+                "the trailer counts {body} bytes before it, the file has {}",
+                len - TRAILER
+            )));
+        }
+        f.seek(SeekFrom::Start(0))
+            .map_err(|e| damaged(&io_cause(&e)))?;
+        let mut hasher = blake3::Hasher::new();
+        let copied =
+            io::copy(&mut (&mut f).take(body), &mut hasher).map_err(|e| damaged(&io_cause(&e)))?;
+        let digest = hasher.finalize();
+        if copied != body || digest.as_bytes()[..] != t[16..48] {
+            return Err(damaged("its BLAKE3 does not match the one in its trailer"));
+        }
+        let mut b = Bundle {
+            path: path.to_path_buf(),
+            index: BundleIndex {
+                format: 0,
+                python: String::new(),
+                site_packages: String::new(),
+                source_host: String::new(),
+                source_venv: String::new(),
+                manifest: String::new(),
+                sets: Vec::new(),
+                dists: Vec::new(),
+                entries: Vec::new(),
+            },
+            blake3: digest.to_hex().to_string(),
+            body,
+        };
+        let mut members = b.reader()?;
+        let shown = members.shown.clone();
+        let mut entries = members.archive.entries().map_err(|e| b.bad(&e))?.raw(true);
+        b.index = read_index(&mut entries, &shown)?;
+        Ok(b)
+    }
+
+    fn reader(&self) -> Result<Members> {
+        let f = File::open(&self.path).map_err(|e| self.bad(&io_cause(&e)))?;
+        let take = BufReader::with_capacity(1 << 20, f).take(self.body);
+        let mut dec = zstd::Decoder::with_buffer(take).map_err(|e| self.bad(&e))?;
+        dec.window_log_max(WINDOW_LOG_MAX)
+            .map_err(|e| self.bad(&e))?;
+        Ok(Members {
+            archive: tar::Archive::new(Box::new(dec)),
+            shown: self.path.display().to_string(),
+        })
+    }
+
+    fn bad(&self, why: &dyn std::fmt::Display) -> Error {
+        bad(&self.path.display().to_string(), why)
+    }
+
+    /// Write the bundle's entries beneath `dest` (an empty directory),
+    /// checking each against the index (modes masked to `0o777`); scripts under `bin/` whose shebang
+    /// names `shebang.from` get `shebang.to` instead, as the stream does.
+    pub fn extract(&self, dest: &Path, shebang: Option<&ShebangRewrite>) -> Result<()> {
+        let out = Beneath::open(dest).map_err(|e| {
+            err!(
+                "Cannot open {} to unpack the bundle: {}",
+                dest.display(),
+                io_cause(&e)
+            )
+        })?;
+        let wr = |rel: &str, e: io::Error| {
+            err!(
+                hint = "check the free space and permissions there",
+                "Cannot unpack the bundle into {}: {}",
+                out.shown(rel).display(),
+                io_cause(&e)
+            )
+        };
+        let mut members = self.reader()?;
+        let shown = members.shown.clone();
+        let mut entries = members
+            .archive
+            .entries()
+            .map_err(|e| self.bad(&e))?
+            .raw(true);
+        if read_index(&mut entries, &shown)? != self.index {
+            return Err(self.bad(&"its index changed since it was opened"));
+        }
+        let mut dirs = Vec::new();
+        for e in &self.index.entries {
+            let want = format!("venv/{}", e.path);
+            let (name, link, mut entry) = next_member(&mut entries, &shown)?
+                .ok_or_else(|| self.bad(&format!("it ends before {want}")))?;
+            if name.trim_end_matches('/') != want {
+                return Err(self.bad(&format!("member {name:?} where the index has {want}")));
+            }
+            let ty = entry.header().entry_type();
+            let size = entry.header().size().map_err(|e| self.bad(&e))?;
+            if let Some((parent, _)) = e.path.rsplit_once('/') {
+                out.create_dir_all(parent, 0o755)
+                    .map_err(|err| wr(parent, err))?;
+            }
+            match &e.kind {
+                BundleKind::Dir { mode } => {
+                    if !ty.is_dir() {
+                        return Err(self.bad(&format!("{want} is not a directory")));
+                    }
+                    out.create_dir_all(&e.path, 0o755)
+                        .map_err(|err| wr(&e.path, err))?;
+                    dirs.push((e.path.as_str(), *mode));
+                }
+                BundleKind::Symlink { target } => {
+                    let got = link.unwrap_or_default();
+                    if !ty.is_symlink() || got != *target {
+                        return Err(self.bad(&format!("{want} is not the index's symlink")));
+                    }
+                    out.symlink(target, &e.path)
+                        .map_err(|err| wr(&e.path, err))?;
+                }
+                BundleKind::File {
+                    size: want_size,
+                    mode,
+                    blake3,
+                } => {
+                    if !ty.is_file() || size != *want_size {
+                        return Err(self.bad(&format!(
+                            "{want} is not the index's file of {want_size} bytes"
+                        )));
+                    }
+                    let small_script = e.path.starts_with("bin/") && size < (1 << 20);
+                    let mut reader = Checked {
+                        inner: &mut entry,
+                        hasher: blake3::Hasher::new(),
+                        count: 0,
+                    };
+                    let f = out
+                        .create_new(&e.path, mode & 0o777)
+                        .map_err(|err| wr(&e.path, err))?;
+                    let mut w = BufWriter::with_capacity(1 << 20, f);
+                    match shebang.filter(|_| small_script) {
+                        Some(rw) => {
+                            let mut buf = Vec::with_capacity(size as usize);
+                            reader.read_to_end(&mut buf).map_err(|err| self.bad(&err))?;
+                            let bytes = rewrite_shebang(&buf, rw).unwrap_or(buf);
+                            w.write_all(&bytes).map_err(|err| wr(&e.path, err))?;
+                        }
+                        None => {
+                            io::copy(&mut reader, &mut w).map_err(|err| wr(&e.path, err))?;
+                        }
+                    }
+                    let f = w
+                        .into_inner()
+                        .map_err(|err| wr(&e.path, err.into_error()))?;
+                    // The mode again: create_new's is masked by the umask.
+                    // No setuid or setgid from a bundle (as from a stream).
+                    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))
+                        .map_err(|err| wr(&e.path, err))?;
+                    if reader.count != size || reader.hasher.finalize().to_hex().as_str() != blake3
+                    {
+                        return Err(self.bad(&format!(
+                            "{want}'s bytes do not match its hash in the index"
+                        )));
+                    }
+                }
+            }
+        }
+        if let Some((name, _, _)) = next_member(&mut entries, &shown)? {
+            return Err(self.bad(&format!("member {name:?} is not in the index")));
+        }
+        for (rel, mode) in dirs.into_iter().rev() {
+            out.set_dir_mode(rel, mode & 0o777)
+                .map_err(|err| wr(rel, err))?;
+        }
+        Ok(())
+    }
+}
+
+fn bad(shown: &str, why: &dyn std::fmt::Display) -> Error {
+    err!(
+        kind = Protocol,
+        hint = "this bundle was not written by `overlay pack` as it stands: pack it again",
+        "Bundle {shown} is not valid: {why}"
+    )
+}
+
+/// The archive of a bundle, read raw.
+struct Members {
+    archive: tar::Archive<Box<dyn Read>>,
+    shown: String,
+}
+
+/// Read and check the index, the archive's first member.
+fn read_index(entries: &mut tar::Entries<'_, Box<dyn Read>>, shown: &str) -> Result<BundleIndex> {
+    let (name, _, entry) =
+        next_member(entries, shown)?.ok_or_else(|| bad(shown, &"it is empty"))?;
+    if name != INDEX_NAME {
+        return Err(bad(
+            shown,
+            &format!("its first member is {name:?}, not {INDEX_NAME}"),
+        ));
+    }
+    let size = entry.header().size().map_err(|e| bad(shown, &e))?;
+    if size > INDEX_LIMIT {
+        return Err(bad(
+            shown,
+            &format!("its index has {size} bytes, more than {INDEX_LIMIT}"),
+        ));
+    }
+    // Grown as it arrives: a header's size alone reserves little.
+    let mut json = Vec::with_capacity(size.min(1 << 20) as usize);
+    entry
+        .take(size)
+        .read_to_end(&mut json)
+        .map_err(|e| bad(shown, &e))?;
+    let index: BundleIndex = serde_json::from_slice(&json).map_err(|e| {
+        if serde_json::from_slice::<serde_json::Value>(&json)
+            .ok()
+            .and_then(|v| v.get("format")?.as_u64())
+            .is_some_and(|f| f != u64::from(BUNDLE_FORMAT))
+        {
+            err!(
+                kind = Usage,
+                hint = "pack it again with this overlay, or use the overlay that packed it",
+                "Bundle {shown} has another format than this overlay reads ({BUNDLE_FORMAT})"
+            )
+        } else {
+            bad(shown, &format!("its index: {e}"))
+        }
+    })?;
+    check_index(&index).map_err(|why| bad(shown, &format!("its index: {why}")))?;
+    Ok(index)
+}
+
+/// The next member's name, long link target, and entry; GNU long names
+/// and links are read here, bounded by [`PATH_LIMIT`].
+#[allow(clippy::type_complexity)]
+fn next_member<'a>(
+    entries: &mut tar::Entries<'a, Box<dyn Read>>,
+    shown: &str,
+) -> Result<Option<(String, Option<String>, tar::Entry<'a, Box<dyn Read>>)>> {
+    let (mut long_name, mut long_link) = (None, None);
+    loop {
+        let Some(entry) = entries.next() else {
+            if long_name.is_some() || long_link.is_some() {
+                return Err(bad(shown, &"a long name with no member after it"));
+            }
+            return Ok(None);
+        };
+        let mut entry = entry.map_err(|e| bad(shown, &e))?;
+        let ty = entry.header().entry_type();
+        if ty.is_gnu_longname() || ty.is_gnu_longlink() {
+            let size = entry.header().size().map_err(|e| bad(shown, &e))?;
+            if size > PATH_LIMIT {
+                return Err(bad(shown, &format!("a name of {size} bytes")));
+            }
+            let mut buf = Vec::new();
+            (&mut entry)
+                .take(size)
+                .read_to_end(&mut buf)
+                .map_err(|e| bad(shown, &e))?;
+            while buf.last() == Some(&0) {
+                buf.pop();
+            }
+            let s = String::from_utf8(buf).map_err(|_| bad(shown, &"a name that is not UTF-8"))?;
+            let slot = if ty.is_gnu_longname() {
+                &mut long_name
+            } else {
+                &mut long_link
+            };
+            if slot.replace(s).is_some() {
+                return Err(bad(shown, &"two long names for one member"));
+            }
+            continue;
+        }
+        if ty.is_pax_global_extensions() || ty.is_pax_local_extensions() {
+            return Err(bad(shown, &"a PAX header (overlay writes none)"));
+        }
+        let name = match long_name {
+            Some(n) => n,
+            None => String::from_utf8(entry.path_bytes().into_owned())
+                .map_err(|_| bad(shown, &"a name that is not UTF-8"))?,
+        };
+        let link = match long_link {
+            Some(l) => Some(l),
+            None => match entry.link_name_bytes() {
+                Some(b) => Some(
+                    String::from_utf8(b.into_owned())
+                        .map_err(|_| bad(shown, &"a link that is not UTF-8"))?,
+                ),
+                None => None,
+            },
+        };
+        return Ok(Some((name, link, entry)));
+    }
+}
+
+/// The index's own rules: its format, sorted unique normalized paths
+/// inside the venv (none in overlay's state folder), sane Python minor.
+fn check_index(index: &BundleIndex) -> std::result::Result<(), String> {
+    if index.format != BUNDLE_FORMAT {
+        return Err(format!(
+            "format {} (this overlay reads {BUNDLE_FORMAT})",
+            index.format
+        ));
+    }
+    let minor_ok = index.python.split_once('.').is_some_and(|(a, b)| {
+        !a.is_empty()
+            && !b.is_empty()
+            && a.bytes().all(|c| c.is_ascii_digit())
+            && b.bytes().all(|c| c.is_ascii_digit())
+    });
+    if !minor_ok || index.site_packages != format!("lib/python{}/site-packages", index.python) {
+        return Err(format!(
+            "python {:?} with site-packages {:?}",
+            index.python, index.site_packages
+        ));
+    }
+    let mut last: Option<&str> = None;
+    for BundleEntry { path, kind, .. } in &index.entries {
+        if normalize(path) != Some(path.as_str())
+            || path.is_empty()
+            || path.len() as u64 > PATH_LIMIT
+            || path == ".overlay"
+            || path.starts_with(".overlay/")
+        {
+            return Err(format!("path {path:?}"));
+        }
+        if last.is_some_and(|l| l >= path.as_str()) {
+            return Err(format!("path {path:?} out of order or twice"));
+        }
+        if let BundleKind::Symlink { target } = kind
+            && (target.is_empty() || target.len() as u64 > PATH_LIMIT || target.contains('\0'))
+        {
+            return Err(format!("symlink {path:?}"));
+        }
+        last = Some(path);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SITE: &str = "lib/python3.11/site-packages";
+
+    fn file(path: &str, bytes: &[u8], mode: u32) -> BundleEntry {
+        BundleEntry {
+            path: path.into(),
+            kind: BundleKind::File {
+                size: bytes.len() as u64,
+                mode,
+                blake3: blake3::hash(bytes).to_hex().to_string(),
+            },
+            owner: Some("pkg".into()),
+        }
+    }
+
+    fn dir(path: &str) -> BundleEntry {
+        BundleEntry {
+            path: path.into(),
+            kind: BundleKind::Dir { mode: 0o755 },
+            owner: None,
+        }
+    }
+
+    /// A staged folder and its index: a module, a script, a symlink.
+    fn staged(root: &Path) -> BundleIndex {
+        let script = b"#!/src/venv/bin/python\nprint(1)\n";
+        std::fs::create_dir_all(root.join(SITE).join("pkg")).unwrap();
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::write(root.join(SITE).join("pkg/__init__.py"), b"x = 1\n").unwrap();
+        std::fs::write(root.join("bin/tool"), script).unwrap();
+        std::os::unix::fs::symlink("tool", root.join("bin/tool2")).unwrap();
+        let mut entries = vec![
+            dir("bin"),
+            file("bin/tool", script, 0o755),
+            BundleEntry {
+                path: "bin/tool2".into(),
+                kind: BundleKind::Symlink {
+                    target: "tool".into(),
+                },
+                owner: None,
+            },
+            dir("lib"),
+            dir("lib/python3.11"),
+            dir(SITE),
+            dir(&format!("{SITE}/pkg")),
+            file(&format!("{SITE}/pkg/__init__.py"), b"x = 1\n", 0o644),
+        ];
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        BundleIndex {
+            format: BUNDLE_FORMAT,
+            python: "3.11".into(),
+            site_packages: SITE.into(),
+            source_host: "src".into(),
+            source_venv: "/src/venv".into(),
+            manifest: "[sets.pkg]\ndists = [\"pkg\"]\n".into(),
+            sets: vec!["pkg".into()],
+            dists: Vec::new(),
+            entries,
+        }
+    }
+
+    /// A body (zstd tar) sealed with a correct trailer: valid to
+    /// [`Bundle::open`]'s whole-file check, whatever it holds.
+    fn sealed(t: &Path, name: &str, build: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> PathBuf {
+        let mut b = tar::Builder::new(Vec::new());
+        build(&mut b);
+        let tar = b.into_inner().unwrap();
+        let mut body = zstd::encode_all(tar.as_slice(), 3).unwrap();
+        let t_bytes = trailer(&blake3::hash(&body), body.len() as u64);
+        body.extend_from_slice(&t_bytes);
+        let p = t.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    fn add_index(b: &mut tar::Builder<Vec<u8>>, index: &BundleIndex) {
+        let json = serde_json::to_vec(index).unwrap();
+        let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
+        b.append_data(&mut h, INDEX_NAME, json.as_slice()).unwrap();
+    }
+
+    #[test]
+    fn the_same_files_give_the_same_bytes_and_unpack_exactly() {
+        let t = tempfile::tempdir().unwrap();
+        let index = staged(&t.path().join("stage"));
+        let a = write(&t.path().join("stage"), &index, &t.path().join("a.ovl")).unwrap();
+        let b = write(&t.path().join("stage"), &index, &t.path().join("b.ovl")).unwrap();
+        assert_eq!(a.blake3, b.blake3);
+        assert_eq!(
+            std::fs::read(t.path().join("a.ovl")).unwrap(),
+            std::fs::read(t.path().join("b.ovl")).unwrap()
+        );
+        let opened = Bundle::open(&t.path().join("a.ovl")).unwrap();
+        assert_eq!(opened.index, index);
+        let out = t.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let rw = ShebangRewrite {
+            from: "/src/venv".into(),
+            to: "/here".into(),
+        };
+        opened.extract(&out, Some(&rw)).unwrap();
+        assert_eq!(
+            std::fs::read(out.join(SITE).join("pkg/__init__.py")).unwrap(),
+            b"x = 1\n"
+        );
+        assert_eq!(
+            std::fs::read(out.join("bin/tool")).unwrap(),
+            b"#!/here/bin/python\nprint(1)\n"
+        );
+        assert_eq!(
+            std::fs::read_link(out.join("bin/tool2")).unwrap(),
+            Path::new("tool")
+        );
+    }
+
+    #[test]
+    fn a_cut_or_altered_bundle_is_refused_before_it_is_read() {
+        let t = tempfile::tempdir().unwrap();
+        let index = staged(&t.path().join("stage"));
+        let p = t.path().join("a.ovl");
+        write(&t.path().join("stage"), &index, &p).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
+            std::fs::write(&p, &bytes[..cut]).unwrap();
+            let e = Bundle::open(&p).unwrap_err();
+            assert!(e.message.contains("truncated or damaged"), "{cut}: {e:?}");
+        }
+        for at in [0, bytes.len() / 3, bytes.len() - 30, bytes.len() - 3] {
+            let mut bad = bytes.clone();
+            bad[at] ^= 1;
+            std::fs::write(&p, &bad).unwrap();
+            let e = Bundle::open(&p).unwrap_err();
+            assert!(e.message.contains("truncated or damaged"), "{at}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn a_sealed_but_hostile_bundle_is_refused_by_the_unpacker() {
+        let t = tempfile::tempdir().unwrap();
+        let mut index = staged(&t.path().join("stage"));
+        let unpack = |p: &Path| -> Error {
+            let out = tempfile::tempdir().unwrap();
+            match Bundle::open(p) {
+                Ok(b) => b.extract(out.path(), None).unwrap_err(),
+                Err(e) => e,
+            }
+        };
+        // A member the index does not name.
+        index.entries.truncate(1);
+        let p = sealed(t.path(), "extra.ovl", |b| {
+            add_index(b, &index);
+            let mut h = header(tar::EntryType::Directory, 0o755, 0);
+            b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
+            let mut h = header(tar::EntryType::Regular, 0o644, 3);
+            b.append_data(&mut h, "venv/etc/x", &b"bad"[..]).unwrap();
+        });
+        assert!(unpack(&p).message.contains("not in the index"));
+        // A file longer than the index says.
+        let script = b"#!/src/venv/bin/python\nprint(1)\n";
+        index.entries = vec![dir("bin"), file("bin/tool", script, 0o755)];
+        let p = sealed(t.path(), "size.ovl", |b| {
+            add_index(b, &index);
+            let mut h = header(tar::EntryType::Directory, 0o755, 0);
+            b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
+            let mut h = header(tar::EntryType::Regular, 0o755, 4096);
+            b.append_data(&mut h, "venv/bin/tool", &[0u8; 4096][..])
+                .unwrap();
+        });
+        assert!(unpack(&p).message.contains("not the index's file"));
+        // The right size, other bytes.
+        let p = sealed(t.path(), "bytes.ovl", |b| {
+            add_index(b, &index);
+            let mut h = header(tar::EntryType::Directory, 0o755, 0);
+            b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
+            let mut h = header(tar::EntryType::Regular, 0o755, script.len() as u64);
+            b.append_data(&mut h, "venv/bin/tool", &[b'#'; 32][..])
+                .unwrap();
+        });
+        assert!(unpack(&p).message.contains("do not match its hash"));
+        // A long name past the limit is refused, not read into memory.
+        let p = sealed(t.path(), "long.ovl", |b| {
+            add_index(b, &index);
+            let mut h = header(tar::EntryType::Regular, 0o644, 0);
+            b.append_data(
+                &mut h,
+                "venv/".to_string() + &"a/".repeat(3000),
+                io::empty(),
+            )
+            .unwrap();
+        });
+        assert!(unpack(&p).message.contains("a name of"));
+        // An index path that leaves the venv, or names overlay's state.
+        for bad in ["../etc/passwd", "/etc/passwd", ".overlay/journal", "a//b"] {
+            index.entries = vec![file(bad, b"x", 0o644)];
+            let p = sealed(t.path(), "path.ovl", |b| add_index(b, &index));
+            assert!(unpack(&p).message.contains("its index: path"), "{bad}");
+        }
+        // Not the first member.
+        let p = sealed(t.path(), "noindex.ovl", |b| {
+            let mut h = header(tar::EntryType::Regular, 0o644, 1);
+            b.append_data(&mut h, "venv/x", &b"x"[..]).unwrap();
+        });
+        assert!(unpack(&p).message.contains("first member"));
+    }
+}
