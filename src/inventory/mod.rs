@@ -132,6 +132,48 @@ impl Venv {
         })
     }
 
+    /// Open a source to read from: a venv ([`Venv::open`]), or a folder
+    /// laid out like site-packages named by [`crate::model::folder_venv`]
+    /// (a set's `from`). The folder is its own site-packages (`site_rel`
+    /// is empty, so a RECORD row such as `../../../bin/x` leaves it and is
+    /// refused) and has no interpreter (`python` is empty). Paths in it are
+    /// reached as in a venv: from its fd, never through a symlink.
+    pub fn open_source(root: &str) -> Result<Venv> {
+        let Some(folder) = crate::model::folder_of(root) else {
+            return Venv::open(root);
+        };
+        if !folder.starts_with('/') {
+            return Err(err!(
+                kind = Usage,
+                hint = "a set's `from` names a folder; check it in the manifest",
+                "folder {folder:?} is not an absolute path"
+            ));
+        }
+        match std::fs::metadata(folder) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(err!(
+                    kind = Usage,
+                    hint = "a set's `from` must name a folder laid out like site-packages; check it in the manifest",
+                    "{folder} is not a directory"
+                ));
+            }
+            Err(e) => {
+                return Err(err!(
+                    kind = Usage,
+                    hint = "a set's `from` must name a folder laid out like site-packages; check it in the manifest",
+                    "folder {folder} cannot be read: {}",
+                    io_cause(&e)
+                ));
+            }
+        }
+        Ok(Venv {
+            root: PathBuf::from(folder),
+            site_rel: String::new(),
+            python: String::new(),
+        })
+    }
+
     /// The venv root, opened for fd-relative, no-follow access ([`crate::beneath`]).
     pub fn beneath(&self) -> Result<crate::beneath::Beneath> {
         crate::beneath::Beneath::open(&self.root).map_err(|e| {

@@ -240,7 +240,7 @@ fn glob_base(glob: &str) -> &str {
 
 /// Scan a venv: interpreter, distributions, glob matches.
 pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
-    let venv = Venv::open(venv_root)?;
+    let venv = Venv::open_source(venv_root)?;
     let site = venv.site();
     let rd = std::fs::read_dir(&site).map_err(|e| {
         err!(

@@ -288,8 +288,11 @@ impl<'a> Stager<'a> {
                 Ok(_) => read_exact_stream(input, &mut block[1..], "a header")?,
                 Err(e) => return Err(err!(kind = Connection, "Failed to read the stream: {e}")),
             }
+            // A zero block ends one sender's stream; another sender's may
+            // follow in the same stage (sets from several sources), so
+            // only the end of the input ends the stage.
             let Some(head) = parse_head(&block)? else {
-                break;
+                continue;
             };
             let i = head.index;
             let c = self
