@@ -278,7 +278,9 @@ impl Locator<'_> {
         if value.trim().is_empty() || value.contains('\0') {
             return Err(self.at(
                 span,
-                format!("set {name}: from must name a folder (\"./snapshots/x\" or \"host:/path\")"),
+                format!(
+                    "set {name}: from must name a folder (\"./snapshots/x\" or \"host:/path\")"
+                ),
             ));
         }
         if let Some((host, path)) = value.split_once(':')
@@ -315,6 +317,11 @@ impl Locator<'_> {
             };
             dir.join(p)
         };
+        // `./` parts say nothing; `..` is left for the OS to resolve.
+        let path: PathBuf = path
+            .components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect();
         let Some(path) = path.to_str() else {
             return Err(self.at(span, format!("set {name}: from {value:?} is not UTF-8")));
         };
@@ -693,6 +700,36 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         assert!(e.message.starts_with("m.toml:2:"), "{}", e.message);
         let e = parse("[apply]\nroutes = \"direct\"\n").unwrap_err();
         assert!(e.message.starts_with("m.toml:2:1:"), "{}", e.message);
+    }
+
+    #[test]
+    fn set_from_a_folder_or_a_host() {
+        let m = Manifest::parse(
+            Path::new("/etc/ov/m.toml"),
+            "[hosts.a]\nssh = \"a\"\nvenv = \"/v\"\n[sets.p]\nfrom = \"./snap/x/\"\nfiles = [\"x/*.py\"]\n[sets.q]\nfrom = \"a:/srv/snap\"\ndists = [\"y\"]\n[sets.r]\ndists = [\"z\"]\n",
+        )
+        .unwrap();
+        let p = &m.from["p"];
+        assert_eq!(
+            (p.host.as_deref(), p.path.as_str()),
+            (None, "/etc/ov/snap/x")
+        );
+        assert_eq!(p.at, "/etc/ov/m.toml:5:8");
+        let q = &m.from["q"];
+        assert_eq!(
+            (q.host.as_deref(), q.path.as_str()),
+            (Some("a"), "/srv/snap")
+        );
+        assert!(!m.from.contains_key("r"));
+        let e = parse("[sets.p]\nfrom = \"b:/srv\"\nfiles = [\"x\"]\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:8:"), "{}", e.message);
+        assert!(e.message.contains("host \"b\""), "{}", e.message);
+        let e = parse("[sets.p]\nfrom = \" \"\nfiles = [\"x\"]\n").unwrap_err();
+        assert!(e.message.contains("must name a folder"), "{}", e.message);
+        let e = parse("[sets.p]\nfrom = \"./s\"\n").unwrap_err();
+        assert!(e.message.contains("names nothing"), "{}", e.message);
+        let m = parse("[sets.p]\nfrom = \"/abs/s\"\nfiles = [\"x\"]\n").unwrap();
+        assert_eq!(m.from["p"].path, "/abs/s");
     }
 
     #[test]

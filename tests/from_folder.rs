@@ -91,8 +91,19 @@ fn plan_apply_rollback(tb: &Testbed, snap: &Path, from_name: &str) {
     assert!(!torch.is_empty(), "the live set is planned too: {plan}");
     assert!(plan["sets"][0]["from"].is_null(), "{plan}");
 
+    // The direct route cannot carry a folder's files: refused, nothing changed.
+    let out = tb.overlay(&["apply", "--direct"]).output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("--direct cannot send"),
+        "{e}"
+    );
+    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after --direct");
+
     let out = ok(
-        tb.overlay(&["apply", "--backup", "--json"]).output().unwrap(),
+        tb.overlay(&["apply", "--backup", "--json"])
+            .output()
+            .unwrap(),
         "apply",
     );
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -119,14 +130,15 @@ fn plan_apply_rollback(tb: &Testbed, snap: &Path, from_name: &str) {
     let again = tb.plan_json();
     assert!(changes_of(&again, "patches").is_empty(), "{again}");
 
-    ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
+    ok(
+        tb.overlay(&["rollback", "dst"]).output().unwrap(),
+        "rollback",
+    );
     assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after rollback");
 }
 
 fn manifest(from: &str) -> String {
-    format!(
-        "[sets.torch]\ndists = [\"minitorch\"]\n[sets.patches]\nfrom = \"{from}\"\n{GLOBS}\n"
-    )
+    format!("[sets.torch]\ndists = [\"minitorch\"]\n[sets.patches]\nfrom = \"{from}\"\n{GLOBS}\n")
 }
 
 #[test]
@@ -184,19 +196,29 @@ fn a_bad_from_is_refused_with_its_line_and_nothing_changes() {
     tb.write_manifest(&manifest("./snapshots/missing"));
     let e = plan_fails(&tb);
     assert!(e.contains(&line("missing")), "{e}");
-    assert!(e.contains("cannot be read") && e.contains("snapshots/missing"), "{e}");
+    assert!(
+        e.contains("cannot be read") && e.contains("snapshots/missing"),
+        "{e}"
+    );
     assert!(e.contains("relative to the manifest's directory"), "{e}");
 
     // A file.
     fs::write(tb.work.join("afile"), "x").unwrap();
     tb.write_manifest(&manifest("./afile"));
     let e = plan_fails(&tb);
-    assert!(e.contains(&line("file")) && e.contains("is not a directory"), "{e}");
+    assert!(
+        e.contains(&line("file")) && e.contains("is not a directory"),
+        "{e}"
+    );
 
     // Missing on a host: the agent there says so, naming the folder.
     tb.write_manifest(&manifest("src:/root/nowhere"));
     let e = plan_fails(&tb);
-    assert!(e.contains("/root/nowhere") && e.contains("src:/root/nowhere"), "{e}");
+    assert!(
+        e.contains("/root/nowhere") && e.contains("src:/root/nowhere"),
+        "{e}"
+    );
+    assert!(e.contains(&line("nowhere")), "{e}");
 
     // An unknown host.
     tb.write_manifest(&manifest("gpu9:/root/snap"));
@@ -210,7 +232,10 @@ fn a_bad_from_is_refused_with_its_line_and_nothing_changes() {
     std::os::unix::fs::symlink("../../../../../etc/passwd", snap.join(CHANGED)).unwrap();
     tb.write_manifest(&manifest("./snapshots/ddtree"));
     let e = plan_fails(&tb);
-    assert!(e.contains(&line("link")) && e.contains("leaves the folder"), "{e}");
+    assert!(
+        e.contains(&line("link")) && e.contains("leaves the folder"),
+        "{e}"
+    );
     assert!(e.contains(CHANGED), "{e}");
 
     assert!(!plan_file.exists(), "no plan was saved");

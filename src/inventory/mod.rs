@@ -223,6 +223,50 @@ mod tests {
     const SITE: &str = "lib/python3.11/site-packages";
 
     #[test]
+    fn a_folder_is_read_as_site_packages_with_no_interpreter() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("pkg-1.0.dist-info")).unwrap();
+        std::fs::create_dir_all(root.join("pkg")).unwrap();
+        std::fs::create_dir_all(root.join("bad-1.0.dist-info")).unwrap();
+        std::fs::write(root.join("pkg/a.py"), "x = 1\n").unwrap();
+        std::fs::write(root.join("loose.py"), "y = 2\n").unwrap();
+        std::fs::write(
+            root.join("pkg-1.0.dist-info/METADATA"),
+            "Name: pkg\nVersion: 1.0\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("pkg-1.0.dist-info/RECORD"), "pkg/a.py,,\n").unwrap();
+        std::fs::write(
+            root.join("bad-1.0.dist-info/METADATA"),
+            "Name: bad\nVersion: 1.0\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("bad-1.0.dist-info/RECORD"), "../../../bin/x,,\n").unwrap();
+        let venv = crate::model::folder_venv(root.to_str().unwrap());
+        let scan = scan(&venv, &["*.py".to_string()]).unwrap();
+        assert_eq!(scan.python, "");
+        assert_eq!(scan.site_packages, "");
+        assert_eq!(scan.globs, [["loose.py"]]);
+        let pkg = scan.dists.iter().find(|d| d.name == "pkg").unwrap();
+        assert!(pkg.files.contains(&"pkg/a.py".to_string()), "{pkg:?}");
+        let bad = scan.dists.iter().find(|d| d.name == "bad").unwrap();
+        assert!(
+            bad.problem.as_deref().unwrap().contains("escapes"),
+            "a RECORD row that leaves the folder: {bad:?}"
+        );
+        let e = Venv::open_source(&crate::model::folder_venv(
+            root.join("loose.py").to_str().unwrap(),
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("is not a directory"), "{}", e.message);
+        let e = Venv::open_source(&crate::model::folder_venv("rel/x")).unwrap_err();
+        assert!(e.message.contains("not an absolute path"), "{}", e.message);
+        // A target's own requests never read a folder.
+        assert!(Venv::open(&venv).is_err());
+    }
+
+    #[test]
     fn relative_paths_stay_in_the_venv() {
         assert_eq!(
             venv_relative(SITE, "torch/__init__.py").unwrap(),

@@ -35,8 +35,8 @@ use crate::err;
 use crate::error::{Error, ErrorKind, Result};
 use crate::interrupt;
 use crate::model::{
-    Action, Compression, GenChange, LevelWindow, PrepareRequest, RouteSetting, SendFile, SourceHash,
-    ShebangRewrite, VerifyRequest,
+    Action, Compression, GenChange, LevelWindow, PrepareRequest, RouteSetting, SendFile,
+    ShebangRewrite, SourceHash, VerifyRequest,
 };
 use crate::plan::{HostInfo, Plan};
 use crate::transport::ConnectOptions;
@@ -236,7 +236,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
                 "sent from {} through this machine ({} could not reach {} directly)",
                 plan.source.name, plan.source.name, plan.target.name
             ),
-            (None, false) => format!("sent from {} through this machine", plan.source.name),
+            (None, false) => format!("sent from {} through this machine", sources_named(&plan)),
         },
         HumanBytes(moved.sent),
         HumanBytes(moved.raw),
@@ -735,6 +735,23 @@ fn local_copy(plan: &Plan, direct: Option<&str>) -> bool {
     direct.is_none() && local && reads_alike && !from_folders(plan)
 }
 
+/// The plan's sources for messages: the source host's name, then each
+/// `from` folder's, e.g. `src and ./snapshots/ddtree`.
+fn sources_named(plan: &Plan) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    if plan.sets.iter().any(|s| s.from.is_none()) {
+        names.push(&plan.source.name);
+    }
+    for s in &plan.sets {
+        if let Some(f) = &s.from
+            && !names.contains(&f.name.as_str())
+        {
+            names.push(&f.name);
+        }
+    }
+    names.join(" and ")
+}
+
 /// Some sets come from a folder (the manifest's `from`): their files are
 /// relayed through this machine, each source's stream in turn.
 fn from_folders(plan: &Plan) -> bool {
@@ -1060,7 +1077,7 @@ fn stream(
     let sname = source.name.clone();
     let connecting = obs.step(Step::Connect, &sname);
     let mut src = Client::connect(&sname, &endpoint(source), source.sudo.as_deref(), opts)
-    .map_err(|e| StreamFailure::new(e, false))?;
+        .map_err(|e| StreamFailure::new(e, false))?;
     connecting.finish();
     let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
         let e = err!(

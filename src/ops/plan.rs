@@ -260,11 +260,7 @@ fn connect_and_scan(
         })
     };
     let (s, d) = both(|| connect_scan(src_host), || connect_scan(dst_host));
-    let s = s.map_err(|e| match folder_of(&src_host.venv) {
-        Some(_) => e.context(format!("the folder {}", src_host.name)),
-        None => e,
-    })?;
-    Ok((s, d?))
+    Ok((s?, d?))
 }
 
 /// Both sides' members and their stat entries.
@@ -531,7 +527,15 @@ fn plan_by_source(
             None => make_plan(manifest, members, src_host, dst_host, opts, obs)?,
             Some(f) => {
                 let folder = folder_host(manifest, f)?;
-                let mut p = make_plan(manifest, members, &folder, dst_host, opts, obs)?;
+                let mut p =
+                    make_plan(manifest, members, &folder, dst_host, opts, obs).map_err(|e| {
+                        // The folder's own agent failed: name the line.
+                        if e.message.starts_with(&folder_context(&folder.name)) {
+                            e.context(&f.at)
+                        } else {
+                            e
+                        }
+                    })?;
                 let links = check_folder_links(f, &p.plan.sets);
                 if let Err(e) = links {
                     p.closing.wait();
@@ -556,6 +560,12 @@ fn plan_by_source(
             Err(e)
         }
     }
+}
+
+/// What an error of a `from` folder's agent starts with (the client names
+/// the agent's host, here the `from` value).
+fn folder_context(name: &str) -> String {
+    format!("on {name}: ")
 }
 
 /// The agent that serves a `from` folder, as a host: this machine, or the
