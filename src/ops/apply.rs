@@ -13,6 +13,10 @@
 //! (keeping the backup unless `--no-backup`; the target says its size),
 //! verify with rollback on failure.
 //!
+//! When some sets come from a folder ([`crate::plan::SetPlan::from`]), the
+//! files are relayed source by source, each source's stream in turn, into
+//! one stage of the target (`stream_parts`): one generation as ever.
+//!
 //! If an agent or its connection dies on either host, the apply stops at
 //! once (a thread watches the target while this one waits on the source)
 //! and the error says where the target stands and what to run next.
