@@ -11,6 +11,9 @@
 //! reported as [`Kind::ThroughSymlink`](crate::model::Kind::ThroughSymlink),
 //! never read.
 //!
+//! A set's `from` folder is read the same way, as a site-packages with no
+//! interpreter ([`Venv::open_source`]).
+//!
 //! This file finds the venv ([`Venv`]) and holds the progress [`Counters`].
 //! The rest, by job: `scan` (distributions, METADATA and RECORD parsing,
 //! glob matches), `walk` ([`Walker`]: parent directories opened without

@@ -3,7 +3,7 @@
 //! venv; [`save`] writes the plan for `apply`.
 //!
 //! Sets with `from` (a folder laid out like site-packages) are planned
-//! source by source ([`plan_by_source`]): each folder is read by an
+//! source by source (`plan_by_source`): each folder is read by an
 //! ordinary agent, here or on the host `host:/path` names, through the
 //! "venv" [`crate::model::folder_venv`]; the plan records each such set's
 //! source in [`SetPlan::from`].
