@@ -247,3 +247,60 @@ fn a_bad_from_is_refused_with_its_line_and_nothing_changes() {
     );
     let _ = SITE;
 }
+
+/// Copy `rel` (a file or directory of the source's site-packages, without
+/// `__pycache__`) into `dir`.
+fn copy_from_source(tb: &Testbed, rel: &str, dir: &Path) {
+    let site = tb.site_packages(0);
+    for e in walkdir::WalkDir::new(site.join(rel))
+        .into_iter()
+        .filter_entry(|e| e.file_name() != "__pycache__")
+    {
+        let e = e.unwrap();
+        if e.file_type().is_file() {
+            let to = dir.join(e.path().strip_prefix(&site).unwrap());
+            fs::create_dir_all(to.parent().unwrap()).unwrap();
+            fs::copy(e.path(), &to).unwrap();
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_distribution_in_a_folder_plans_as_from_the_live_source_which_may_be_gone() {
+    let mut tb = Testbed::new(2);
+    tb.write_manifest("[sets.torchvision]\ndists = [\"minitorchvision\"]\n");
+    let live = tb.plan_json();
+    let snap = tb.work.join("snap");
+    let info = fs::read_dir(tb.site_packages(0))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n.starts_with("minitorchvision-") && n.ends_with(".dist-info"))
+        .unwrap();
+    copy_from_source(&tb, &info, &snap);
+    copy_from_source(&tb, "minitorchvision", &snap);
+    tb.write_manifest("[sets.torchvision]\nfrom = \"snap\"\ndists = [\"minitorchvision\"]\n");
+    // The source host is gone: a plan whose sets all come from folders
+    // does not need it.
+    tb.stop(0);
+    let before = snapshot(tb.host_venv_dir(1));
+    let folder = tb.plan_json();
+    assert_eq!(
+        changes_of(&folder, "torchvision"),
+        changes_of(&live, "torchvision"),
+        "the folder's RECORD decides as the venv's does"
+    );
+    assert!(!changes_of(&live, "torchvision").is_empty(), "{live}");
+    assert_eq!(folder["sets"][0]["versions"], live["sets"][0]["versions"]);
+    ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
+    let again = tb.plan_json();
+    assert!(changes_of(&again, "torchvision").is_empty(), "{again}");
+    ok(
+        tb.overlay(&["rollback", "dst"]).output().unwrap(),
+        "rollback",
+    );
+    assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after rollback");
+}
