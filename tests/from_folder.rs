@@ -304,3 +304,37 @@ fn a_distribution_in_a_folder_plans_as_from_the_live_source_which_may_be_gone() 
     );
     assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after rollback");
 }
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_folder_changed_after_the_plan_fails_the_apply_after_the_other_source_and_nothing_changes() {
+    let tb = Testbed::new(2);
+    let snap = tb.work.join("snapshots/ddtree");
+    make_snapshot(&tb, &snap);
+    tb.write_manifest(&manifest("./snapshots/ddtree"));
+    let before = snapshot(tb.host_venv_dir(1));
+    let plan = tb.plan_json();
+    assert!(!changes_of(&plan, "torch").is_empty(), "{plan}");
+    // The folder's stream comes second (the sets' order), after the
+    // source host's has been staged: the folder's file changed since.
+    fs::write(snap.join(ADDED), "def ddtree():\n    return 'changed'\n").unwrap();
+    let out = tb.overlay(&["apply"]).output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "apply succeeded: {e}");
+    assert!(e.contains("./snapshots/ddtree"), "the folder is named: {e}");
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(1)),
+        "after the failed apply",
+    );
+    // Planned again, it applies.
+    tb.plan_json();
+    ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
+    assert_eq!(
+        fs::read(tb.site_packages(1).join(ADDED)).unwrap(),
+        fs::read(snap.join(ADDED)).unwrap()
+    );
+}
