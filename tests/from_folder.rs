@@ -78,6 +78,15 @@ fn patched_changes() -> Vec<(String, String)> {
 /// the target is as before, byte for byte.
 fn plan_apply_rollback(tb: &Testbed, snap: &Path, from_name: &str) {
     let before = snapshot(tb.host_venv_dir(1));
+    let text = ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("set patches (from {from_name})")),
+        "{text}"
+    );
     let plan = tb.plan_json();
     assert_eq!(changes_of(&plan, "patches"), patched_changes(), "{plan}");
     let set = plan["sets"]
@@ -108,6 +117,14 @@ fn plan_apply_rollback(tb: &Testbed, snap: &Path, from_name: &str) {
     );
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(result["generation"].is_string(), "{result}");
+    assert_eq!(result["route"], "relay", "{result}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!(
+            "sent from src and {from_name} through this machine"
+        )),
+        "{said}"
+    );
     let site = tb.site_packages(1);
     for rel in [CHANGED, ADDED] {
         assert_eq!(
