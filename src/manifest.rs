@@ -23,6 +23,25 @@ pub struct Manifest {
     pub preflight: Preflight,
     /// `[apply] route`: the route into every host that sets none of its own.
     pub route: RouteSetting,
+    /// Each set's `from`, by set name: sets not named here come from the
+    /// source's venv.
+    pub from: BTreeMap<String, SetFrom>,
+}
+
+/// A set's `from = "..."`: the folder, laid out like site-packages, its
+/// files come from instead of the source host's venv (docs/manifest.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetFrom {
+    /// `file:line:col` of the value, for messages.
+    pub at: String,
+    /// The value as written.
+    pub value: String,
+    /// The manifest host the folder is on (`from = "host:/path"`), or
+    /// `None` for this machine.
+    pub host: Option<String>,
+    /// The folder: absolute (a relative one is joined to the manifest's
+    /// directory).
+    pub path: String,
 }
 
 /// `[preflight]`: how `plan` treats predicted breakage.
@@ -106,6 +125,7 @@ struct RawSet {
     dists: Vec<Spanned<String>>,
     #[serde(default)]
     files: Vec<Spanned<String>>,
+    from: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -243,6 +263,76 @@ impl Locator<'_> {
         })
     }
 
+    /// Check a set's `from`: a folder here (relative to the manifest's
+    /// directory) or `host:/path` on a manifest host.
+    fn from(
+        &self,
+        name: &str,
+        from: Spanned<String>,
+        hosts: &BTreeMap<String, Host>,
+    ) -> Result<SetFrom> {
+        let span = from.span();
+        let value = from.into_inner();
+        let (line, col) = line_col(self.text, span.start);
+        let at = format!("{}:{line}:{col}", self.path.display());
+        if value.trim().is_empty() || value.contains('\0') {
+            return Err(self.at(
+                span,
+                format!(
+                    "set {name}: from must name a folder (\"./snapshots/x\" or \"host:/path\")"
+                ),
+            ));
+        }
+        if let Some((host, path)) = value.split_once(':')
+            && !host.is_empty()
+            && !host.contains('/')
+            && path.starts_with('/')
+        {
+            if !hosts.contains_key(host) {
+                let known: Vec<&str> = hosts.keys().map(String::as_str).collect();
+                return Err(self.at(
+                    span,
+                    format!(
+                        "set {name}: from {value:?} names host {host:?}, which has no [hosts.{host}] (known: {})",
+                        if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                    ),
+                ));
+            }
+            return Ok(SetFrom {
+                at,
+                host: Some(host.to_string()),
+                path: path.trim_end_matches('/').to_string(),
+                value,
+            });
+        }
+        let p = Path::new(&value);
+        let path = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            let dir = self.path.parent().unwrap_or(Path::new(""));
+            let dir = if dir.is_absolute() {
+                dir.to_path_buf()
+            } else {
+                std::env::current_dir().unwrap_or_default().join(dir)
+            };
+            dir.join(p)
+        };
+        // `./` parts say nothing; `..` is left for the OS to resolve.
+        let path: PathBuf = path
+            .components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect();
+        let Some(path) = path.to_str() else {
+            return Err(self.at(span, format!("set {name}: from {value:?} is not UTF-8")));
+        };
+        Ok(SetFrom {
+            at,
+            host: None,
+            path: path.trim_end_matches('/').to_string(),
+            value,
+        })
+    }
+
     /// Check one `[sets.NAME]` table: it names something, its distribution
     /// patterns are names or globs (kept normalized), its file globs are valid.
     fn set(&self, name: String, set: Spanned<RawSet>) -> Result<Set> {
@@ -322,7 +412,11 @@ impl Manifest {
             hosts.insert(host.name.clone(), host);
         }
         let mut sets: Vec<(usize, Set)> = Vec::new();
-        for (name, set) in raw.sets {
+        let mut from = BTreeMap::new();
+        for (name, mut set) in raw.sets {
+            if let Some(f) = set.get_mut().from.take() {
+                from.insert(name.get_ref().clone(), loc.from(name.get_ref(), f, &hosts)?);
+            }
             sets.push((name.span().start, loc.set(name.into_inner(), set)?));
         }
         sets.sort_by_key(|(pos, _)| *pos);
@@ -355,6 +449,7 @@ impl Manifest {
             verify,
             preflight,
             route,
+            from,
         })
     }
 
@@ -605,6 +700,36 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         assert!(e.message.starts_with("m.toml:2:"), "{}", e.message);
         let e = parse("[apply]\nroutes = \"direct\"\n").unwrap_err();
         assert!(e.message.starts_with("m.toml:2:1:"), "{}", e.message);
+    }
+
+    #[test]
+    fn set_from_a_folder_or_a_host() {
+        let m = Manifest::parse(
+            Path::new("/etc/ov/m.toml"),
+            "[hosts.a]\nssh = \"a\"\nvenv = \"/v\"\n[sets.p]\nfrom = \"./snap/x/\"\nfiles = [\"x/*.py\"]\n[sets.q]\nfrom = \"a:/srv/snap\"\ndists = [\"y\"]\n[sets.r]\ndists = [\"z\"]\n",
+        )
+        .unwrap();
+        let p = &m.from["p"];
+        assert_eq!(
+            (p.host.as_deref(), p.path.as_str()),
+            (None, "/etc/ov/snap/x")
+        );
+        assert_eq!(p.at, "/etc/ov/m.toml:5:8");
+        let q = &m.from["q"];
+        assert_eq!(
+            (q.host.as_deref(), q.path.as_str()),
+            (Some("a"), "/srv/snap")
+        );
+        assert!(!m.from.contains_key("r"));
+        let e = parse("[sets.p]\nfrom = \"b:/srv\"\nfiles = [\"x\"]\n").unwrap_err();
+        assert!(e.message.starts_with("m.toml:2:8:"), "{}", e.message);
+        assert!(e.message.contains("host \"b\""), "{}", e.message);
+        let e = parse("[sets.p]\nfrom = \" \"\nfiles = [\"x\"]\n").unwrap_err();
+        assert!(e.message.contains("must name a folder"), "{}", e.message);
+        let e = parse("[sets.p]\nfrom = \"./s\"\n").unwrap_err();
+        assert!(e.message.contains("names nothing"), "{}", e.message);
+        let m = parse("[sets.p]\nfrom = \"/abs/s\"\nfiles = [\"x\"]\n").unwrap();
+        assert_eq!(m.from["p"].path, "/abs/s");
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub struct SetJson<'a> {
     pub changes: Vec<ChangeJson<'a>>,
     pub unchanged: u64,
     pub stale_bytecode: &'a [String],
+    /// The `from` folder the set's files come from, as the manifest names
+    /// it; absent for the source host's venv.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -60,6 +64,7 @@ pub fn plan_json(plan: &Plan) -> String {
                     .collect(),
                 unchanged: s.unchanged,
                 stale_bytecode: &s.stale_bytecode,
+                from: s.from.as_ref().map(|f| f.name.as_str()),
             })
             .collect(),
         warnings: &plan.warnings,
@@ -117,7 +122,13 @@ fn set_text(out: &mut String, set: &SetPlan, paint: Paint) {
     let _ = writeln!(
         out,
         "\n{}",
-        paint.paint("1", &format!("set {}", quote(&set.name)))
+        paint.paint(
+            "1",
+            &match &set.from {
+                None => format!("set {}", quote(&set.name)),
+                Some(f) => format!("set {} (from {})", quote(&set.name), quote(&f.name)),
+            }
+        )
     );
     for v in &set.versions {
         let from = v.from.as_deref().map_or("(absent)".into(), quote);

@@ -97,7 +97,7 @@ pub fn run(req: &DoctorRequest, counters: &Counters) -> Result<DoctorReport> {
 /// read (no scan of the venv); each finding's `dist` is the dist-info
 /// directory's name, for the caller to map to the distribution.
 pub fn record_check(req: &RecordCheckRequest, counters: &Counters) -> Result<Vec<Finding>> {
-    let venv = Venv::open(&req.venv)?;
+    let venv = Venv::open_source(&req.venv)?;
     let named: Vec<Dist> = req
         .dist_infos
         .iter()

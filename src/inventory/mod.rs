@@ -11,6 +11,9 @@
 //! reported as [`Kind::ThroughSymlink`](crate::model::Kind::ThroughSymlink),
 //! never read.
 //!
+//! A set's `from` folder is read the same way, as a site-packages with no
+//! interpreter ([`Venv::open_source`]).
+//!
 //! This file finds the venv ([`Venv`]) and holds the progress [`Counters`].
 //! The rest, by job: `scan` (distributions, METADATA and RECORD parsing,
 //! glob matches), `walk` ([`Walker`]: parent directories opened without
@@ -132,6 +135,48 @@ impl Venv {
         })
     }
 
+    /// Open a source to read from: a venv ([`Venv::open`]), or a folder
+    /// laid out like site-packages named by [`crate::model::folder_venv`]
+    /// (a set's `from`). The folder is its own site-packages (`site_rel`
+    /// is empty, so a RECORD row such as `../../../bin/x` leaves it and is
+    /// refused) and has no interpreter (`python` is empty). Paths in it are
+    /// reached as in a venv: from its fd, never through a symlink.
+    pub fn open_source(root: &str) -> Result<Venv> {
+        let Some(folder) = crate::model::folder_of(root) else {
+            return Venv::open(root);
+        };
+        if !folder.starts_with('/') {
+            return Err(err!(
+                kind = Usage,
+                hint = "a set's `from` names a folder; check it in the manifest",
+                "folder {folder:?} is not an absolute path"
+            ));
+        }
+        match std::fs::metadata(folder) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(err!(
+                    kind = Usage,
+                    hint = "a set's `from` must name a folder laid out like site-packages; check it in the manifest",
+                    "{folder} is not a directory"
+                ));
+            }
+            Err(e) => {
+                return Err(err!(
+                    kind = Usage,
+                    hint = "a set's `from` must name a folder laid out like site-packages; check it in the manifest",
+                    "folder {folder} cannot be read: {}",
+                    io_cause(&e)
+                ));
+            }
+        }
+        Ok(Venv {
+            root: PathBuf::from(folder),
+            site_rel: String::new(),
+            python: String::new(),
+        })
+    }
+
     /// The venv root, opened for fd-relative, no-follow access ([`crate::beneath`]).
     pub fn beneath(&self) -> Result<crate::beneath::Beneath> {
         crate::beneath::Beneath::open(&self.root).map_err(|e| {
@@ -179,6 +224,50 @@ mod tests {
     use super::*;
 
     const SITE: &str = "lib/python3.11/site-packages";
+
+    #[test]
+    fn a_folder_is_read_as_site_packages_with_no_interpreter() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("pkg-1.0.dist-info")).unwrap();
+        std::fs::create_dir_all(root.join("pkg")).unwrap();
+        std::fs::create_dir_all(root.join("bad-1.0.dist-info")).unwrap();
+        std::fs::write(root.join("pkg/a.py"), "x = 1\n").unwrap();
+        std::fs::write(root.join("loose.py"), "y = 2\n").unwrap();
+        std::fs::write(
+            root.join("pkg-1.0.dist-info/METADATA"),
+            "Name: pkg\nVersion: 1.0\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("pkg-1.0.dist-info/RECORD"), "pkg/a.py,,\n").unwrap();
+        std::fs::write(
+            root.join("bad-1.0.dist-info/METADATA"),
+            "Name: bad\nVersion: 1.0\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("bad-1.0.dist-info/RECORD"), "../../../bin/x,,\n").unwrap();
+        let venv = crate::model::folder_venv(root.to_str().unwrap());
+        let scan = scan(&venv, &["*.py".to_string()]).unwrap();
+        assert_eq!(scan.python, "");
+        assert_eq!(scan.site_packages, "");
+        assert_eq!(scan.globs, [["loose.py"]]);
+        let pkg = scan.dists.iter().find(|d| d.name == "pkg").unwrap();
+        assert!(pkg.files.contains(&"pkg/a.py".to_string()), "{pkg:?}");
+        let bad = scan.dists.iter().find(|d| d.name == "bad").unwrap();
+        assert!(
+            bad.problem.as_deref().unwrap().contains("escapes"),
+            "a RECORD row that leaves the folder: {bad:?}"
+        );
+        let e = Venv::open_source(&crate::model::folder_venv(
+            root.join("loose.py").to_str().unwrap(),
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("is not a directory"), "{}", e.message);
+        let e = Venv::open_source(&crate::model::folder_venv("rel/x")).unwrap_err();
+        assert!(e.message.contains("not an absolute path"), "{}", e.message);
+        // A target's own requests never read a folder.
+        assert!(Venv::open(&venv).is_err());
+    }
 
     #[test]
     fn relative_paths_stay_in_the_venv() {

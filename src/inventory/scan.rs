@@ -82,6 +82,12 @@ pub fn parse_record(text: &str, site_rel: &str) -> std::result::Result<Vec<Strin
             ));
         }
         if venv_relative(site_rel, path).is_none() {
+            if site_rel.is_empty() {
+                // A `from` folder is site-packages itself: nothing beside it.
+                return Err(format!(
+                    "line {line}: path {path:?} escapes the folder, which holds only site-packages (carry this distribution from a venv, or its files with `files` globs)"
+                ));
+            }
             return Err(format!("line {line}: path {path:?} escapes the venv"));
         }
         if !in_pycache(path) {
@@ -240,7 +246,7 @@ fn glob_base(glob: &str) -> &str {
 
 /// Scan a venv: interpreter, distributions, glob matches.
 pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
-    let venv = Venv::open(venv_root)?;
+    let venv = Venv::open_source(venv_root)?;
     let site = venv.site();
     let rd = std::fs::read_dir(&site).map_err(|e| {
         err!(

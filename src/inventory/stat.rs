@@ -58,7 +58,7 @@ fn stat_sorted(
     pycache: bool,
     counters: &Counters,
 ) -> Result<Vec<Entry>> {
-    let venv = Venv::open(venv_root)?;
+    let venv = Venv::open_source(venv_root)?;
     let root = venv.beneath()?;
     let root_fd = root.as_fd();
     let FirstPass { cache, probed } = probe_all(&venv, root_fd, paths, hash)?;

@@ -38,6 +38,23 @@ pub fn venv_relative(site_rel: &str, path: &str) -> Option<String> {
     Some(parts.join("/"))
 }
 
+/// The prefix of a "venv" that is a folder laid out like site-packages
+/// (a set's `from`, docs/manifest.md): `site-packages:/abs/folder` names
+/// the folder itself as site-packages, with no interpreter. Only the
+/// source side's readers (scan, stat, send, ELF facts, RECORD check)
+/// accept it ([`crate::inventory::Venv::open_source`]).
+pub const FOLDER_VENV: &str = "site-packages:";
+
+/// The "venv" a source agent reads the folder `abs` through.
+pub fn folder_venv(abs: &str) -> String {
+    format!("{FOLDER_VENV}{abs}")
+}
+
+/// The folder of a [`folder_venv`], if `venv` is one.
+pub fn folder_of(venv: &str) -> Option<&str> {
+    venv.strip_prefix(FOLDER_VENV)
+}
+
 /// Is this path (relative to anything) inside a `__pycache__` directory?
 pub fn in_pycache(path: &str) -> bool {
     path.split('/').any(|c| c == "__pycache__")

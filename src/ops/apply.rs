@@ -13,6 +13,10 @@
 //! (keeping the backup unless `--no-backup`; the target says its size),
 //! verify with rollback on failure.
 //!
+//! When some sets come from a folder ([`crate::plan::SetPlan::from`]), the
+//! files are relayed source by source, each source's stream in turn, into
+//! one stage of the target (`stream_parts`): one generation as ever.
+//!
 //! If an agent or its connection dies on either host, the apply stops at
 //! once (a thread watches the target while this one waits on the source)
 //! and the error says where the target stands and what to run next.
@@ -36,9 +40,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::interrupt;
 use crate::model::{
     Action, Compression, GenChange, LevelWindow, PrepareRequest, RouteSetting, SendFile,
-    ShebangRewrite, VerifyRequest,
+    ShebangRewrite, SourceHash, VerifyRequest,
 };
-use crate::plan::Plan;
+use crate::plan::{HostInfo, Plan};
 use crate::transport::ConnectOptions;
 
 use super::{Clock, Observer, Step, endpoint, load_plan, relay};
@@ -236,7 +240,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
                 "sent from {} through this machine ({} could not reach {} directly)",
                 plan.source.name, plan.source.name, plan.target.name
             ),
-            (None, false) => format!("sent from {} through this machine", plan.source.name),
+            (None, false) => format!("sent from {} through this machine", sources_named(&plan)),
         },
         HumanBytes(moved.sent),
         HumanBytes(moved.raw),
@@ -329,6 +333,14 @@ pub fn choose_route(plan: &Plan, opts: &ApplyOptions, obs: &dyn Observer) -> Res
     if opts.relay || (!opts.direct && plan.target.route == RouteSetting::Relay) {
         return Ok(ChosenRoute::default());
     }
+    if opts.direct && from_folders(plan) {
+        return Err(err!(
+            kind = Usage,
+            hint = "apply without --direct: sets with `from` go through this machine",
+            "--direct cannot send the sets whose files come from a folder (`from` in the manifest); {} is unchanged",
+            plan.target.name
+        ));
+    }
     if opts.direct {
         return Ok(ChosenRoute {
             direct: direct_destination(plan, true)?,
@@ -358,6 +370,9 @@ fn direct_obstacle(plan: &Plan) -> Option<String> {
     }
     if plan.target.direct_ssh.is_none() && plan.target.ssh.is_none() {
         return Some(format!("{tname} is this machine"));
+    }
+    if from_folders(plan) {
+        return Some("some sets come from a folder (`from`)".to_string());
     }
     None
 }
@@ -614,14 +629,33 @@ fn transfer(
     };
     let compression = route_compression(opts.compression, plan);
     let again = chosen.may_fall_back.then(|| send.clone());
-    let mut result = stream(plan, &opts.connect, dst, send, compression, route, obs);
+    let mut result = match by_source(plan, &send) {
+        Some(parts) => stream_parts(plan, &opts.connect, dst, parts, compression, obs),
+        None => stream(
+            (plan, Part::whole(&plan.source, &Default::default())),
+            &opts.connect,
+            dst,
+            send,
+            compression,
+            route,
+            obs,
+        ),
+    };
     let mut fell_back = None;
     if let (Err(failure), Some(send), Some(dest)) = (&result, again, &chosen.direct)
         && let Some(why) = fallback_reason(&failure.error, dst)
     {
         obs.warn(&fallback_warning(plan, dest, &why));
         fell_back = Some(why);
-        result = stream(plan, &opts.connect, dst, send, compression, Way::Relay, obs);
+        result = stream(
+            (plan, Part::whole(&plan.source, &Default::default())),
+            &opts.connect,
+            dst,
+            send,
+            compression,
+            Way::Relay,
+            obs,
+        );
     }
     let failure = match result {
         Ok(moved) => {
@@ -686,7 +720,30 @@ fn local_copy(plan: &Plan, direct: Option<&str>) -> bool {
     let reads_alike = plan.source.sudo == plan.target.sudo
         || plan.target.sudo.as_deref() == Some("root")
         || (plan.target.sudo.is_none() && rustix::process::geteuid().is_root());
-    direct.is_none() && local && reads_alike
+    direct.is_none() && local && reads_alike && !from_folders(plan)
+}
+
+/// The plan's sources for messages: the source host's name, then each
+/// `from` folder's, e.g. `src and ./snapshots/ddtree`.
+fn sources_named(plan: &Plan) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    if plan.sets.iter().any(|s| s.from.is_none()) {
+        names.push(&plan.source.name);
+    }
+    for s in &plan.sets {
+        if let Some(f) = &s.from
+            && !names.contains(&f.name.as_str())
+        {
+            names.push(&f.name);
+        }
+    }
+    names.join(" and ")
+}
+
+/// Some sets come from a folder (the manifest's `from`): their files are
+/// relayed through this machine, each source's stream in turn.
+fn from_folders(plan: &Plan) -> bool {
+    plan.sets.iter().any(|s| s.from.is_some())
 }
 
 /// The local route: the target's agent copies the files from the source
@@ -996,7 +1053,7 @@ impl StreamFailure {
 /// and tells the source agent to stop. A source that dies ends the wait by
 /// itself (its channel ends); the caller then tells the target to abort.
 fn stream(
-    plan: &Plan,
+    (plan, part): (&Plan, Part<'_>),
     opts: &ConnectOptions,
     dst: &mut Client,
     files: Vec<SendFile>,
@@ -1004,15 +1061,11 @@ fn stream(
     route: Way<'_>,
     obs: &dyn Observer,
 ) -> std::result::Result<Moved, StreamFailure> {
-    let sname = plan.source.name.clone();
+    let source = part.source;
+    let sname = source.name.clone();
     let connecting = obs.step(Step::Connect, &sname);
-    let mut src = Client::connect(
-        &sname,
-        &endpoint(&plan.source),
-        plan.source.sudo.as_deref(),
-        opts,
-    )
-    .map_err(|e| StreamFailure::new(e, false))?;
+    let mut src = Client::connect(&sname, &endpoint(source), source.sudo.as_deref(), opts)
+        .map_err(|e| StreamFailure::new(e, false))?;
     connecting.finish();
     let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
         let e = err!(
@@ -1038,7 +1091,7 @@ fn stream(
                 }
             }
         });
-        let r = relay(plan, dst, &mut src, files, compression, route, obs);
+        let r = relay((plan, part), dst, &mut src, files, compression, route, obs);
         drop(done);
         r
     });
@@ -1076,7 +1129,7 @@ fn stream(
 /// everything ([`relay::follow`], which passes data frames on to the target
 /// from a second thread), and have the target confirm what it staged.
 fn relay(
-    plan: &Plan,
+    (plan, part): (&Plan, Part<'_>),
     dst: &mut Client,
     src: &mut Client,
     files: Vec<SendFile>,
@@ -1085,10 +1138,10 @@ fn relay(
     obs: &dyn Observer,
 ) -> Result<Moved> {
     let send = SendRequest {
-        venv: plan.source.venv.clone(),
+        venv: part.source.venv.clone(),
         files,
         shebang: Some(ShebangRewrite {
-            from: plan.source.venv.clone(),
+            from: part.source.venv.clone(),
             to: plan.target.venv.clone(),
         }),
         compression,
@@ -1097,7 +1150,9 @@ fn relay(
     match route {
         Way::Relay => {
             src.start_send(send)?;
-            dst.start_stage()?;
+            if part.first {
+                dst.start_stage()?;
+            }
         }
         Way::Direct {
             dest,
@@ -1115,7 +1170,7 @@ fn relay(
             src.start_send_direct(send, to)?;
         }
     }
-    let (from, to) = (&plan.source.name, &plan.target.name);
+    let (from, to) = (&part.source.name, &plan.target.name);
     let meter = obs.step(
         Step::Stream,
         &if relayed {
@@ -1139,7 +1194,13 @@ fn relay(
     }
     // The relay's end of stream, or the direct route's report of what it staged.
     if relayed {
-        dst.end_stage(sent.hashes)?;
+        let mut hashes = part.hashes.take();
+        hashes.extend(sent.hashes);
+        if part.last {
+            dst.end_stage(hashes)?;
+        } else {
+            part.hashes.set(hashes);
+        }
     } else {
         dst.staged_direct(sent.hashes, written)?;
     }
@@ -1148,6 +1209,82 @@ fn relay(
         sent: sent.packed_bytes,
         local: false,
     })
+}
+
+/// One source's stream in a stage that several sources share (sets with
+/// `from`): the target takes the streams one after another as one stage,
+/// opened by the first and closed by the last with every source's hashes.
+#[derive(Clone, Copy)]
+struct Part<'a> {
+    source: &'a HostInfo,
+    first: bool,
+    last: bool,
+    /// The hashes of the streams before this one, for the last to hand over.
+    hashes: &'a std::cell::Cell<Vec<SourceHash>>,
+}
+
+impl<'a> Part<'a> {
+    /// The one stream of a stage.
+    fn whole(source: &'a HostInfo, hashes: &'a std::cell::Cell<Vec<SourceHash>>) -> Self {
+        Part {
+            source,
+            first: true,
+            last: true,
+            hashes,
+        }
+    }
+}
+
+/// The files to send, source by source, when some sets come from a folder
+/// ([`crate::plan::SetPlan::from`]); `None` when all come from the plan's source.
+fn by_source<'p>(plan: &'p Plan, send: &[SendFile]) -> Option<Vec<(&'p HostInfo, Vec<SendFile>)>> {
+    if plan.sets.iter().all(|s| s.from.is_none()) {
+        return None;
+    }
+    // The source of each change index, in `gen_changes`' order.
+    let mut source_of: Vec<&HostInfo> = Vec::new();
+    for set in &plan.sets {
+        let src = set.from.as_ref().unwrap_or(&plan.source);
+        source_of.extend(std::iter::repeat_n(
+            src,
+            set.changes.len() + set.stale_bytecode.len(),
+        ));
+    }
+    let mut parts: Vec<(&HostInfo, Vec<SendFile>)> = Vec::new();
+    for f in send {
+        let src = source_of.get(f.index).copied().unwrap_or(&plan.source);
+        match parts.iter_mut().find(|(s, _)| *s == src) {
+            Some((_, files)) => files.push(f.clone()),
+            None => parts.push((src, vec![f.clone()])),
+        }
+    }
+    Some(parts)
+}
+
+/// Relay each source's files in turn into one stage of the target.
+fn stream_parts(
+    plan: &Plan,
+    opts: &ConnectOptions,
+    dst: &mut Client,
+    parts: Vec<(&HostInfo, Vec<SendFile>)>,
+    compression: Compression,
+    obs: &dyn Observer,
+) -> std::result::Result<Moved, StreamFailure> {
+    let hashes = std::cell::Cell::new(Vec::new());
+    let n = parts.len();
+    let mut total = Moved::default();
+    for (i, (source, files)) in parts.into_iter().enumerate() {
+        let part = Part {
+            source,
+            first: i == 0,
+            last: i + 1 == n,
+            hashes: &hashes,
+        };
+        let m = stream((plan, part), opts, dst, files, compression, Way::Relay, obs)?;
+        total.raw += m.raw;
+        total.sent += m.sent;
+    }
+    Ok(total)
 }
 
 /// For `-vv`: the levels `--compress auto` measured, window by window.

@@ -1,6 +1,12 @@
 //! Plan: scan and hash both live hosts, decide what changes on the target,
 //! and predict what would fail after the overlay. Never writes to either
 //! venv; [`save`] writes the plan for `apply`.
+//!
+//! Sets with `from` (a folder laid out like site-packages) are planned
+//! source by source (`plan_by_source`): each folder is read by an
+//! ordinary agent, here or on the host `host:/path` names, through the
+//! "venv" [`crate::model::folder_venv`]; the plan records each such set's
+//! source in [`SetPlan::from`].
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -8,10 +14,10 @@ use std::path::{Path, PathBuf};
 use crate::client::Client;
 use crate::err;
 use crate::error::Result;
-use crate::manifest::{Host, Manifest};
+use crate::manifest::{Host, Manifest, SetFrom};
 use crate::model::{
     Action, Check, Dist, ElfInfo, Endpoint, Entry, HashMode, Kind, PreflightRequest, Problem,
-    Progress, ScanReport, Set, ShebangRewrite,
+    Progress, ScanReport, Set, ShebangRewrite, folder_of,
 };
 use crate::plan::{self, HostInfo, PLAN_FORMAT, Plan, SetPlan, Side};
 use crate::preflight::{cuda, requirements};
@@ -40,13 +46,16 @@ pub struct Planned {
     pub closing: Closing,
 }
 
-/// The goodbyes of a plan's agents, running on their own thread.
-pub struct Closing(std::thread::JoinHandle<()>);
+/// The goodbyes of a plan's agents, running on their own threads (one
+/// per source the plan read: the source host, and each set's `from`).
+pub struct Closing(Vec<std::thread::JoinHandle<()>>);
 
 impl Closing {
-    /// Wait for both agents to exit.
+    /// Wait for the agents to exit.
     pub fn wait(self) {
-        let _ = self.0.join();
+        for h in self.0 {
+            let _ = h.join();
+        }
     }
 }
 
@@ -64,7 +73,7 @@ pub fn plan(opts: &PlanOptions, obs: &dyn Observer) -> Result<Planned> {
     }
     let sets = select_sets(&manifest, &opts.sets)?;
     let stamp = manifest_stamp(&opts.manifest)?;
-    let mut planned = make_plan(&manifest, &sets, src_host, dst_host, &opts.connect, obs)?;
+    let mut planned = plan_by_source(&manifest, &sets, src_host, dst_host, &opts.connect, obs)?;
     planned.plan.strict |= opts.strict;
     planned.plan.manifest = stamp.path.display().to_string();
     planned.plan.manifest_sha256 = Some(stamp.sha256);
@@ -384,8 +393,13 @@ fn make_plan(
     let clock = Clock::start(obs);
     let globs = globs_of(sets);
     let (mut src, mut dst) = connect_and_scan(src_host, dst_host, &globs, opts, obs)?;
-    let source = host_info(src_host, &src.scan);
+    let mut source = host_info(src_host, &src.scan);
     let target = host_info(dst_host, &dst.scan);
+    if folder_of(&src_host.venv).is_some() {
+        // A folder has no interpreter: its files are taken to be for the
+        // target's Python (docs/design.md, "Sets from a folder").
+        source.python = target.python.clone();
+    }
     clock.mark("connect and scan");
     plan::check_python(&source, &target)?;
 
@@ -477,8 +491,199 @@ fn make_plan(
     };
     Ok(Planned {
         plan,
-        closing: Closing(closing),
+        closing: Closing(vec![closing]),
     })
+}
+
+/// Plan the sets source by source: those without `from` from the source
+/// host's venv, each `from` folder's from an agent that reads the folder
+/// as site-packages (on this machine, or on the host `host:/path` names),
+/// each group against the target; then one plan of them all, each set
+/// recording the source it comes from ([`SetPlan::from`]). Without any
+/// `from` this is [`make_plan`] itself.
+fn plan_by_source(
+    manifest: &Manifest,
+    sets: &[Set],
+    src_host: &Host,
+    dst_host: &Host,
+    opts: &ConnectOptions,
+    obs: &dyn Observer,
+) -> Result<Planned> {
+    // The source host's group first: its description is the plan's `source`.
+    let mut groups: Vec<(Option<&SetFrom>, Vec<Set>)> = vec![(None, Vec::new())];
+    for set in sets {
+        let from = manifest.from.get(&set.name);
+        let key = from.map(|f| (&f.host, &f.path));
+        match groups
+            .iter_mut()
+            .find(|(g, _)| g.map(|f| (&f.host, &f.path)) == key)
+        {
+            Some((_, members)) => members.push(set.clone()),
+            None => groups.push((from, vec![set.clone()])),
+        }
+    }
+    groups.retain(|(_, members)| !members.is_empty());
+    if let [(None, _)] = groups.as_slice() {
+        return make_plan(manifest, sets, src_host, dst_host, opts, obs);
+    }
+    let mut plans = Vec::new();
+    let mut closings = Vec::new();
+    for (from, members) in &groups {
+        let planned = match from {
+            None => make_plan(manifest, members, src_host, dst_host, opts, obs)?,
+            Some(f) => {
+                let folder = folder_host(manifest, f)?;
+                let mut p =
+                    make_plan(manifest, members, &folder, dst_host, opts, obs).map_err(|e| {
+                        // The folder's own agent failed: name the line.
+                        if e.message.starts_with(&folder_context(&folder.name)) {
+                            e.context(&f.at)
+                        } else {
+                            e
+                        }
+                    })?;
+                let links = check_folder_links(f, &p.plan.sets);
+                if let Err(e) = links {
+                    p.closing.wait();
+                    return Err(e);
+                }
+                let info = p.plan.source.clone();
+                for s in &mut p.plan.sets {
+                    s.from = Some(info.clone());
+                }
+                p
+            }
+        };
+        closings.extend(planned.closing.0);
+        plans.push(planned.plan);
+    }
+    let plan = merge_plans(plans, sets);
+    let closing = Closing(closings);
+    match plan {
+        Ok(plan) => Ok(Planned { plan, closing }),
+        Err(e) => {
+            closing.wait();
+            Err(e)
+        }
+    }
+}
+
+/// What an error of a `from` folder's agent starts with (the client names
+/// the agent's host, here the `from` value).
+fn folder_context(name: &str) -> String {
+    format!("on {name}: ")
+}
+
+/// The agent that serves a `from` folder, as a host: this machine, or the
+/// manifest host `host:/path` names (its ssh, jump hosts and sudo).
+fn folder_host(manifest: &Manifest, f: &SetFrom) -> Result<Host> {
+    let (endpoint, sudo) = match &f.host {
+        Some(h) => {
+            let host = manifest.host(h)?;
+            (host.endpoint.clone(), host.sudo.clone())
+        }
+        None => {
+            // On this machine the folder is checked here, before any agent starts.
+            let hint = match std::fs::metadata(&f.path) {
+                Ok(m) if m.is_dir() => None,
+                Ok(_) => Some((
+                    "is not a directory".to_string(),
+                    "point `from` at a folder laid out like site-packages (docs/manifest.md)",
+                )),
+                Err(e) => Some((
+                    format!("cannot be read: {}", crate::error::io_cause(&e)),
+                    "create the folder, or fix `from` (a relative path is relative to the manifest's directory)",
+                )),
+            };
+            if let Some((why, hint)) = hint {
+                return Err(err!(
+                    kind = Usage,
+                    hint = hint,
+                    "{}: from {:?}: {} {why}",
+                    f.at,
+                    f.value,
+                    f.path
+                ));
+            }
+            (Endpoint::Local, None)
+        }
+    };
+    Ok(Host {
+        name: f.value.clone(),
+        endpoint,
+        venv: crate::model::folder_venv(&f.path),
+        direct_ssh: None,
+        sudo,
+        route: crate::model::RouteSetting::Relay,
+    })
+}
+
+/// A symlink a `from` folder would carry must stay inside the folder: one
+/// whose target is absolute or climbs out of it would point the target's
+/// venv at whatever lies there on the target.
+fn check_folder_links(f: &SetFrom, set_plans: &[SetPlan]) -> Result<()> {
+    for s in set_plans {
+        for c in &s.changes {
+            let Some(Kind::Symlink { target }) = &c.source else {
+                continue;
+            };
+            let dir = c.path.rsplit_once('/').map_or("", |(d, _)| d);
+            let joined = if dir.is_empty() {
+                target.clone()
+            } else {
+                format!("{dir}/{target}")
+            };
+            if target.starts_with('/') || crate::model::venv_relative("", &joined).is_none() {
+                return Err(err!(
+                    kind = Usage,
+                    hint = "replace the symlink in the folder by the file it points to, or point it inside the folder",
+                    "{}: set {}: {} in the folder {} is a symlink to {target:?}, which leaves the folder",
+                    f.at,
+                    s.name,
+                    c.path,
+                    f.path
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One plan of plans made source by source: the sets in the manifest's
+/// order, warnings and problems together. A path two sources would both
+/// write is refused.
+fn merge_plans(plans: Vec<Plan>, order: &[Set]) -> Result<Plan> {
+    let mut plans = plans.into_iter();
+    let Some(mut merged) = plans.next() else {
+        return Err(err!(kind = Internal, "no sets to plan"));
+    };
+    for p in plans {
+        merged.sets.extend(p.sets);
+        merged.warnings.extend(p.warnings);
+        merged.problems.extend(p.problems);
+    }
+    merged.problems.sort();
+    merged.problems.dedup();
+    merged
+        .sets
+        .sort_by_key(|s| order.iter().position(|o| o.name == s.name));
+    let mut seen: HashMap<&str, &str> = HashMap::new();
+    for s in &merged.sets {
+        for c in &s.changes {
+            if let Some(other) = seen.insert(c.path.as_str(), s.name.as_str())
+                && other != s.name
+            {
+                return Err(err!(
+                    kind = Usage,
+                    hint = "name each path in one set only, or give both sets the same source",
+                    "{} is in set {other} and in set {}, which come from different sources",
+                    c.path,
+                    s.name
+                ));
+            }
+        }
+    }
+    Ok(merged)
 }
 
 /// The regular files among `entries` that look like shared objects, sorted.

@@ -201,6 +201,7 @@ impl<'a, 's> Planner<'a, 's> {
                 unchanged: 0,
                 unchanged_bytes: 0,
                 stale_bytecode: Vec::new(),
+                from: None,
             },
             stale: BTreeSet::new(),
             special: Vec::new(),

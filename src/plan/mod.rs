@@ -101,6 +101,12 @@ pub struct SetPlan {
     pub unchanged_bytes: u64,
     /// Compiled bytecode on the target deleted because its `.py` changes.
     pub stale_bytecode: Vec<String>,
+    /// Where this set's files come from when not the plan's `source`: a
+    /// folder laid out like site-packages (the manifest's `from`), served
+    /// by an agent on this machine or on a manifest host. `venv` is then
+    /// [`crate::model::folder_venv`] of the folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<HostInfo>,
 }
 
 /// A distribution's version before and after (in `model`: generations record them too).

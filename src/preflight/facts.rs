@@ -84,7 +84,7 @@ fn read_one(p: &Path, cache: &FactsCache, parsed: &AtomicUsize) -> Option<ElfInf
 /// Source side: the facts of `paths` (site-packages relative) of the venv
 /// at `venv_root`, through its cache (saved after).
 pub fn read_source(venv_root: &str, paths: &[String], counters: &Counters) -> Result<Read> {
-    let venv = Venv::open(venv_root)?;
+    let venv = Venv::open_source(venv_root)?;
     let abs = paths
         .iter()
         .map(|p| Ok(venv.resolve(p)?.0))

@@ -44,8 +44,8 @@ pub(super) fn header_sum(block: &[u8]) -> u32 {
         .sum()
 }
 
-/// Read the header in `block`: `Ok(None)` for the zero block that ends the
-/// stream.
+/// Read the header in `block`: `Ok(None)` for a zero block, which ends a
+/// sender's stream (another sender's may follow in the same stage).
 pub(super) fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
     if block.iter().all(|&b| b == 0) {
         return Ok(None);

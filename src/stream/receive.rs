@@ -9,7 +9,10 @@
 //! created, and reading stops at that size. A symlink's target is its
 //! entry's data and must equal the plan's. A regular file is hashed as it
 //! arrives; one whose blake3 differs from the plan's fails the stage before
-//! its last chunk is written. Every staged file is created through a
+//! its last chunk is written. Zero blocks end a sender's tar stream, not
+//! the stage: the streams of several sources (sets with `from`) may follow
+//! one another, and only the end of the input ends the stage, with every
+//! entry of the plan there exactly once. Every staged file is created through a
 //! [`Beneath`] of the staging directory (`O_CREAT|O_EXCL|O_NOFOLLOW`);
 //! `write` does the rest (chunks, owners, modes, fsync).
 
@@ -260,8 +263,11 @@ impl<'a> Stager<'a> {
                 Ok(_) => read_exact_stream(input, &mut block[1..], "a header")?,
                 Err(e) => return Err(err!(kind = Connection, "Failed to read the stream: {e}")),
             }
+            // A zero block ends one sender's stream; another sender's may
+            // follow in the same stage (sets from several sources), so
+            // only the end of the input ends the stage.
             let Some(head) = parse_head(&block)? else {
-                break;
+                continue;
             };
             let i = head.index;
             let c = self
@@ -526,6 +532,33 @@ mod tests {
             panic!()
         };
         assert_eq!(*mode, 0o755, "the generation keeps the masked mode");
+    }
+
+    /// Sets from several sources: their streams, each ended by its zero
+    /// blocks, arrive one after another in one stage.
+    #[test]
+    fn streams_one_after_another_stage_as_one_and_an_entry_twice_is_refused() {
+        let intake = Intake::new(&std::env::temp_dir(), false);
+        let stream = intake.valid_stream();
+        let mut at = 0;
+        for _ in 0..2 {
+            let h = parse_head(stream[at..at + 512].try_into().unwrap())
+                .unwrap()
+                .unwrap();
+            at += 512 + (h.size as usize).div_ceil(512) * 512;
+        }
+        let mut two = stream[..at].to_vec();
+        two.extend([0u8; 1024]);
+        two.extend_from_slice(&stream[at..]);
+        let r = intake.run_with(&two, 4096, |staging| {
+            assert_eq!(staged_names(staging), ["0", "1", "2", "3"]);
+        });
+        assert_eq!(r.unwrap().files, 4);
+        let mut twice = stream[..at].to_vec();
+        twice.extend([0u8; 1024]);
+        twice.extend_from_slice(&stream);
+        let e = intake.run(&twice).unwrap_err();
+        assert!(e.message.contains("appears twice"), "{}", e.message);
     }
 
     #[test]

@@ -284,7 +284,7 @@ pub fn send(
     sink: &mut dyn BlockSink,
     counters: &Counters,
 ) -> Result<Sent> {
-    let venv = Venv::open(venv_root)?;
+    let venv = Venv::open_source(venv_root)?;
     counters
         .total_files
         .store(files.len() as u64, Ordering::Relaxed);
