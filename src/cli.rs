@@ -144,8 +144,10 @@ pub const DEFAULT_PLAN: &str = ".overlay/plan.json";
 pub struct PlanArgs {
     /// The host with the working venv (a name from the manifest's [hosts]).
     pub source: String,
-    /// The host whose venv is to be changed (a name from [hosts]).
-    pub target: String,
+    /// The hosts whose venvs are to be changed (names from [hosts], or
+    /// [groups]): one plan each, against one scan of the source.
+    #[arg(required = true, value_name = "TARGET")]
+    pub targets: Vec<String>,
 
     /// Only these sets (repeatable); default: every set in the manifest.
     #[arg(long = "set", value_name = "NAME")]
@@ -361,7 +363,11 @@ Examples:
   Only the torch set, listing every changed path:
     overlay plan ct129 ct200 --set torch -v
   A plan of its own for a second target, applied by its name:
-    overlay plan ct129 ct201 -o ct201.json && overlay apply ct201.json";
+    overlay plan ct129 ct201 -o ct201.json && overlay apply ct201.json
+  One plan per target for several targets, or a [groups.NAME] of them
+  (saved to .overlay/plan.d/TARGET.json, listed in .overlay/plan.json):
+    overlay plan ct129 ct200 ct201 ct202
+    overlay plan ct129 gpu-nodes --json";
 
 const APPLY_EXAMPLES: &str = "\
 Examples:

@@ -19,6 +19,7 @@ pub mod apply;
 pub mod doctor;
 pub mod history;
 pub mod plan;
+pub mod plan_many;
 mod record_note;
 mod relay;
 pub mod rollback;
@@ -202,6 +203,27 @@ pub fn load_plan(path: &Path) -> Result<Plan> {
             crate::error::io_cause(&e)
         )
     })?;
+    if let Some((fleet, files)) = plan_many::load_fleet(path) {
+        let first = files
+            .first()
+            .map_or_else(String::new, |f| f.display().to_string());
+        return Err(err!(
+            kind = Usage,
+            hint = format!(
+                "name one target's plan (e.g. `{}`), or the target host",
+                crate::text::shell_quote(&first)
+            ),
+            "{} is a plan of {} targets ({}), not of one",
+            path.display(),
+            fleet.targets.len(),
+            fleet
+                .targets
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     let plan: Plan = serde_json::from_str(&text).map_err(|e| {
         err!(
             hint = "run `overlay plan` again to make a fresh plan",

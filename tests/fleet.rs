@@ -1,0 +1,174 @@
+//! Many targets from one controller, end to end on real sshd test hosts:
+//! `overlay plan SRC T1 T2 ...` (and a `[groups.NAME]`) gives every target
+//! exactly the plan `overlay plan SRC T` gives it alone, from one scan of
+//! the source, and shows identical targets together.
+
+mod common;
+
+use std::fs;
+
+use common::{Testbed, ok, snapshot};
+use serde_json::{Value, json};
+
+/// A source and four targets: dst and dst2 identical, dst3 with the torch
+/// set already overlaid, dst4 with an extra nvidia dist the source lacks.
+/// The manifest names them all as the group `fleet`.
+fn four_targets() -> Testbed {
+    let tb = Testbed::new(5);
+    tb.write_manifest(&format!(
+        "{}\n[groups.fleet]\nhosts = [\"dst\", \"dst2\", \"dst3\", \"dst4\"]\n",
+        common::SCENARIO_SETS
+    ));
+    ok(
+        tb.overlay(&["plan", "src", "dst3", "--set", "torch", "-o", "dst3-torch.json"])
+            .output()
+            .unwrap(),
+        "plan dst3's torch",
+    );
+    ok(
+        tb.overlay(&["apply", "dst3-torch.json"]).output().unwrap(),
+        "apply dst3's torch",
+    );
+    let site = tb.site_packages(4);
+    let info = site.join("nvidia_extra_cu13-1.0.dist-info");
+    fs::create_dir_all(site.join("nvidia/extra")).unwrap();
+    fs::create_dir_all(&info).unwrap();
+    fs::write(site.join("nvidia/extra/lib.py"), "x = 1\n").unwrap();
+    fs::write(
+        info.join("METADATA"),
+        "Metadata-Version: 2.1\nName: nvidia-extra-cu13\nVersion: 1.0\n",
+    )
+    .unwrap();
+    fs::write(
+        info.join("RECORD"),
+        "nvidia/extra/lib.py,,\nnvidia_extra_cu13-1.0.dist-info/METADATA,,\nnvidia_extra_cu13-1.0.dist-info/RECORD,,\n",
+    )
+    .unwrap();
+    tb
+}
+
+const TARGETS: [&str; 4] = ["dst", "dst2", "dst3", "dst4"];
+
+fn json_of(out: &std::process::Output) -> Value {
+    serde_json::from_slice(&out.stdout).expect("--json prints JSON")
+}
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn each_target_s_plan_in_a_plan_of_many_is_its_own_single_plan() {
+    let tb = four_targets();
+    let before: Vec<_> = (0..5).map(|i| snapshot(tb.host_venv_dir(i))).collect();
+
+    let many = json_of(&ok(
+        tb.overlay(&["plan", "src", "fleet", "--json"])
+            .output()
+            .unwrap(),
+        "plan src fleet",
+    ));
+    assert_eq!(many["source"], "src");
+    assert_eq!(
+        many["groups"],
+        json!([["dst", "dst2"], ["dst3"], ["dst4"]]),
+        "identical targets are grouped, the others apart"
+    );
+    // The fleet file lists each target's own plan file.
+    let fleet: Value =
+        serde_json::from_slice(&fs::read(tb.work.join(".overlay/plan.json")).unwrap()).unwrap();
+    assert_eq!(fleet["source"], "src");
+    for (i, name) in TARGETS.iter().enumerate() {
+        assert_eq!(fleet["targets"][i]["name"], *name);
+        assert_eq!(fleet["targets"][i]["plan"], format!("plan.d/{name}.json"));
+    }
+    let saved: Vec<Value> = TARGETS
+        .iter()
+        .map(|name| {
+            let path = tb.work.join(format!(".overlay/plan.d/{name}.json"));
+            serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+        })
+        .collect();
+
+    for (i, name) in TARGETS.iter().enumerate() {
+        let one = json_of(&ok(
+            tb.overlay(&["plan", "src", name, "--json", "-o", &format!("{name}.json")])
+                .output()
+                .unwrap(),
+            "plan src TARGET",
+        ));
+        let mine = &many["targets"][i];
+        assert_eq!(mine["target"], *name);
+        assert_eq!(mine["sets"], one["sets"], "{name}: changes differ");
+        assert_eq!(mine["problems"], one["problems"], "{name}: problems differ");
+        assert_eq!(mine["warnings"], one["warnings"], "{name}: warnings differ");
+        // The saved plan is the single plan, down to the changes' kinds.
+        let alone: Value =
+            serde_json::from_slice(&fs::read(tb.work.join(format!("{name}.json"))).unwrap())
+                .unwrap();
+        assert_eq!(saved[i]["target"], alone["target"], "{name}");
+        assert_eq!(saved[i]["source"], alone["source"], "{name}");
+        let paths = |p: &Value| -> Vec<(Value, Value, Value)> {
+            p["sets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|s| s["changes"].as_array().unwrap().iter())
+                .map(|c| (c["path"].clone(), c["action"].clone(), c["size"].clone()))
+                .collect()
+        };
+        assert_eq!(paths(&saved[i]), paths(&alone), "{name}: saved changes");
+    }
+    assert!(
+        many["targets"][3]["sets"].to_string().contains("nvidia/extra/lib.py"),
+        "dst4's extra dist is in its plan"
+    );
+
+    // Planning changed no venv.
+    for (i, b) in before.iter().enumerate() {
+        common::assert_same(b, &snapshot(tb.host_venv_dir(i)), "a venv after plan");
+    }
+
+    // The text groups identical targets; `apply` of the list names one
+    // target's plan to apply instead.
+    let out = ok(
+        tb.overlay(&["plan", "src", "dst", "dst2", "dst3", "dst4"])
+            .output()
+            .unwrap(),
+        "plan src dst dst2 dst3 dst4",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("--- the plans:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("\ndst, dst2: same plan, "), "{text}");
+    assert!(text.contains("4 targets, 3 distinct plans"), "{text}");
+    let out = tb.overlay(&["apply"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("plan of 4 targets") && err.contains(".overlay/plan.d/dst.json"),
+        "{err}"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_bad_group_or_the_source_among_the_targets_is_refused() {
+    let tb = Testbed::new(2);
+    let manifest = tb.write_manifest(common::SCENARIO_SETS);
+    let text = fs::read_to_string(&manifest).unwrap();
+    fs::write(&manifest, format!("{text}[groups.g]\nhosts = [\"dst\", \"ct999\"]\n")).unwrap();
+    let out = tb.overlay(&["plan", "src", "g"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("overlay.toml:") && err.contains("unknown host \"ct999\""), "{err}");
+
+    fs::write(&manifest, format!("{text}[groups.g]\nhosts = [\"dst\", \"src\"]\n")).unwrap();
+    let out = tb.overlay(&["plan", "src", "g"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("The source src is also among the targets"), "{err}");
+    assert!(!tb.work.join(".overlay/plan.json").exists());
+}
