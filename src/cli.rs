@@ -247,6 +247,21 @@ pub struct ApplyArgs {
     /// When the `--verify` check fails, roll the generation back (not with `--no-backup`).
     #[arg(long, requires = "verify", conflicts_with = "no_backup")]
     pub rollback_on_failure: bool,
+
+    /// A plan of several targets: how many to apply at once (Ansible's
+    /// default of 5 forks).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub parallel: u64,
+
+    /// A plan of several targets: apply (and with --verify check) the first
+    /// K targets first; the others start only if all K succeed.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub canary: usize,
+
+    /// A plan of several targets: start no new target once K have failed
+    /// (default: go on through every target). Those not started are untouched.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_fail: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -378,7 +393,11 @@ Examples:
   Stream straight from the source host to the target, at zstd level 3:
     overlay apply --direct --compress 3
   Send through this machine although the manifest says route = \"direct\":
-    overlay apply --relay";
+    overlay apply --relay
+  After `overlay plan ct129 ct200 ct201 ct202 ct203`: ct200 first as a canary,
+  then the rest two at a time, stopping after a failure, each rolled back if
+  its check fails:
+    overlay apply --canary 1 --parallel 2 --max-fail 1 --verify --rollback-on-failure";
 
 const ROLLBACK_EXAMPLES: &str = "\
 Examples:

@@ -12,11 +12,11 @@ use serde_json::{Value, json};
 
 /// A source and four targets: dst and dst2 identical, dst3 with the torch
 /// set already overlaid, dst4 with an extra nvidia dist the source lacks.
-/// The manifest names them all as the group `fleet`.
-fn four_targets() -> Testbed {
+/// The manifest names them all as the group `fleet`, and ends with `more`.
+fn four_targets(more: &str) -> Testbed {
     let tb = Testbed::new(5);
     tb.write_manifest(&format!(
-        "{}\n[groups.fleet]\nhosts = [\"dst\", \"dst2\", \"dst3\", \"dst4\"]\n",
+        "{}\n[groups.fleet]\nhosts = [\"dst\", \"dst2\", \"dst3\", \"dst4\"]\n{more}",
         common::SCENARIO_SETS
     ));
     ok(
@@ -59,7 +59,7 @@ fn json_of(out: &std::process::Output) -> Value {
     ignore = "needs root: mount namespaces and sshd"
 )]
 fn each_target_s_plan_in_a_plan_of_many_is_its_own_single_plan() {
-    let tb = four_targets();
+    let tb = four_targets("");
     let before: Vec<_> = (0..5).map(|i| snapshot(tb.host_venv_dir(i))).collect();
 
     let many = json_of(&ok(
@@ -129,8 +129,7 @@ fn each_target_s_plan_in_a_plan_of_many_is_its_own_single_plan() {
         common::assert_same(b, &snapshot(tb.host_venv_dir(i)), "a venv after plan");
     }
 
-    // The text groups identical targets; `apply` of the list names one
-    // target's plan to apply instead.
+    // The text groups identical targets.
     let out = ok(
         tb.overlay(&["plan", "src", "dst", "dst2", "dst3", "dst4"])
             .output()
@@ -141,13 +140,6 @@ fn each_target_s_plan_in_a_plan_of_many_is_its_own_single_plan() {
     eprintln!("--- the plans:\n{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("\ndst, dst2: same plan, "), "{text}");
     assert!(text.contains("4 targets, 3 distinct plans"), "{text}");
-    let out = tb.overlay(&["apply"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("plan of 4 targets") && err.contains(".overlay/plan.d/dst.json"),
-        "{err}"
-    );
 }
 
 #[test]
@@ -171,4 +163,122 @@ fn a_bad_group_or_the_source_among_the_targets_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("The source src is also among the targets"), "{err}");
     assert!(!tb.work.join(".overlay/plan.json").exists());
+}
+
+/// A `[verify]` check that fails on a host with a file /root/fail-verify.
+const VERIFY_UNLESS_MARKED: &str = r#"
+[verify]
+python = '''
+import os, sys
+sys.exit(1 if os.path.exists("/root/fail-verify") else 0)
+'''
+"#;
+
+/// `overlay apply ARGS --json` of the saved plan of many: the exit code and
+/// each target's row by name.
+fn roll_out(tb: &Testbed, args: &[&str]) -> (Option<i32>, Vec<Value>, String) {
+    let mut all = vec!["apply", "--json"];
+    all.extend_from_slice(args);
+    let out = tb.overlay(&all).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("apply --json: {e}\n{stderr}"));
+    let rows = doc["targets"].as_array().unwrap().clone();
+    (out.status.code(), rows, stderr)
+}
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_failing_canary_is_rolled_back_and_the_others_are_untouched() {
+    let tb = four_targets(VERIFY_UNLESS_MARKED);
+    ok(
+        tb.overlay(&["plan", "src", "fleet"]).output().unwrap(),
+        "plan src fleet",
+    );
+    fs::write(tb.host_dir(1).join("root/fail-verify"), "").unwrap();
+    let before: Vec<_> = (0..5).map(|i| snapshot(tb.host_venv_dir(i))).collect();
+    let (code, rows, stderr) = roll_out(
+        &tb,
+        &["--canary", "1", "--verify", "--rollback-on-failure"],
+    );
+    assert_eq!(code, Some(11), "{stderr}");
+    assert_eq!(rows[0]["target"], "dst");
+    assert_eq!(rows[0]["result"], "verify-failed", "{stderr}");
+    assert_eq!(rows[0]["rolled_back"], true);
+    assert_eq!(rows[0]["canary"], true);
+    assert!(rows[0]["changes"].as_u64().unwrap() > 0);
+    for r in &rows[1..] {
+        assert_eq!(r["result"], "skipped", "{r}");
+        assert_eq!(r["generation"], Value::Null);
+    }
+    assert!(
+        stderr.contains("4 of 4 targets did not succeed") && stderr.contains("dst ("),
+        "{stderr}"
+    );
+    for (i, b) in before.iter().enumerate() {
+        common::assert_same(b, &snapshot(tb.host_venv_dir(i)), "a venv after the rollout");
+    }
+
+    // Without the mark every target passes its check: exit 0, all applied
+    // (planned again: the rollback put dst's files back as new files).
+    fs::remove_file(tb.host_dir(1).join("root/fail-verify")).unwrap();
+    ok(
+        tb.overlay(&["plan", "src", "fleet"]).output().unwrap(),
+        "plan src fleet again",
+    );
+    let (code, rows, stderr) = roll_out(
+        &tb,
+        &["--canary", "1", "--parallel", "2", "--verify", "--rollback-on-failure"],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    for r in &rows {
+        assert_eq!(r["result"], "applied", "{r}");
+        assert!(r["generation"].is_string(), "{r}");
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn max_fail_stops_the_rollout_and_the_failed_target_is_not_half_applied() {
+    let tb = four_targets("");
+    ok(
+        tb.overlay(&["plan", "src", "fleet"]).output().unwrap(),
+        "plan src fleet",
+    );
+    let before: Vec<_> = (0..5).map(|i| snapshot(tb.host_venv_dir(i))).collect();
+    // dst3's agent exits abruptly after opening its generation, while the
+    // stream comes in.
+    let ssh_dir = tb.host_dir(3).join("root/.ssh");
+    fs::create_dir_all(&ssh_dir).unwrap();
+    fs::write(ssh_dir.join("environment"), "OVERLAY_TEST_STOP_AFTER=1\n").unwrap();
+    let (code, rows, stderr) = roll_out(&tb, &["--parallel", "1", "--max-fail", "1"]);
+    fs::remove_file(ssh_dir.join("environment")).unwrap();
+    assert_eq!(code, Some(11), "{stderr}");
+    let results: Vec<&str> = rows.iter().map(|r| r["result"].as_str().unwrap()).collect();
+    assert_eq!(results, ["applied", "applied", "failed", "skipped"], "{stderr}");
+    assert!(rows[3]["error"].as_str().unwrap().contains("--max-fail 1"));
+    // The next command on dst3 finds the unfinished generation and rolls it
+    // back: dst3 is as before, and dst4 was never touched.
+    ok(tb.overlay(&["history", "dst3"]).output().unwrap(), "history dst3");
+    common::assert_same(&before[3], &snapshot(tb.host_venv_dir(3)), "dst3 after its failure");
+    common::assert_same(&before[4], &snapshot(tb.host_venv_dir(4)), "dst4, not started");
+    common::assert_same(&before[0], &snapshot(tb.host_venv_dir(0)), "the source");
+    // dst and dst2 got their whole plan: planning again finds nothing to do.
+    let again = json_of(&ok(
+        tb.overlay(&["plan", "src", "dst", "dst2", "--json", "-o", "again.json"])
+            .output()
+            .unwrap(),
+        "plan again",
+    ));
+    for t in again["targets"].as_array().unwrap() {
+        for s in t["sets"].as_array().unwrap() {
+            assert_eq!(s["changes"], json!([]), "{}", t["target"]);
+        }
+    }
 }

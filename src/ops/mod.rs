@@ -16,6 +16,7 @@
 //! ([`load_plan`]) and connecting ([`connect`]).
 
 pub mod apply;
+pub mod apply_many;
 pub mod doctor;
 pub mod history;
 pub mod plan;
