@@ -75,6 +75,26 @@ impl GlobalArgs {
         }
     }
 
+    /// The hosts `names` stand for when they are several (hosts and
+    /// `[groups.NAME]`s), or none named and `plan` is a plan of several
+    /// targets (its targets); `None` for one host, which the command's
+    /// one-host form handles as it always did.
+    pub fn several_hosts(
+        &self,
+        names: &[String],
+        plan: &std::path::Path,
+    ) -> overlay::error::Result<Option<Vec<String>>> {
+        use overlay::ops::plan_many;
+        if names.is_empty() {
+            return Ok(plan_many::load_fleet(plan)
+                .map(|(f, _)| f.targets.into_iter().map(|t| t.name).collect()));
+        }
+        if plan_many::is_single_host(&self.manifest, names) {
+            return Ok(None);
+        }
+        plan_many::targets(&self.manifest, names).map(Some)
+    }
+
     /// The host a one-host command names, or else the target of `plan`.
     pub fn host_choice(&self, host: &Option<String>, plan: &std::path::Path) -> HostChoice {
         HostChoice {
@@ -264,10 +284,12 @@ pub struct ApplyArgs {
     pub max_fail: Option<u64>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct VerifyArgs {
-    /// The host whose venv to check (default: the target of the last plan).
-    pub host: Option<String>,
+    /// The hosts whose venvs to check, or groups (default: the target, or
+    /// the targets, of the last plan).
+    #[arg(value_name = "HOST")]
+    pub hosts: Vec<String>,
 
     /// Give up on the check after this many seconds (default: the
     /// manifest's `[verify] timeout`, else 600).
@@ -297,10 +319,12 @@ pub struct DoctorArgs {
     pub plan: PathBuf,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RollbackArgs {
-    /// The target host (default: the target of the last plan).
-    pub host: Option<String>,
+    /// The target hosts, or groups (default: the target, or the targets,
+    /// of the last plan).
+    #[arg(value_name = "HOST")]
+    pub hosts: Vec<String>,
 
     /// Roll back every generation from the newest down to and including
     /// this one, an ID from `overlay history` (default: only the newest).
@@ -320,10 +344,12 @@ pub struct RollbackArgs {
     pub plan: PathBuf,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct HistoryArgs {
-    /// The host whose generations to list (default: the target of the last plan).
-    pub host: Option<String>,
+    /// The hosts whose generations to list, or groups (default: the
+    /// target, or the targets, of the last plan).
+    #[arg(value_name = "HOST")]
+    pub hosts: Vec<String>,
 
     /// Print the generations as JSON on stdout.
     #[arg(long)]
@@ -403,6 +429,8 @@ const ROLLBACK_EXAMPLES: &str = "\
 Examples:
   Undo the newest generation on ct200:
     overlay rollback ct200
+  On every host of the manifest's [groups.gpu] (each its own newest):
+    overlay rollback gpu
   Undo every generation down to and including one that `overlay history` lists:
     overlay rollback ct200 --to 20261130T142018Z-158f
   Undo the newest generation on the last plan's target; the result as JSON:
@@ -412,6 +440,8 @@ const HISTORY_EXAMPLES: &str = "\
 Examples:
   The generations on ct200:
     overlay history ct200
+  On ct200 and ct201, one table each:
+    overlay history ct200 ct201
   The same as JSON, for a script:
     overlay history ct200 --json";
 
@@ -426,6 +456,8 @@ const VERIFY_EXAMPLES: &str = "\
 Examples:
   Run the manifest's [verify] check on ct200:
     overlay verify ct200
+  On every target of the last plan of several targets:
+    overlay verify
   On the source, giving up after two minutes; the result as JSON:
     overlay verify ct129 --timeout 120 --json";
 
@@ -580,4 +612,48 @@ mod tests {
         assert_eq!(parse(&["overlay", "rollback", "-v"]), 1);
         assert_eq!(parse(&["overlay", "history"]), 0);
     }
+}
+
+/// Run `one` on each of `hosts` in turn: in text, a `== HOST ==` line on
+/// stdout before each host's own output; with `json`, each host's document
+/// as its one-host command prints it, in the order of `hosts`. A host that
+/// fails has its error printed and the others still run; then exit 0 if
+/// all succeeded, else an error of kind `TargetsFailed` naming the others.
+pub fn on_each_host(
+    hosts: &[String],
+    json: bool,
+    mut one: impl FnMut(&str) -> overlay::error::Result<u8>,
+) -> overlay::error::Result<u8> {
+    use overlay::text::escape;
+    let mut failed: Vec<String> = Vec::new();
+    for (i, h) in hosts.iter().enumerate() {
+        if !json {
+            if i > 0 {
+                println!();
+            }
+            println!("== {} ==", escape(h));
+        }
+        match one(h) {
+            Ok(0) => {}
+            Ok(code) => failed.push(format!("{h} (exit {code})")),
+            Err(e) => {
+                eprintln!("error: {}", escape(&e.to_string()));
+                if let Some(hint) = &e.hint {
+                    eprintln!("hint: {}", escape(hint));
+                }
+                failed.push(format!("{h} (exit {})", e.kind.exit_code()));
+            }
+        }
+    }
+    if failed.is_empty() {
+        return Ok(overlay::error::EXIT_OK);
+    }
+    Err(overlay::err!(
+        kind = TargetsFailed,
+        hint = "see each host's error above",
+        "{} of {} hosts did not succeed: {}",
+        failed.len(),
+        hosts.len(),
+        failed.join(", ")
+    ))
 }

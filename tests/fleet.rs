@@ -269,7 +269,24 @@ fn max_fail_stops_the_rollout_and_the_failed_target_is_not_half_applied() {
     common::assert_same(&before[3], &snapshot(tb.host_venv_dir(3)), "dst3 after its failure");
     common::assert_same(&before[4], &snapshot(tb.host_venv_dir(4)), "dst4, not started");
     common::assert_same(&before[0], &snapshot(tb.host_venv_dir(0)), "the source");
-    // dst and dst2 got their whole plan: planning again finds nothing to do.
+    // history, rollback and verify take several hosts, a group, or the
+    // targets of the last plan of many.
+    let out = ok(tb.overlay(&["history"]).output().unwrap(), "history");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for name in TARGETS {
+        assert!(text.contains(&format!("== {name} ==")), "{text}");
+    }
+    let out = ok(
+        tb.overlay(&["history", "fleet", "--json"]).output().unwrap(),
+        "history fleet --json",
+    );
+    let docs: Vec<Value> = serde_json::Deserializer::from_slice(&out.stdout)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(docs.len(), 4, "one document per host");
+    assert_eq!(docs[0].as_array().unwrap().len(), 1, "dst: one generation");
+    assert_eq!(docs[3], json!([]), "dst4: none");
     let again = json_of(&ok(
         tb.overlay(&["plan", "src", "dst", "dst2", "--json", "-o", "again.json"])
             .output()
@@ -281,4 +298,15 @@ fn max_fail_stops_the_rollout_and_the_failed_target_is_not_half_applied() {
             assert_eq!(s["changes"], json!([]), "{}", t["target"]);
         }
     }
+    ok(
+        tb.overlay(&["rollback", "dst", "dst2"]).output().unwrap(),
+        "rollback dst dst2",
+    );
+    common::assert_same(&before[1], &snapshot(tb.host_venv_dir(1)), "dst rolled back");
+    common::assert_same(&before[2], &snapshot(tb.host_venv_dir(2)), "dst2 rolled back");
+    // dst4 has nothing to roll back: the others are still done, exit 11.
+    let out = tb.overlay(&["rollback", "dst3", "dst4"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "{err}");
+    assert!(err.contains("1 of 2 hosts did not succeed: dst4 (exit 7)"), "{err}");
 }
