@@ -614,20 +614,22 @@ mod tests {
     }
 }
 
-/// Run `one` on each of `hosts` in turn: in text, a `== HOST ==` line on
-/// stdout before each host's own output; with `json`, each host's document
-/// as its one-host command prints it, in the order of `hosts`. A host that
+/// Run `one` on each of `hosts` in turn: with `headers` (and not `json`),
+/// a `== HOST ==` line on stdout before each host's own output; with
+/// `json`, each host's document as its one-host command prints it, in the
+/// order of `hosts`. A host that
 /// fails has its error printed and the others still run; then exit 0 if
 /// all succeeded, else an error of kind `TargetsFailed` naming the others.
 pub fn on_each_host(
     hosts: &[String],
     json: bool,
+    headers: bool,
     mut one: impl FnMut(&str) -> overlay::error::Result<u8>,
 ) -> overlay::error::Result<u8> {
     use overlay::text::escape;
     let mut failed: Vec<String> = Vec::new();
     for (i, h) in hosts.iter().enumerate() {
-        if !json {
+        if headers && !json {
             if i > 0 {
                 println!();
             }

@@ -127,11 +127,8 @@ fn run_many(
     opts: &ApplyOptions,
     plans: &[(String, std::path::PathBuf)],
 ) -> Result<u8> {
-    let console = Console::new(global).check_output(if args.json {
-        CheckOutput::Stderr
-    } else {
-        CheckOutput::Text
-    });
+    // The checks' output goes to stderr: stdout holds the table (or JSON).
+    let console = Console::new(global).check_output(CheckOutput::Stderr);
     let policy = Rollout {
         parallel: usize::try_from(args.parallel).unwrap_or(usize::MAX),
         canary: args.canary,
@@ -191,8 +188,9 @@ fn table(rolled: &Rolled) -> String {
                     result
                 },
                 t.changes.to_string(),
-                HumanBytes(t.bytes).to_string(),
-                format!("{:.1}s", t.seconds),
+                // Fixed widths: a longer number never shifts the columns after it.
+                format!("{:>10}", HumanBytes(t.bytes).to_string()),
+                format!("{:>7.1}s", t.seconds),
                 t.generation.clone().unwrap_or_else(|| "-".into()),
             ]
         })

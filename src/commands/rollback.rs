@@ -22,7 +22,7 @@ pub fn run(global: &GlobalArgs, args: &RollbackArgs) -> Result<u8> {
                 hosts.join(", ")
             ));
         }
-        return crate::cli::on_each_host(&hosts, args.json, |h| {
+        return crate::cli::on_each_host(&hosts, args.json, false, |h| {
             run_one(global, args, &Some(h.to_string()))
         });
     }

@@ -12,7 +12,7 @@ use crate::progress::{CheckOutput, Console};
 
 pub fn run(global: &GlobalArgs, args: &VerifyArgs) -> Result<u8> {
     if let Some(hosts) = global.several_hosts(&args.hosts, &args.plan)? {
-        return crate::cli::on_each_host(&hosts, args.json, |h| {
+        return crate::cli::on_each_host(&hosts, args.json, true, |h| {
             run_one(global, args, &Some(h.to_string()))
         });
     }

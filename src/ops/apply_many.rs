@@ -60,12 +60,15 @@ pub struct TargetResult {
     pub result: Outcome,
     /// Changes in the generation (0 when none was applied).
     pub changes: u64,
-    /// Bytes of the files sent to it, before compression.
+    /// Bytes of the files sent to it, before compression (what the source
+    /// read for it).
     pub bytes: u64,
     /// Bytes on the wire.
     pub sent_bytes: u64,
     pub seconds: f64,
     pub generation: Option<String>,
+    /// With `--verify`: whether the check passed.
+    pub verified: Option<bool>,
     /// The generation was rolled back (`--rollback-on-failure`).
     pub rolled_back: bool,
     /// Whether a canary (`--canary`).
@@ -87,6 +90,9 @@ impl TargetResult {
 #[derive(Debug, Clone, Serialize)]
 pub struct Rolled {
     pub targets: Vec<TargetResult>,
+    /// Bytes of files the source read for the whole rollout: today each
+    /// target's stream reads its own (the sum of the targets' `bytes`).
+    pub source_bytes_read: u64,
 }
 
 impl Rolled {
@@ -152,8 +158,12 @@ pub fn apply_many(
         .map(|(r, (name, _))| {
             r.unwrap_or_else(|| skipped(name, false, "not started: a canary failed".into()))
         })
-        .collect();
-    Ok(Rolled { targets })
+        .collect::<Vec<TargetResult>>();
+    let source_bytes_read = targets.iter().map(|t| t.bytes).sum();
+    Ok(Rolled {
+        targets,
+        source_bytes_read,
+    })
 }
 
 fn skipped(name: &str, canary: bool, why: String) -> TargetResult {
@@ -165,6 +175,7 @@ fn skipped(name: &str, canary: bool, why: String) -> TargetResult {
         sent_bytes: 0,
         seconds: 0.0,
         generation: None,
+        verified: None,
         rolled_back: false,
         canary,
         error: Some(why),
@@ -196,6 +207,7 @@ fn one(
             r.seconds = a.seconds;
             r.generation = Some(a.generation);
             r.rolled_back = a.rolled_back;
+            r.verified = a.verified;
             if a.verified == Some(false) {
                 r.result = Outcome::VerifyFailed;
                 r.exit_code = ErrorKind::VerifyFailed.exit_code();

@@ -34,7 +34,7 @@ use super::plan::{
     Closing, Preflighted, StatSide, both, connect_scan, globs_of, host_info, index,
     manifest_stamp, members_and_order, now, preflight, select_sets, shared_files,
 };
-use super::{Clock, Observer, Step};
+use super::{Clock, Meter, Observer, Step};
 
 /// What `overlay plan SRC TARGET...` is asked.
 #[derive(Debug, Clone)]
@@ -238,6 +238,11 @@ fn make_plans(
     };
     let known: HashMap<String, Option<ElfInfo>> = shared.into_iter().zip(infos).collect();
     let mut plans = Vec::with_capacity(targets.len());
+    // The source's notes are about the source: each is shown once.
+    let once = Once {
+        inner: obs,
+        seen: Default::default(),
+    };
     for (t, c) in targets.iter_mut().zip(computed) {
         let plan::Computed {
             sets: set_plans,
@@ -257,7 +262,7 @@ fn make_plans(
                 answer,
                 (&src_host.name, &src.scan),
                 &set_plans,
-                obs,
+                &once,
             ));
         }
         plans.push(Plan {
@@ -503,4 +508,48 @@ fn write_atomic(out: &Path, bytes: &[u8]) -> Result<()> {
     std::io::Write::write_all(&mut tmp, bytes).map_err(fail)?;
     tmp.persist(out).map_err(|e| fail(e.error))?;
     Ok(())
+}
+
+/// An observer that passes each line on once, however often it is told.
+struct Once<'a> {
+    inner: &'a dyn Observer,
+    seen: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Once<'_> {
+    fn first(&self, line: &str) -> bool {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(line.to_string())
+    }
+}
+
+impl Observer for Once<'_> {
+    fn status(&self, line: &str) {
+        if self.first(line) {
+            self.inner.status(line);
+        }
+    }
+    fn detail(&self, line: &str) {
+        if self.first(line) {
+            self.inner.detail(line);
+        }
+    }
+    fn note(&self, line: &str) {
+        if self.first(line) {
+            self.inner.note(line);
+        }
+    }
+    fn warn(&self, line: &str) {
+        if self.first(line) {
+            self.inner.warn(line);
+        }
+    }
+    fn step(&self, step: Step, on: &str) -> Box<dyn Meter> {
+        self.inner.step(step, on)
+    }
+    fn checked(&self, host: &str, report: &crate::model::VerifyReport, log: &Path) {
+        self.inner.checked(host, report, log);
+    }
 }
