@@ -405,10 +405,9 @@ Examples:
     overlay plan ct129 ct200 --set torch -v
   A plan of its own for a second target, applied by its name:
     overlay plan ct129 ct201 -o ct201.json && overlay apply ct201.json
-  One plan per target for several targets, or a [groups.NAME] of them
-  (saved to .overlay/plan.d/TARGET.json, listed in .overlay/plan.json):
-    overlay plan ct129 ct200 ct201 ct202
-    overlay plan ct129 gpu-nodes --json";
+  One plan per target for several targets (or name a [groups.NAME]), saved
+  to .overlay/plan.d/TARGET.json and listed in .overlay/plan.json:
+    overlay plan ct129 ct200 ct201 ct202";
 
 const APPLY_EXAMPLES: &str = "\
 Examples:
@@ -418,8 +417,6 @@ Examples:
     overlay apply ct201.json
   Stream straight from the source host to the target, at zstd level 3:
     overlay apply --direct --compress 3
-  Send through this machine although the manifest says route = \"direct\":
-    overlay apply --relay
   After `overlay plan ct129 ct200 ct201 ct202 ct203`: ct200 first as a canary,
   then the rest two at a time, stopping after a failure, each rolled back if
   its check fails:
@@ -592,28 +589,6 @@ pub fn parse() -> Result<Cli, clap::Error> {
     Ok(cli)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_command_line_is_consistent() {
-        command().debug_assert();
-    }
-
-    #[test]
-    fn a_subcommand_s_own_verbose_still_counts() {
-        let parse = |args: &[&str]| {
-            let m = command().try_get_matches_from(args).unwrap();
-            Cli::from_arg_matches(&m).unwrap().global.verbose
-        };
-        assert_eq!(parse(&["overlay", "plan", "a", "b", "-vv"]), 2);
-        assert_eq!(parse(&["overlay", "-v", "plan", "a", "b"]), 1);
-        assert_eq!(parse(&["overlay", "rollback", "-v"]), 1);
-        assert_eq!(parse(&["overlay", "history"]), 0);
-    }
-}
-
 /// Run `one` on each of `hosts` in turn: with `headers` (and not `json`),
 /// a `== HOST ==` line on stdout before each host's own output; with
 /// `json`, each host's document as its one-host command prints it, in the
@@ -658,4 +633,26 @@ pub fn on_each_host(
         hosts.len(),
         failed.join(", ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        command().debug_assert();
+    }
+
+    #[test]
+    fn a_subcommand_s_own_verbose_still_counts() {
+        let parse = |args: &[&str]| {
+            let m = command().try_get_matches_from(args).unwrap();
+            Cli::from_arg_matches(&m).unwrap().global.verbose
+        };
+        assert_eq!(parse(&["overlay", "plan", "a", "b", "-vv"]), 2);
+        assert_eq!(parse(&["overlay", "-v", "plan", "a", "b"]), 1);
+        assert_eq!(parse(&["overlay", "rollback", "-v"]), 1);
+        assert_eq!(parse(&["overlay", "history"]), 0);
+    }
 }

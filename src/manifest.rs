@@ -289,7 +289,11 @@ impl Locator<'_> {
                     span,
                     format!(
                         "group {name}: unknown host {h:?} (hosts: {})",
-                        if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
                     ),
                 ));
             }
@@ -711,8 +715,12 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
 
     #[test]
     fn groups_expand_and_are_checked() {
-        let hosts = "[hosts.a]\nvenv = \"/v\"\n[hosts.b]\nvenv = \"/v\"\n[hosts.c]\nvenv = \"/v\"\n";
-        let m = parse(&format!("{hosts}[groups.gpu]\nhosts = [\"b\", \"a\", \"b\"]\n")).unwrap();
+        let hosts =
+            "[hosts.a]\nvenv = \"/v\"\n[hosts.b]\nvenv = \"/v\"\n[hosts.c]\nvenv = \"/v\"\n";
+        let m = parse(&format!(
+            "{hosts}[groups.gpu]\nhosts = [\"b\", \"a\", \"b\"]\n"
+        ))
+        .unwrap();
         assert_eq!(m.groups["gpu"], ["b", "a"]);
         let names = |v: &[&str]| {
             let v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
@@ -727,9 +735,17 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         assert!(e.hint.as_deref().unwrap().contains("groups: gpu"), "{e:?}");
 
         let e = parse(&format!("{hosts}[groups.gpu]\nhosts = [\"a\", \"zz\"]\n")).unwrap_err();
-        assert!(e.message.contains(":8:") && e.message.contains("unknown host \"zz\""), "{}", e.message);
+        assert!(
+            e.message.contains(":8:") && e.message.contains("unknown host \"zz\""),
+            "{}",
+            e.message
+        );
         let e = parse(&format!("{hosts}[groups.a]\nhosts = [\"b\"]\n")).unwrap_err();
-        assert!(e.message.contains(":7:") && e.message.contains("name of a host"), "{}", e.message);
+        assert!(
+            e.message.contains(":7:") && e.message.contains("name of a host"),
+            "{}",
+            e.message
+        );
         let e = parse(&format!("{hosts}[groups.g]\nhosts = []\n")).unwrap_err();
         assert!(e.message.contains("lists no hosts"), "{}", e.message);
     }

@@ -156,7 +156,11 @@ pub fn fleet_json(plans: &[Plan]) -> String {
         targets: plans.iter().map(plan_doc).collect(),
         groups: same_plans(plans)
             .into_iter()
-            .map(|g| g.into_iter().map(|i| plans[i].target.name.as_str()).collect())
+            .map(|g| {
+                g.into_iter()
+                    .map(|i| plans[i].target.name.as_str())
+                    .collect()
+            })
             .collect(),
     };
     serde_json::to_string_pretty(&doc).expect("plans serialize") + "\n"
@@ -171,7 +175,10 @@ pub fn fleet_text(plans: &[Plan], verbose: bool, color: bool) -> String {
     let Some(first) = plans.first() else {
         return out;
     };
-    let names: Vec<String> = plans.iter().map(|p| quote(&p.target.name).into_owned()).collect();
+    let names: Vec<String> = plans
+        .iter()
+        .map(|p| quote(&p.target.name).into_owned())
+        .collect();
     let _ = writeln!(
         out,
         "{} ({}, Python {}) -> {} target{}: {}",

@@ -20,9 +20,17 @@ fn four_targets(more: &str) -> Testbed {
         common::SCENARIO_SETS
     ));
     ok(
-        tb.overlay(&["plan", "src", "dst3", "--set", "torch", "-o", "dst3-torch.json"])
-            .output()
-            .unwrap(),
+        tb.overlay(&[
+            "plan",
+            "src",
+            "dst3",
+            "--set",
+            "torch",
+            "-o",
+            "dst3-torch.json",
+        ])
+        .output()
+        .unwrap(),
         "plan dst3's torch",
     );
     ok(
@@ -120,7 +128,9 @@ fn each_target_s_plan_in_a_plan_of_many_is_its_own_single_plan() {
         assert_eq!(paths(&saved[i]), paths(&alone), "{name}: saved changes");
     }
     assert!(
-        many["targets"][3]["sets"].to_string().contains("nvidia/extra/lib.py"),
+        many["targets"][3]["sets"]
+            .to_string()
+            .contains("nvidia/extra/lib.py"),
         "dst4's extra dist is in its plan"
     );
 
@@ -137,7 +147,10 @@ fn each_target_s_plan_in_a_plan_of_many_is_its_own_single_plan() {
         "plan src dst dst2 dst3 dst4",
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("--- the plans:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!(
+        "--- the plans:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("\ndst, dst2: same plan, "), "{text}");
     assert!(text.contains("4 targets, 3 distinct plans"), "{text}");
 }
@@ -151,17 +164,31 @@ fn a_bad_group_or_the_source_among_the_targets_is_refused() {
     let tb = Testbed::new(2);
     let manifest = tb.write_manifest(common::SCENARIO_SETS);
     let text = fs::read_to_string(&manifest).unwrap();
-    fs::write(&manifest, format!("{text}[groups.g]\nhosts = [\"dst\", \"ct999\"]\n")).unwrap();
+    fs::write(
+        &manifest,
+        format!("{text}[groups.g]\nhosts = [\"dst\", \"ct999\"]\n"),
+    )
+    .unwrap();
     let out = tb.overlay(&["plan", "src", "g"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("overlay.toml:") && err.contains("unknown host \"ct999\""), "{err}");
+    assert!(
+        err.contains("overlay.toml:") && err.contains("unknown host \"ct999\""),
+        "{err}"
+    );
 
-    fs::write(&manifest, format!("{text}[groups.g]\nhosts = [\"dst\", \"src\"]\n")).unwrap();
+    fs::write(
+        &manifest,
+        format!("{text}[groups.g]\nhosts = [\"dst\", \"src\"]\n"),
+    )
+    .unwrap();
     let out = tb.overlay(&["plan", "src", "g"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("The source src is also among the targets"), "{err}");
+    assert!(
+        err.contains("The source src is also among the targets"),
+        "{err}"
+    );
     assert!(!tb.work.join(".overlay/plan.json").exists());
 }
 
@@ -200,10 +227,8 @@ fn a_failing_canary_is_rolled_back_and_the_others_are_untouched() {
     );
     fs::write(tb.host_dir(1).join("root/fail-verify"), "").unwrap();
     let before: Vec<_> = (0..5).map(|i| snapshot(tb.host_venv_dir(i))).collect();
-    let (code, rows, stderr) = roll_out(
-        &tb,
-        &["--canary", "1", "--verify", "--rollback-on-failure"],
-    );
+    let (code, rows, stderr) =
+        roll_out(&tb, &["--canary", "1", "--verify", "--rollback-on-failure"]);
     assert_eq!(code, Some(11), "{stderr}");
     assert_eq!(rows[0]["target"], "dst");
     assert_eq!(rows[0]["result"], "verify-failed", "{stderr}");
@@ -219,7 +244,11 @@ fn a_failing_canary_is_rolled_back_and_the_others_are_untouched() {
         "{stderr}"
     );
     for (i, b) in before.iter().enumerate() {
-        common::assert_same(b, &snapshot(tb.host_venv_dir(i)), "a venv after the rollout");
+        common::assert_same(
+            b,
+            &snapshot(tb.host_venv_dir(i)),
+            "a venv after the rollout",
+        );
     }
 
     // Without the mark every target passes its check: exit 0, all applied
@@ -231,7 +260,14 @@ fn a_failing_canary_is_rolled_back_and_the_others_are_untouched() {
     );
     let (code, rows, stderr) = roll_out(
         &tb,
-        &["--canary", "1", "--parallel", "2", "--verify", "--rollback-on-failure"],
+        &[
+            "--canary",
+            "1",
+            "--parallel",
+            "2",
+            "--verify",
+            "--rollback-on-failure",
+        ],
     );
     assert_eq!(code, Some(0), "{stderr}");
     for r in &rows {
@@ -261,13 +297,28 @@ fn max_fail_stops_the_rollout_and_the_failed_target_is_not_half_applied() {
     fs::remove_file(ssh_dir.join("environment")).unwrap();
     assert_eq!(code, Some(11), "{stderr}");
     let results: Vec<&str> = rows.iter().map(|r| r["result"].as_str().unwrap()).collect();
-    assert_eq!(results, ["applied", "applied", "failed", "skipped"], "{stderr}");
+    assert_eq!(
+        results,
+        ["applied", "applied", "failed", "skipped"],
+        "{stderr}"
+    );
     assert!(rows[3]["error"].as_str().unwrap().contains("--max-fail 1"));
     // The next command on dst3 finds the unfinished generation and rolls it
     // back: dst3 is as before, and dst4 was never touched.
-    ok(tb.overlay(&["history", "dst3"]).output().unwrap(), "history dst3");
-    common::assert_same(&before[3], &snapshot(tb.host_venv_dir(3)), "dst3 after its failure");
-    common::assert_same(&before[4], &snapshot(tb.host_venv_dir(4)), "dst4, not started");
+    ok(
+        tb.overlay(&["history", "dst3"]).output().unwrap(),
+        "history dst3",
+    );
+    common::assert_same(
+        &before[3],
+        &snapshot(tb.host_venv_dir(3)),
+        "dst3 after its failure",
+    );
+    common::assert_same(
+        &before[4],
+        &snapshot(tb.host_venv_dir(4)),
+        "dst4, not started",
+    );
     common::assert_same(&before[0], &snapshot(tb.host_venv_dir(0)), "the source");
     // history, rollback and verify take several hosts, a group, or the
     // targets of the last plan of many.
@@ -277,7 +328,9 @@ fn max_fail_stops_the_rollout_and_the_failed_target_is_not_half_applied() {
         assert!(text.contains(&format!("== {name} ==")), "{text}");
     }
     let out = ok(
-        tb.overlay(&["history", "fleet", "--json"]).output().unwrap(),
+        tb.overlay(&["history", "fleet", "--json"])
+            .output()
+            .unwrap(),
         "history fleet --json",
     );
     let docs: Vec<Value> = serde_json::Deserializer::from_slice(&out.stdout)
@@ -302,11 +355,22 @@ fn max_fail_stops_the_rollout_and_the_failed_target_is_not_half_applied() {
         tb.overlay(&["rollback", "dst", "dst2"]).output().unwrap(),
         "rollback dst dst2",
     );
-    common::assert_same(&before[1], &snapshot(tb.host_venv_dir(1)), "dst rolled back");
-    common::assert_same(&before[2], &snapshot(tb.host_venv_dir(2)), "dst2 rolled back");
+    common::assert_same(
+        &before[1],
+        &snapshot(tb.host_venv_dir(1)),
+        "dst rolled back",
+    );
+    common::assert_same(
+        &before[2],
+        &snapshot(tb.host_venv_dir(2)),
+        "dst2 rolled back",
+    );
     // dst4 has nothing to roll back: the others are still done, exit 11.
     let out = tb.overlay(&["rollback", "dst3", "dst4"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(11), "{err}");
-    assert!(err.contains("1 of 2 hosts did not succeed: dst4 (exit 7)"), "{err}");
+    assert!(
+        err.contains("1 of 2 hosts did not succeed: dst4 (exit 7)"),
+        "{err}"
+    );
 }

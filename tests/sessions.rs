@@ -429,13 +429,29 @@ fn fleet() {
     let mut s = Session::new(&tb, "fleet");
     s.step(
         "plan-dst3-torch",
-        &["plan", "src", "dst3", "--set", "torch", "-o", "dst3.json", "-q"],
+        &[
+            "plan",
+            "src",
+            "dst3",
+            "--set",
+            "torch",
+            "-o",
+            "dst3.json",
+            "-q",
+        ],
     );
     s.step("apply-dst3-torch", &["apply", "dst3.json", "-q"]);
     s.step("plan", &["plan", "src", "fleet"]);
     s.step(
         "apply",
-        &["apply", "--canary", "1", "--verify", "--rollback-on-failure", "-q"],
+        &[
+            "apply",
+            "--canary",
+            "1",
+            "--verify",
+            "--rollback-on-failure",
+            "-q",
+        ],
     );
     s.step("history", &["history"]);
     s.step("verify", &["verify", "dst", "dst2"]);

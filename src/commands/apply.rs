@@ -5,9 +5,9 @@
 //! document) of every target's result on stdout.
 
 use indicatif::HumanBytes;
+use overlay::err;
 use overlay::error::{EXIT_OK, ErrorKind, Result};
 use overlay::ops::Observer;
-use overlay::err;
 use overlay::ops::apply::{Applied, ApplyOptions, ApplyReport, apply};
 use overlay::ops::apply_many::{Rolled, Rollout, apply_many};
 use overlay::ops::plan_many;
@@ -132,7 +132,9 @@ fn run_many(
     let policy = Rollout {
         parallel: usize::try_from(args.parallel).unwrap_or(usize::MAX),
         canary: args.canary,
-        max_fail: args.max_fail.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+        max_fail: args
+            .max_fail
+            .map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
     };
     let rolled = apply_many(plans, opts, policy, &console)?;
     if args.json {
@@ -149,13 +151,7 @@ fn run_many(
     }
     let list: Vec<String> = failed
         .iter()
-        .map(|t| {
-            format!(
-                "{} ({})",
-                t.target,
-                t.error.as_deref().unwrap_or("failed")
-            )
-        })
+        .map(|t| format!("{} ({})", t.target, t.error.as_deref().unwrap_or("failed")))
         .collect();
     Err(err!(
         kind = TargetsFailed,

@@ -129,7 +129,14 @@ pub fn apply_many(
                             .max_fail
                             .filter(|&k| failures.load(Ordering::SeqCst) >= k);
                         let r = match stop {
-                            Some(k) => skipped(name, is_canary, format!("not started: {k} target{} failed (--max-fail {k})", if k == 1 { "" } else { "s" })),
+                            Some(k) => skipped(
+                                name,
+                                is_canary,
+                                format!(
+                                    "not started: {k} target{} failed (--max-fail {k})",
+                                    if k == 1 { "" } else { "s" }
+                                ),
+                            ),
                             None => {
                                 let r = one(name, file, base, is_canary, obs);
                                 if !r.ok() {
@@ -196,7 +203,10 @@ fn one(
         ..base.clone()
     };
     let started = Instant::now();
-    let tagged = Tagged { inner: obs, target: name };
+    let tagged = Tagged {
+        inner: obs,
+        target: name,
+    };
     let mut r = skipped(name, canary, String::new());
     r.error = None;
     match apply(&opts, &tagged) {

@@ -179,7 +179,10 @@ pub(super) fn index(v: Vec<Entry>) -> plan::Entries {
 }
 
 /// Run `f` for the source and the target at the same time.
-pub(super) fn both<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
+pub(super) fn both<A: Send, B: Send>(
+    a: impl FnOnce() -> A + Send,
+    b: impl FnOnce() -> B + Send,
+) -> (A, B) {
     std::thread::scope(|s| {
         let ha = s.spawn(a);
         let rb = b();
@@ -363,7 +366,10 @@ fn hash_phase(
 /// The sides' stat requests. What differs between them: the source's
 /// `bin/` scripts are hashed as they would read on the target, and only
 /// the target's bytecode matters.
-pub(super) fn stat_sides<'a>(src_host: &'a Host, dst_host: &'a Host) -> (StatSide<'a>, StatSide<'a>) {
+pub(super) fn stat_sides<'a>(
+    src_host: &'a Host,
+    dst_host: &'a Host,
+) -> (StatSide<'a>, StatSide<'a>) {
     let src_side = StatSide {
         host: &src_host.name,
         venv: &src_host.venv,

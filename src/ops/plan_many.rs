@@ -31,8 +31,8 @@ use crate::plan::{self, PLAN_FORMAT, Plan, Side};
 use crate::transport::ConnectOptions;
 
 use super::plan::{
-    Closing, Preflighted, StatSide, both, connect_scan, globs_of, host_info, index,
-    manifest_stamp, members_and_order, now, preflight, select_sets, shared_files,
+    Closing, Preflighted, StatSide, both, connect_scan, globs_of, host_info, index, manifest_stamp,
+    members_and_order, now, preflight, select_sets, shared_files,
 };
 use super::{Clock, Meter, Observer, Step};
 
@@ -364,8 +364,9 @@ fn plan_for_venv(
     }
 
     // Phase 2: hash what decides something (see `plan::needs_hash`).
-    let unhashed =
-        |e: Option<&crate::model::Entry>| matches!(e.map(|e| &e.kind), Some(Kind::File { blake3: None, .. }));
+    let unhashed = |e: Option<&crate::model::Entry>| {
+        matches!(e.map(|e| &e.kind), Some(Kind::File { blake3: None, .. }))
+    };
     let mut src_hash: BTreeSet<String> = BTreeSet::new();
     let mut dst_hash: Vec<Vec<String>> = Vec::with_capacity(targets.len());
     for t in &targets {
@@ -469,7 +470,9 @@ pub fn save_many(plans: &[Plan], out: &Path) -> Result<Vec<PathBuf>> {
     }
     let fleet = FleetPlan {
         format: PLAN_FORMAT,
-        source: plans.first().map_or_else(String::new, |p| p.source.name.clone()),
+        source: plans
+            .first()
+            .map_or_else(String::new, |p| p.source.name.clone()),
         targets,
     };
     let text = serde_json::to_string_pretty(&fleet).expect("a fleet plan serializes") + "\n";
