@@ -89,7 +89,9 @@ impl GlobalArgs {
             return Ok(plan_many::load_fleet(plan)
                 .map(|(f, _)| f.targets.into_iter().map(|t| t.name).collect()));
         }
-        if plan_many::is_single_host(&self.manifest, names) {
+        // One name that is not a group: the one-host form, which also
+        // works without a manifest (from the plan's target).
+        if names.len() == 1 && !plan_many::is_group(&self.manifest, &names[0]) {
             return Ok(None);
         }
         plan_many::targets(&self.manifest, names).map(Some)

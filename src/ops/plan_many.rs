@@ -78,6 +78,13 @@ pub fn is_single_host(manifest: &Path, names: &[String]) -> bool {
     }
 }
 
+/// Whether `name` is a `[groups.NAME]` of the manifest at `manifest` (not
+/// when the manifest cannot be read: the one-host commands then work from
+/// the plan, and say what is wrong).
+pub fn is_group(manifest: &Path, name: &str) -> bool {
+    Manifest::load(manifest).is_ok_and(|m| m.is_group(name))
+}
+
 /// Make a plan for every target against one read of the source.
 pub fn plan_many(opts: &PlanManyOptions, obs: &dyn Observer) -> Result<PlannedMany> {
     let manifest = Manifest::load(&opts.manifest)?;
