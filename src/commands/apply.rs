@@ -145,6 +145,14 @@ fn run_many(
     } else {
         print!("{}", table(&rolled));
     }
+    if overlay::interrupt::requested() {
+        return Err(err!(
+            kind = Interrupted,
+            hint =
+                "the table above says where each target stands; `overlay history HOST` shows one",
+            "interrupted: targets not started are untouched"
+        ));
+    }
     let failed = rolled.failed();
     if failed.is_empty() {
         return Ok(EXIT_OK);

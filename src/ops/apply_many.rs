@@ -4,7 +4,8 @@
 //! `overlay apply .overlay/plan.d/T.json` would (its own connection to the
 //! source and the target, backup, journal, `--verify`,
 //! `--rollback-on-failure`), several at once, canaries first, stopping
-//! after too many failures. Targets not started are untouched.
+//! after too many failures or at Ctrl-C (each running apply stops cleanly,
+//! as alone). Targets not started are untouched.
 //!
 //! The source is read once per target here (each apply streams its own
 //! plan's files); one read fanned out to every target is not done yet.
@@ -129,6 +130,9 @@ pub fn apply_many(
                             .max_fail
                             .filter(|&k| failures.load(Ordering::SeqCst) >= k);
                         let r = match stop {
+                            _ if crate::interrupt::requested() => {
+                                skipped(name, is_canary, "not started: interrupted".into())
+                            }
                             Some(k) => skipped(
                                 name,
                                 is_canary,
