@@ -70,12 +70,14 @@ fn each_target_s_plan_in_a_plan_of_many_is_its_own_single_plan() {
     let tb = four_targets("");
     let before: Vec<_> = (0..5).map(|i| snapshot(tb.host_venv_dir(i))).collect();
 
+    let t = std::time::Instant::now();
     let many = json_of(&ok(
         tb.overlay(&["plan", "src", "fleet", "--json"])
             .output()
             .unwrap(),
         "plan src fleet",
     ));
+    let many_took = t.elapsed();
     assert_eq!(many["source"], "src");
     assert_eq!(
         many["groups"],
@@ -98,13 +100,16 @@ fn each_target_s_plan_in_a_plan_of_many_is_its_own_single_plan() {
         })
         .collect();
 
+    let mut alone_took = std::time::Duration::ZERO;
     for (i, name) in TARGETS.iter().enumerate() {
+        let t = std::time::Instant::now();
         let one = json_of(&ok(
             tb.overlay(&["plan", "src", name, "--json", "-o", &format!("{name}.json")])
                 .output()
                 .unwrap(),
             "plan src TARGET",
         ));
+        alone_took += t.elapsed();
         let mine = &many["targets"][i];
         assert_eq!(mine["target"], *name);
         assert_eq!(mine["sets"], one["sets"], "{name}: changes differ");
@@ -127,6 +132,20 @@ fn each_target_s_plan_in_a_plan_of_many_is_its_own_single_plan() {
         };
         assert_eq!(paths(&saved[i]), paths(&alone), "{name}: saved changes");
     }
+    // For the record (no threshold): one plan of four against four plans,
+    // both warm (the first plan of four uploaded the agents, filled the
+    // hash caches).
+    let t = std::time::Instant::now();
+    ok(
+        tb.overlay(&["plan", "src", "fleet", "-o", "warm.json"])
+            .output()
+            .unwrap(),
+        "plan src fleet, warm",
+    );
+    eprintln!(
+        "plan of 4 targets: {many_took:?} cold, {:?} warm; 4 plans of one, warm: {alone_took:?}",
+        t.elapsed()
+    );
     assert!(
         many["targets"][3]["sets"]
             .to_string()
