@@ -24,6 +24,12 @@
 //!   `EINVAL`, `EOPNOTSUPP`, `ENOSYS`); and for a script whose shebang is
 //!   rewritten for the target (read, rewritten, written), as the stream does.
 //!
+//! The source's disk is kept busy ahead of the copy with the stream's own
+//! read-ahead (`send`'s [`read_ahead`]: `posix_fadvise(WILLNEED)` of the
+//! files the copy comes to next, at most 64 MiB past it): a source venv
+//! that is not in the page cache is read with many requests in flight, not
+//! one file at a time.
+//!
 //! Every staged regular file is then checked against the plan: its blake3
 //! must be the plan's (or, unhashed in the plan, the source's stamp did not
 //! move while it was copied). Where the copy read the bytes anyway (reads
@@ -42,14 +48,18 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 
-use super::send::{FileToSend, Source};
+use super::send::{
+    ADVICE, FileToSend, READ_AHEAD, ReadAhead, ReaderDone, Source, advise_willneed, read_ahead,
+};
 use super::write::{Owners, stage_error, sync_files};
 use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Error, Result, io_cause};
 use crate::inventory::{ContentHasher, Counters, Venv, Walker, content_hex};
 use crate::journal::Generation;
-use crate::model::{Action, Copied, FileStamp, Kind, ShebangRewrite, SourceHash, Written};
+use crate::model::{
+    Action, Copied, FileStamp, Kind, SendFile, ShebangRewrite, SourceHash, Written,
+};
 
 /// Bytes per `copy_file_range` call (and per read of the fallback's): a big
 /// file's progress moves, and a stop is seen, within it.
@@ -133,8 +143,18 @@ pub fn copy_local(
                 scope.spawn(move || sync_files(rx, host_dir, g, batched))
             })
             .collect();
-        let copied = Copier::new(g, host_dir, counters, stop, sync_tx)
-            .and_then(|c| c.run(source_root, shebang));
+        let copied = Venv::open(source_root).and_then(|venv| {
+            let files = files_of(g);
+            let ahead = ReadAhead::new(READ_AHEAD, ADVICE);
+            std::thread::scope(|inner| {
+                let (venv, files, ahead) = (&venv, &files, &ahead);
+                inner.spawn(move || read_ahead(venv, files, ahead, advise_willneed));
+                // Done, failed or panicked: the read-ahead has nothing left to do.
+                let _done = ReaderDone(ahead);
+                Copier::new(g, host_dir, counters, stop, sync_tx, ahead)
+                    .and_then(|c| c.run(venv, files, shebang))
+            })
+        });
         let mut synced = Ok(());
         for s in syncers {
             let r = s
@@ -156,6 +176,24 @@ pub fn copy_local(
     })
 }
 
+/// The files the generation stages, in its order, as the read-ahead and
+/// the copy walk them: every change that is not a delete, by its index.
+fn files_of(g: &Generation) -> Vec<SendFile> {
+    g.meta
+        .changes
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.action != Action::Delete)
+        .filter_map(|(index, c)| {
+            Some(SendFile {
+                index,
+                path: c.path.clone(),
+                kind: c.source.clone()?,
+            })
+        })
+        .collect()
+}
+
 /// The copying thread's state.
 struct Copier<'a> {
     g: &'a Generation,
@@ -172,6 +210,8 @@ struct Copier<'a> {
     kernel: Kernel,
     buf: Vec<u8>,
     out: Copied,
+    /// Told how far the files were copied, for the read-ahead.
+    ahead: &'a ReadAhead,
 }
 
 impl<'a> Copier<'a> {
@@ -181,6 +221,7 @@ impl<'a> Copier<'a> {
         counters: &'a Counters,
         stop: &'a (dyn Fn() -> bool + Sync),
         sync: mpsc::SyncSender<(Arc<File>, std::path::PathBuf)>,
+        ahead: &'a ReadAhead,
     ) -> Result<Copier<'a>> {
         let staging_path = g.dir.join("staging");
         let staging =
@@ -200,6 +241,7 @@ impl<'a> Copier<'a> {
             kernel: Kernel::new(),
             buf: vec![0u8; READ_BUF],
             out: Copied::default(),
+            ahead,
         })
     }
 
@@ -216,30 +258,29 @@ impl<'a> Copier<'a> {
     }
 
     /// Copy every file of the generation, in its order.
-    fn run(mut self, source_root: &str, shebang: Option<&ShebangRewrite>) -> Result<Copied> {
-        let g = self.g;
-        let files: Vec<(usize, &Kind, &str)> = g
-            .meta
-            .changes
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.action != Action::Delete)
-            .filter_map(|(i, c)| Some((i, c.source.as_ref()?, c.path.as_str())))
-            .collect();
+    fn run(
+        mut self,
+        venv: &Venv,
+        files: &[SendFile],
+        shebang: Option<&ShebangRewrite>,
+    ) -> Result<Copied> {
         let c = self.counters;
         c.total_files.store(files.len() as u64, Ordering::Relaxed);
         c.total_bytes
-            .store(files.iter().map(|f| f.1.size()).sum(), Ordering::Relaxed);
-        let venv = Venv::open(source_root)?;
+            .store(files.iter().map(|f| f.kind.size()).sum(), Ordering::Relaxed);
         let root = venv.beneath()?;
         let mut walker = Walker::new(std::os::fd::AsFd::as_fd(&root));
-        for (i, kind, path) in files {
+        // Where the file starts among the files' bytes, as the read-ahead counts.
+        let mut at = 0u64;
+        for f in files {
+            let (i, kind, path) = (f.index, &f.kind, f.path.as_str());
+            self.ahead.reader_at(at);
             if (self.stop)() {
                 return Err(Self::stopped());
             }
             let (abs, rel) = venv.resolve(path)?;
             let src = Source {
-                venv: &venv,
+                venv,
                 abs: &abs,
                 rel: &rel,
             };
@@ -273,7 +314,7 @@ impl<'a> Copier<'a> {
                         meta: &meta,
                         name: &name,
                     };
-                    self.file(&mut walker, &file, *size, *mode, owner, shebang)?;
+                    self.file(&mut walker, &file, *size, *mode, owner, shebang, at)?;
                     self.out.count.bytes += size;
                 }
                 other => {
@@ -286,6 +327,7 @@ impl<'a> Copier<'a> {
             }
             self.out.count.files += 1;
             c.files.fetch_add(1, Ordering::Relaxed);
+            at += kind.size();
         }
         Ok(self.out)
     }
@@ -300,6 +342,7 @@ impl<'a> Copier<'a> {
         mode: u32,
         owner: Option<(u32, u32)>,
         shebang: Option<&ShebangRewrite>,
+        at: u64,
     ) -> Result<()> {
         let src = file.src;
         let name = file.name;
@@ -319,7 +362,8 @@ impl<'a> Copier<'a> {
             if file.meta.st_size as u64 != size {
                 return Err(src.changed());
             }
-            let counters = self.counters;
+            let (counters, ahead) = (self.counters, self.ahead);
+            let done = std::cell::Cell::new(0u64);
             let copied = copy_file(
                 &input,
                 &out,
@@ -328,6 +372,8 @@ impl<'a> Copier<'a> {
                 &mut self.buf,
                 &|n| {
                     counters.bytes.fetch_add(n, Ordering::Relaxed);
+                    done.set(done.get() + n);
+                    ahead.reader_at(at + done.get());
                 },
                 self.stop,
             );

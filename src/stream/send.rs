@@ -359,13 +359,13 @@ pub fn send(
 }
 
 /// How far past the reader [`read_ahead`] asks the kernel to read.
-const READ_AHEAD: u64 = 64 << 20;
+pub(super) const READ_AHEAD: u64 = 64 << 20;
 /// The most one read-ahead advice covers.
-const ADVICE: u64 = 8 << 20;
+pub(super) const ADVICE: u64 = 8 << 20;
 
 /// Where the reader is, for the read-ahead: bytes of files (as the plan
 /// sizes them, in the plan's order) read so far, and whether it is done.
-struct ReadAhead {
+pub(super) struct ReadAhead {
     at: Mutex<(u64, bool)>,
     moved: Condvar,
     /// How far past the reader to read ([`READ_AHEAD`]).
@@ -376,7 +376,7 @@ struct ReadAhead {
 
 /// Tells the read-ahead that the reader is done when dropped, whether the
 /// reader returned or panicked.
-struct ReaderDone<'a>(&'a ReadAhead);
+pub(super) struct ReaderDone<'a>(pub(super) &'a ReadAhead);
 
 impl Drop for ReaderDone<'_> {
     fn drop(&mut self) {
@@ -385,7 +385,7 @@ impl Drop for ReaderDone<'_> {
 }
 
 impl ReadAhead {
-    fn new(window: u64, piece: u64) -> ReadAhead {
+    pub(super) fn new(window: u64, piece: u64) -> ReadAhead {
         ReadAhead {
             at: Mutex::new((0, false)),
             moved: Condvar::new(),
@@ -395,7 +395,7 @@ impl ReadAhead {
     }
 
     /// The reader has read `bytes` of the files.
-    fn reader_at(&self, bytes: u64) {
+    pub(super) fn reader_at(&self, bytes: u64) {
         if let Ok(mut at) = self.at.lock() {
             at.0 = bytes;
         }
@@ -428,7 +428,7 @@ impl ReadAhead {
 
 /// Ask the kernel to read `len` bytes of `file` from `offset` into the page
 /// cache, without waiting for them.
-fn advise_willneed(file: &File, offset: u64, len: u64) {
+pub(super) fn advise_willneed(file: &File, offset: u64, len: u64) {
     let _ = rustix::fs::fadvise(
         file,
         offset,
@@ -442,7 +442,7 @@ fn advise_willneed(file: &File, offset: u64, len: u64) {
 /// `advise` each piece of at most `ahead.piece` bytes once it is within
 /// `ahead.window` of the reader. A file that cannot be opened is left to
 /// the reader, which says what is wrong with it.
-fn read_ahead(
+pub(super) fn read_ahead(
     venv: &Venv,
     files: &[SendFile],
     ahead: &ReadAhead,
