@@ -75,6 +75,28 @@ impl GlobalArgs {
         }
     }
 
+    /// The hosts `names` stand for when they are several (hosts and
+    /// `[groups.NAME]`s), or none named and `plan` is a plan of several
+    /// targets (its targets); `None` for one host, which the command's
+    /// one-host form handles as it always did.
+    pub fn several_hosts(
+        &self,
+        names: &[String],
+        plan: &std::path::Path,
+    ) -> overlay::error::Result<Option<Vec<String>>> {
+        use overlay::ops::plan_many;
+        if names.is_empty() {
+            return Ok(plan_many::load_fleet(plan)
+                .map(|(f, _)| f.targets.into_iter().map(|t| t.name).collect()));
+        }
+        // One name that is not a group: the one-host form, which also
+        // works without a manifest (from the plan's target).
+        if names.len() == 1 && !plan_many::is_group(&self.manifest, &names[0]) {
+            return Ok(None);
+        }
+        plan_many::targets(&self.manifest, names).map(Some)
+    }
+
     /// The host a one-host command names, or else the target of `plan`.
     pub fn host_choice(&self, host: &Option<String>, plan: &std::path::Path) -> HostChoice {
         HostChoice {
@@ -152,13 +174,14 @@ pub struct PlanArgs {
     /// The host with the working venv (a name from the manifest's [hosts]).
     #[arg(required_unless_present = "bundle")]
     pub source: Option<String>,
-    /// The host whose venv is to be changed (a name from [hosts]).
-    #[arg(required_unless_present = "bundle")]
-    pub target: Option<String>,
+    /// The hosts whose venvs are to be changed (names from [hosts], or
+    /// [groups]): one plan each, against one scan of the source.
+    #[arg(required_unless_present = "bundle", value_name = "TARGET")]
+    pub targets: Vec<String>,
 
     /// Plan from a bundle written by `overlay pack`, on this host, against
     /// the venv given with --venv (no manifest, no SSH; read-only).
-    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["source", "target"])]
+    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["source", "targets"])]
     pub bundle: Option<PathBuf>,
 
     /// With --bundle: the venv on this host.
@@ -273,12 +296,29 @@ pub struct ApplyArgs {
     /// When the `--verify` check fails, roll the generation back (not with `--no-backup`).
     #[arg(long, requires = "verify", conflicts_with = "no_backup")]
     pub rollback_on_failure: bool,
+
+    /// A plan of several targets: how many to apply at once (Ansible's
+    /// default of 5 forks).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub parallel: u64,
+
+    /// A plan of several targets: apply (and with --verify check) the first
+    /// K targets first; the others start only if all K succeed.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub canary: usize,
+
+    /// A plan of several targets: start no new target once K have failed
+    /// (default: go on through every target). Those not started are untouched.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_fail: Option<u64>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct VerifyArgs {
-    /// The host whose venv to check (default: the target of the last plan).
-    pub host: Option<String>,
+    /// The hosts whose venvs to check, or groups (default: the target, or
+    /// the targets, of the last plan).
+    #[arg(value_name = "HOST")]
+    pub hosts: Vec<String>,
 
     /// Give up on the check after this many seconds (default: the
     /// manifest's `[verify] timeout`, else 600).
@@ -326,10 +366,12 @@ pub struct PackArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RollbackArgs {
-    /// The target host (default: the target of the last plan).
-    pub host: Option<String>,
+    /// The target hosts, or groups (default: the target, or the targets,
+    /// of the last plan).
+    #[arg(value_name = "HOST")]
+    pub hosts: Vec<String>,
 
     /// Roll back every generation from the newest down to and including
     /// this one, an ID from `overlay history` (default: only the newest).
@@ -350,14 +392,16 @@ pub struct RollbackArgs {
 
     /// A venv on this machine instead of a manifest's host, e.g. one that
     /// `overlay apply --bundle FILE --venv PATH` changed.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "hosts")]
     pub venv: Option<String>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct HistoryArgs {
-    /// The host whose generations to list (default: the target of the last plan).
-    pub host: Option<String>,
+    /// The hosts whose generations to list, or groups (default: the
+    /// target, or the targets, of the last plan).
+    #[arg(value_name = "HOST")]
+    pub hosts: Vec<String>,
 
     /// Print the generations as JSON on stdout.
     #[arg(long)]
@@ -369,7 +413,7 @@ pub struct HistoryArgs {
 
     /// A venv on this machine instead of a manifest's host, e.g. one that
     /// `overlay apply --bundle FILE --venv PATH` changed.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "hosts")]
     pub venv: Option<String>,
 }
 
@@ -416,8 +460,9 @@ Examples:
     overlay plan ct129 ct200
   Only the torch set, listing every changed path:
     overlay plan ct129 ct200 --set torch -v
-  A plan of its own for a second target, applied by its name:
-    overlay plan ct129 ct201 -o ct201.json && overlay apply ct201.json
+  One plan per target for several targets (or name a [groups.NAME]), saved
+  to .overlay/plan.d/TARGET.json and listed in .overlay/plan.json:
+    overlay plan ct129 ct200 ct201 ct202
   On a host itself, what a bundle from `overlay pack` would change in its venv:
     overlay plan --bundle /var/tmp/stack.ovl --venv /root/venv";
 
@@ -429,8 +474,10 @@ Examples:
     overlay apply ct201.json
   Stream straight from the source host to the target, at zstd level 3:
     overlay apply --direct --compress 3
-  Send through this machine although the manifest says route = \"direct\":
-    overlay apply --relay";
+  After `overlay plan ct129 ct200 ct201 ct202 ct203`: ct200 first as a canary,
+  then the rest two at a time, stopping after a failure, each rolled back if
+  its check fails:
+    overlay apply --canary 1 --parallel 2 --max-fail 1 --verify --rollback-on-failure";
 
 const PACK_EXAMPLES: &str = "\
 Examples:
@@ -444,6 +491,8 @@ const ROLLBACK_EXAMPLES: &str = "\
 Examples:
   Undo the newest generation on ct200:
     overlay rollback ct200
+  On every host of the manifest's [groups.gpu] (each its own newest):
+    overlay rollback gpu
   Undo every generation down to and including one that `overlay history` lists:
     overlay rollback ct200 --to 20261130T142018Z-158f
   Undo the newest generation on the last plan's target; the result as JSON:
@@ -453,6 +502,8 @@ const HISTORY_EXAMPLES: &str = "\
 Examples:
   The generations on ct200:
     overlay history ct200
+  On ct200 and ct201, one table each:
+    overlay history ct200 ct201
   The same as JSON, for a script:
     overlay history ct200 --json";
 
@@ -467,6 +518,8 @@ const VERIFY_EXAMPLES: &str = "\
 Examples:
   Run the manifest's [verify] check on ct200:
     overlay verify ct200
+  On every target of the last plan of several targets:
+    overlay verify
   On the source, giving up after two minutes; the result as JSON:
     overlay verify ct129 --timeout 120 --json";
 
@@ -599,6 +652,52 @@ pub fn parse() -> Result<Cli, clap::Error> {
     cli.global.manifest_explicit =
         given(&matches) || matches.subcommand().is_some_and(|(_, m)| given(m));
     Ok(cli)
+}
+
+/// Run `one` on each of `hosts` in turn: with `headers` (and not `json`),
+/// a `== HOST ==` line on stdout before each host's own output; with
+/// `json`, each host's document as its one-host command prints it, in the
+/// order of `hosts`. A host that
+/// fails has its error printed and the others still run; then exit 0 if
+/// all succeeded, else an error of kind `TargetsFailed` naming the others.
+pub fn on_each_host(
+    hosts: &[String],
+    json: bool,
+    headers: bool,
+    mut one: impl FnMut(&str) -> overlay::error::Result<u8>,
+) -> overlay::error::Result<u8> {
+    use overlay::text::escape;
+    let mut failed: Vec<String> = Vec::new();
+    for (i, h) in hosts.iter().enumerate() {
+        if headers && !json {
+            if i > 0 {
+                println!();
+            }
+            println!("== {} ==", escape(h));
+        }
+        match one(h) {
+            Ok(0) => {}
+            Ok(code) => failed.push(format!("{h} (exit {code})")),
+            Err(e) => {
+                eprintln!("error: {}", escape(&e.to_string()));
+                if let Some(hint) = &e.hint {
+                    eprintln!("hint: {}", escape(hint));
+                }
+                failed.push(format!("{h} (exit {})", e.kind.exit_code()));
+            }
+        }
+    }
+    if failed.is_empty() {
+        return Ok(overlay::error::EXIT_OK);
+    }
+    Err(overlay::err!(
+        kind = TargetsFailed,
+        hint = "see each host's error above",
+        "{} of {} hosts did not succeed: {}",
+        failed.len(),
+        hosts.len(),
+        failed.join(", ")
+    ))
 }
 
 #[cfg(test)]

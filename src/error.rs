@@ -58,6 +58,10 @@ pub enum ErrorKind {
     /// A peer sent something invalid or unexpected: a damaged or hostile
     /// stream or plan, an unknown protocol version.
     Protocol,
+    /// A command over several targets (`apply` of a plan of many,
+    /// `rollback`/`history`/`verify` of several hosts) did not succeed on
+    /// every one: the failed targets are listed, each with its own error.
+    TargetsFailed,
     /// A bug in overlay.
     Internal,
     /// Ctrl-C or SIGTERM stopped the operation; the message says where
@@ -78,13 +82,14 @@ impl ErrorKind {
             ErrorKind::Refused => 8,
             ErrorKind::Host => 9,
             ErrorKind::Protocol => 10,
+            ErrorKind::TargetsFailed => 11,
             ErrorKind::Internal => 70,
             ErrorKind::Interrupted => crate::interrupt::EXIT_INTERRUPTED,
         }
     }
 
     /// Every kind, in exit-code order (for docs and tests).
-    pub const ALL: [ErrorKind; 11] = [
+    pub const ALL: [ErrorKind; 12] = [
         ErrorKind::Usage,
         ErrorKind::VerifyFailed,
         ErrorKind::Connection,
@@ -94,6 +99,7 @@ impl ErrorKind {
         ErrorKind::Refused,
         ErrorKind::Host,
         ErrorKind::Protocol,
+        ErrorKind::TargetsFailed,
         ErrorKind::Internal,
         ErrorKind::Interrupted,
     ];

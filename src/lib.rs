@@ -29,7 +29,7 @@
 //! | transport | [`transport`] | starting an agent: local child, SSH (libssh2), OpenSSH |
 //! | client | [`client`] | a typed client of one agent |
 //! | agent, operations | [`agent`] | the agent: serve loop and one handler per request |
-//! | | [`ops`] | the controller's workflows: plan, apply, rollback, history, verify |
+//! | | [`ops`] | the controller's workflows: plan, apply, rollback, history, verify; plan and apply of many targets |
 //!
 //! The binary adds `cli` (arguments), `progress` (bars and status on
 //! stderr) and `commands` (one thin file per command family).

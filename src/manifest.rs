@@ -1,5 +1,6 @@
 //! The manifest (`overlay.toml`): which hosts exist, where their venvs are,
-//! and which package sets to overlay. Parsing is strict: unknown keys are
+//! which groups of hosts have a name of their own (`[groups.NAME]`), and
+//! which package sets to overlay. Parsing is strict: unknown keys are
 //! errors, and every error names the file, line and column.
 
 use std::collections::BTreeMap;
@@ -17,6 +18,9 @@ use crate::model::{Endpoint, RouteSetting, Set, SshDest, normalize_name};
 pub struct Manifest {
     pub path: PathBuf,
     pub hosts: BTreeMap<String, Host>,
+    /// `[groups.NAME] hosts = [...]`: each group's hosts, in the manifest's
+    /// order, each a key of `hosts` (checked when parsed).
+    pub groups: BTreeMap<String, Vec<String>>,
     /// Sets in the order the manifest lists them.
     pub sets: Vec<Set>,
     pub verify: Option<Verify>,
@@ -85,6 +89,8 @@ struct RawManifest {
     hosts: BTreeMap<String, Spanned<RawHost>>,
     #[serde(default)]
     sets: BTreeMap<Spanned<String>, Spanned<RawSet>>,
+    #[serde(default)]
+    groups: BTreeMap<Spanned<String>, Spanned<RawGroup>>,
     verify: Option<RawVerify>,
     preflight: Option<RawPreflight>,
     apply: Option<RawApply>,
@@ -126,6 +132,13 @@ struct RawSet {
     #[serde(default)]
     files: Vec<Spanned<String>>,
     from: Option<Spanned<String>>,
+}
+
+/// `[groups.NAME]`: a name for several hosts, usable wherever a host is.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    hosts: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -333,6 +346,54 @@ impl Locator<'_> {
         })
     }
 
+    /// Check one `[groups.NAME]` table: its name is not a host's, it lists
+    /// at least one host, and each host it lists is a `[hosts.*]` table.
+    /// Its hosts, each once, in the order listed.
+    fn group(
+        &self,
+        name: Spanned<String>,
+        group: Spanned<RawGroup>,
+        hosts: &BTreeMap<String, Host>,
+    ) -> Result<(String, Vec<String>)> {
+        let (name_span, name) = (name.span(), name.into_inner());
+        if hosts.contains_key(&name) {
+            return Err(self.at(
+                name_span,
+                format!("group {name} has the name of a host ([hosts.{name}]): rename one of them"),
+            ));
+        }
+        let group_span = group.span();
+        let group = group.into_inner();
+        if group.hosts.is_empty() {
+            return Err(self.at(
+                group_span,
+                format!("group {name} lists no hosts: give it `hosts = [\"a\", \"b\"]`"),
+            ));
+        }
+        let mut members: Vec<String> = Vec::new();
+        for h in group.hosts {
+            let (span, h) = (h.span(), h.into_inner());
+            if !hosts.contains_key(&h) {
+                let known: Vec<&str> = hosts.keys().map(String::as_str).collect();
+                return Err(self.at(
+                    span,
+                    format!(
+                        "group {name}: unknown host {h:?} (hosts: {})",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                ));
+            }
+            if !members.contains(&h) {
+                members.push(h);
+            }
+        }
+        Ok((name, members))
+    }
+
     /// Check one `[sets.NAME]` table: it names something, its distribution
     /// patterns are names or globs (kept normalized), its file globs are valid.
     fn set(&self, name: String, set: Spanned<RawSet>) -> Result<Set> {
@@ -411,6 +472,11 @@ impl Manifest {
             let host = loc.host(name, host.into_inner(), route)?;
             hosts.insert(host.name.clone(), host);
         }
+        let mut groups = BTreeMap::new();
+        for (name, group) in raw.groups {
+            let (name, members) = loc.group(name, group, &hosts)?;
+            groups.insert(name, members);
+        }
         let mut sets: Vec<(usize, Set)> = Vec::new();
         let mut from = BTreeMap::new();
         for (name, mut set) in raw.sets {
@@ -445,12 +511,37 @@ impl Manifest {
         Ok(Manifest {
             path: path.to_path_buf(),
             hosts,
+            groups,
             sets: sets.into_iter().map(|(_, s)| s).collect(),
             verify,
             preflight,
             route,
             from,
         })
+    }
+
+    /// The hosts `names` stand for, each a host or a `[groups.NAME]`: in
+    /// the order named (a group's in its own order), each host once.
+    pub fn expand_hosts(&self, names: &[String]) -> Result<Vec<&Host>> {
+        let mut out: Vec<&Host> = Vec::new();
+        for name in names {
+            let members: Vec<&str> = match self.groups.get(name) {
+                Some(g) => g.iter().map(String::as_str).collect(),
+                None => vec![name.as_str()],
+            };
+            for m in members {
+                let h = self.host(m)?;
+                if !out.iter().any(|o| o.name == h.name) {
+                    out.push(h);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether `name` is a `[groups.NAME]`.
+    pub fn is_group(&self, name: &str) -> bool {
+        self.groups.contains_key(name)
     }
 
     /// Look up a host by its manifest name.
@@ -460,11 +551,19 @@ impl Manifest {
             err!(
                 hint = if known.is_empty() {
                     format!("add a [hosts.{name}] table to {}", self.path.display())
-                } else {
+                } else if self.groups.is_empty() {
                     format!(
                         "known hosts in {}: {}",
                         self.path.display(),
                         known.join(", ")
+                    )
+                } else {
+                    let groups: Vec<&str> = self.groups.keys().map(String::as_str).collect();
+                    format!(
+                        "known hosts in {}: {}; groups: {}",
+                        self.path.display(),
+                        known.join(", "),
+                        groups.join(", ")
                     )
                 },
                 "Unknown host {name:?}: {} has no [hosts.{name}]",
@@ -737,5 +836,42 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         let m = parse("[hosts.a]\nvenv = \"/v\"\n").unwrap();
         let e = m.host("b").unwrap_err();
         assert!(e.hint.unwrap().contains("a"));
+    }
+
+    #[test]
+    fn groups_expand_and_are_checked() {
+        let hosts =
+            "[hosts.a]\nvenv = \"/v\"\n[hosts.b]\nvenv = \"/v\"\n[hosts.c]\nvenv = \"/v\"\n";
+        let m = parse(&format!(
+            "{hosts}[groups.gpu]\nhosts = [\"b\", \"a\", \"b\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(m.groups["gpu"], ["b", "a"]);
+        let names = |v: &[&str]| {
+            let v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
+            m.expand_hosts(&v)
+                .unwrap()
+                .iter()
+                .map(|h| h.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&["c", "gpu", "a"]), ["c", "b", "a"]);
+        let e = m.expand_hosts(&["nope".to_string()]).unwrap_err();
+        assert!(e.hint.as_deref().unwrap().contains("groups: gpu"), "{e:?}");
+
+        let e = parse(&format!("{hosts}[groups.gpu]\nhosts = [\"a\", \"zz\"]\n")).unwrap_err();
+        assert!(
+            e.message.contains(":8:") && e.message.contains("unknown host \"zz\""),
+            "{}",
+            e.message
+        );
+        let e = parse(&format!("{hosts}[groups.a]\nhosts = [\"b\"]\n")).unwrap_err();
+        assert!(
+            e.message.contains(":7:") && e.message.contains("name of a host"),
+            "{}",
+            e.message
+        );
+        let e = parse(&format!("{hosts}[groups.g]\nhosts = []\n")).unwrap_err();
+        assert!(e.message.contains("lists no hosts"), "{}", e.message);
     }
 }

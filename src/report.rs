@@ -44,33 +44,7 @@ pub struct ChangeJson<'a> {
 }
 
 pub fn plan_json(plan: &Plan) -> String {
-    let doc = PlanJson {
-        source: &plan.source.name,
-        target: &plan.target.name,
-        sets: plan
-            .sets
-            .iter()
-            .map(|s| SetJson {
-                name: &s.name,
-                versions: &s.versions,
-                changes: s
-                    .changes
-                    .iter()
-                    .map(|c| ChangeJson {
-                        path: &c.path,
-                        action: c.action,
-                        size: c.size,
-                    })
-                    .collect(),
-                unchanged: s.unchanged,
-                stale_bytecode: &s.stale_bytecode,
-                from: s.from.as_ref().map(|f| f.name.as_str()),
-            })
-            .collect(),
-        warnings: &plan.warnings,
-        problems: &plan.problems,
-        strict: plan.strict,
-    };
+    let doc = plan_doc(plan);
     serde_json::to_string_pretty(&doc).expect("plan serializes") + "\n"
 }
 
@@ -97,6 +71,140 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
         }
     }
     summary_text(&mut out, plan);
+    out
+}
+
+/// The `--json` document of `overlay plan SRC T1 T2 ...`: every target's
+/// plan (as [`plan_json`] gives it), and the targets grouped by identical
+/// plans.
+#[derive(Serialize)]
+pub struct FleetJson<'a> {
+    pub source: &'a str,
+    pub targets: Vec<PlanJson<'a>>,
+    /// Targets with identical changes, in the order first named.
+    pub groups: Vec<Vec<&'a str>>,
+}
+
+/// [`PlanJson`] of one plan.
+fn plan_doc(plan: &Plan) -> PlanJson<'_> {
+    PlanJson {
+        source: &plan.source.name,
+        target: &plan.target.name,
+        sets: plan
+            .sets
+            .iter()
+            .map(|s| SetJson {
+                name: &s.name,
+                versions: &s.versions,
+                changes: s
+                    .changes
+                    .iter()
+                    .map(|c| ChangeJson {
+                        path: &c.path,
+                        action: c.action,
+                        size: c.size,
+                    })
+                    .collect(),
+                unchanged: s.unchanged,
+                stale_bytecode: &s.stale_bytecode,
+                from: s.from.as_ref().map(|f| f.name.as_str()),
+            })
+            .collect(),
+        warnings: &plan.warnings,
+        problems: &plan.problems,
+        strict: plan.strict,
+    }
+}
+
+/// The plans' indexes grouped by identical changes (sets, versions,
+/// changed paths, actions and sizes), in the order first seen.
+pub fn same_plans(plans: &[Plan]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, p) in plans.iter().enumerate() {
+        let key = serde_json::to_string(&plan_doc(p).sets).expect("sets serialize");
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, v)| v).collect()
+}
+
+pub fn fleet_json(plans: &[Plan]) -> String {
+    let doc = FleetJson {
+        source: plans.first().map_or("", |p| p.source.name.as_str()),
+        targets: plans.iter().map(plan_doc).collect(),
+        groups: same_plans(plans)
+            .into_iter()
+            .map(|g| {
+                g.into_iter()
+                    .map(|i| plans[i].target.name.as_str())
+                    .collect()
+            })
+            .collect(),
+    };
+    serde_json::to_string_pretty(&doc).expect("plans serialize") + "\n"
+}
+
+/// The text form of several targets' plans: a header, then per group of
+/// identical plans one line naming its targets ("dst, dst2: same plan, 12
+/// changes") and the plan's sets and summary as [`plan_text`] shows them.
+pub fn fleet_text(plans: &[Plan], verbose: bool, color: bool) -> String {
+    let paint = Paint { color };
+    let mut out = String::new();
+    let Some(first) = plans.first() else {
+        return out;
+    };
+    let names: Vec<String> = plans
+        .iter()
+        .map(|p| quote(&p.target.name).into_owned())
+        .collect();
+    let _ = writeln!(
+        out,
+        "{} ({}, Python {}) -> {} target{}: {}",
+        quote(&first.source.name),
+        quote(&first.source.venv),
+        quote(&first.source.python),
+        plans.len(),
+        if plans.len() == 1 { "" } else { "s" },
+        names.join(", ")
+    );
+    let groups = same_plans(plans);
+    for g in &groups {
+        let plan = &plans[g[0]];
+        let n: usize = plan.sets.iter().map(|s| s.changes.len()).sum();
+        let who: Vec<&str> = g.iter().map(|&i| names[i].as_str()).collect();
+        let _ = writeln!(
+            out,
+            "\n{}: {}{} change{} ({}, Python {})",
+            who.join(", "),
+            if g.len() > 1 { "same plan, " } else { "" },
+            n,
+            if n == 1 { "" } else { "s" },
+            quote(&plan.target.venv),
+            quote(&plan.target.python)
+        );
+        for set in &plan.sets {
+            set_text(&mut out, set, paint);
+            if verbose {
+                set_paths_text(&mut out, set, paint);
+            }
+        }
+        summary_text(&mut out, plan);
+    }
+    let total: usize = plans
+        .iter()
+        .map(|p| p.sets.iter().map(|s| s.changes.len()).sum::<usize>())
+        .sum();
+    let _ = writeln!(
+        out,
+        "\n{} target{}, {} distinct plan{}, {} changes in all",
+        plans.len(),
+        if plans.len() == 1 { "" } else { "s" },
+        groups.len(),
+        if groups.len() == 1 { "" } else { "s" },
+        total
+    );
     out
 }
 

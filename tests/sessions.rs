@@ -410,3 +410,51 @@ fn doctor() {
     fs::write(&script, format!("#!/nonexistent/venv/bin/python\n{rest}")).unwrap();
     s.step("damaged", &["doctor", "dst"]);
 }
+
+/// Many targets from one controller: a plan of three targets (two alike,
+/// one with the torch set already overlaid) through a group, its rollout
+/// with a canary and the check, then history, verify and rollback of
+/// several hosts.
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn fleet() {
+    let tb = Testbed::new(4);
+    tb.write_manifest(&format!(
+        "{}\n[groups.fleet]\nhosts = [\"dst\", \"dst2\", \"dst3\"]\n",
+        manifest()
+    ));
+    let mut s = Session::new(&tb, "fleet");
+    s.step(
+        "plan-dst3-torch",
+        &[
+            "plan",
+            "src",
+            "dst3",
+            "--set",
+            "torch",
+            "-o",
+            "dst3.json",
+            "-q",
+        ],
+    );
+    s.step("apply-dst3-torch", &["apply", "dst3.json", "-q"]);
+    s.step("plan", &["plan", "src", "fleet"]);
+    s.step(
+        "apply",
+        &[
+            "apply",
+            "--canary",
+            "1",
+            "--verify",
+            "--rollback-on-failure",
+            "-q",
+        ],
+    );
+    s.step("history", &["history"]);
+    s.step("verify", &["verify", "dst", "dst2"]);
+    s.step("rollback", &["rollback", "fleet"]);
+    s.step("rollback-nothing", &["rollback", "dst", "dst2"]);
+}

@@ -1,11 +1,17 @@
 //! `overlay apply [PLAN]`: carry out a saved plan on its target (see
 //! `overlay::ops::apply`), then say what was done: status on stderr, and
-//! with `--json` one document on stdout.
+//! with `--json` one document on stdout. A plan of several targets is
+//! rolled out by `overlay::ops::apply_many`: a table (or with `--json` one
+//! document) of every target's result on stdout.
 
 use indicatif::HumanBytes;
+use overlay::err;
 use overlay::error::{EXIT_OK, ErrorKind, Result};
 use overlay::ops::Observer;
 use overlay::ops::apply::{Applied, ApplyOptions, ApplyReport, apply};
+use overlay::ops::apply_many::{Rolled, Rollout, apply_many};
+use overlay::ops::plan_many;
+use overlay::text;
 
 use crate::cli::{ApplyArgs, GlobalArgs};
 use crate::progress::{CheckOutput, Console};
@@ -14,7 +20,22 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
     if let (Some(bundle), Some(venv)) = (&args.bundle, &args.venv) {
         return run_bundle(global, args, bundle, venv);
     }
-    let opts = ApplyOptions {
+    let opts = options(global, args);
+    if let Some((fleet, files)) = plan_many::load_fleet(&args.plan) {
+        let plans: Vec<(String, std::path::PathBuf)> = fleet
+            .targets
+            .into_iter()
+            .map(|t| t.name)
+            .zip(files)
+            .collect();
+        return run_many(global, args, &opts, &plans);
+    }
+    run_one(global, args, &opts)
+}
+
+/// The apply's options from the command line.
+fn options(global: &GlobalArgs, args: &ApplyArgs) -> ApplyOptions {
+    ApplyOptions {
         plan: args.plan.clone(),
         manifest: global.manifest.clone(),
         manifest_explicit: global.manifest_explicit,
@@ -30,14 +51,18 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         compression: args.compress,
         verify: args.verify,
         rollback_on_failure: args.rollback_on_failure,
-    };
+    }
+}
+
+/// Apply a plan of one target.
+fn run_one(global: &GlobalArgs, args: &ApplyArgs, opts: &ApplyOptions) -> Result<u8> {
     // With --json, the check's output goes to stderr: stdout holds one JSON document.
     let console = Console::new(global).check_output(if args.json {
         CheckOutput::Stderr
     } else {
         CheckOutput::Text
     });
-    match apply(&opts, &console)? {
+    match apply(opts, &console)? {
         ApplyReport::Resumed { target, outcome } => {
             if args.json {
                 println!("{}", serde_json::json!({ "resumed": outcome }));
@@ -179,4 +204,104 @@ fn backup_line(applied: &Applied) -> String {
             applied.generation
         )
     }
+}
+
+/// Roll out a plan of several targets; the table (or `--json`) on stdout.
+/// Exit 0 only if every target succeeded, else the error of kind
+/// `TargetsFailed` that lists the others.
+fn run_many(
+    global: &GlobalArgs,
+    args: &ApplyArgs,
+    opts: &ApplyOptions,
+    plans: &[(String, std::path::PathBuf)],
+) -> Result<u8> {
+    // The checks' output goes to stderr: stdout holds the table (or JSON).
+    let console = Console::new(global).check_output(CheckOutput::Stderr);
+    let policy = Rollout {
+        parallel: usize::try_from(args.parallel).unwrap_or(usize::MAX),
+        canary: args.canary,
+        max_fail: args
+            .max_fail
+            .map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+    };
+    let rolled = apply_many(plans, opts, policy, &console)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rolled).expect("serializes")
+        );
+    } else {
+        print!("{}", table(&rolled));
+    }
+    if overlay::interrupt::requested() {
+        return Err(err!(
+            kind = Interrupted,
+            hint =
+                "the table above says where each target stands; `overlay history HOST` shows one",
+            "interrupted: targets not started are untouched"
+        ));
+    }
+    let failed = rolled.failed();
+    if failed.is_empty() {
+        return Ok(EXIT_OK);
+    }
+    let list: Vec<String> = failed
+        .iter()
+        .map(|t| format!("{} ({})", t.target, t.error.as_deref().unwrap_or("failed")))
+        .collect();
+    Err(err!(
+        kind = TargetsFailed,
+        hint = "see each target's lines above; `overlay history HOST` shows where it stands, and `overlay apply .overlay/plan.d/HOST.json` carries out one target's plan again",
+        "{} of {} targets did not succeed: {}",
+        failed.len(),
+        rolled.targets.len(),
+        list.join("; ")
+    ))
+}
+
+/// The final table: target, result, changes, bytes, time, generation.
+fn table(rolled: &Rolled) -> String {
+    use std::fmt::Write;
+    let rows: Vec<[String; 6]> = rolled
+        .targets
+        .iter()
+        .map(|t| {
+            let result = serde_json::to_value(t.result)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default();
+            [
+                text::escape(&t.target).into_owned(),
+                if t.rolled_back {
+                    format!("{result}, rolled back")
+                } else if t.canary {
+                    format!("{result} (canary)")
+                } else {
+                    result
+                },
+                t.changes.to_string(),
+                // Fixed widths: a longer number never shifts the columns after it.
+                format!("{:>10}", HumanBytes(t.bytes).to_string()),
+                format!("{:>7.1}s", t.seconds),
+                t.generation.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    let head = ["TARGET", "RESULT", "CHANGES", "BYTES", "TIME", "GENERATION"];
+    let mut width = head.map(str::len);
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in std::iter::once(head.map(String::from)).chain(rows) {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(width)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+    }
+    out
 }

@@ -1,4 +1,4 @@
-//! `overlay history [HOST]`: list the generations on a host, each with
+//! `overlay history [HOST...]`: list the generations on a host, each with
 //! the distribution versions it changed (the first few, or with `-v` one
 //! line each; `--json` carries every version the generation recorded).
 
@@ -12,10 +12,22 @@ use crate::cli::{GlobalArgs, HistoryArgs};
 use crate::progress::Console;
 
 pub fn run(global: &GlobalArgs, args: &HistoryArgs) -> Result<u8> {
+    if args.venv.is_none()
+        && let Some(hosts) = global.several_hosts(&args.hosts, &args.plan)?
+    {
+        return crate::cli::on_each_host(&hosts, args.json, true, |h| {
+            run_one(global, args, &Some(h.to_string()))
+        });
+    }
+    run_one(global, args, &args.hosts.first().cloned())
+}
+
+/// The command on one host (`None`: the target of the last plan).
+fn run_one(global: &GlobalArgs, args: &HistoryArgs, host: &Option<String>) -> Result<u8> {
     let opts = HistoryOptions {
         host: overlay::ops::HostChoice {
             venv: args.venv.clone(),
-            ..global.host_choice(&args.host, &args.plan)
+            ..global.host_choice(host, &args.plan)
         },
         connect: global.connect_options(),
     };

@@ -1,9 +1,12 @@
 //! `overlay plan SRC DST`: scan and hash both live hosts, decide the plan,
-//! print it and save it. Never writes to either venv.
+//! print it and save it. Never writes to either venv. With several
+//! targets (or a `[groups.NAME]`), one plan per target against one scan of
+//! the source (`overlay::ops::plan_many`), shown grouped.
 
 use overlay::err;
 use overlay::error::{EXIT_CHANGES, EXIT_OK, Result};
 use overlay::ops::plan::{PlanOptions, plan, save};
+use overlay::ops::plan_many::{self, PlanManyOptions};
 use overlay::plan::Plan;
 use overlay::report;
 use overlay::text;
@@ -15,10 +18,14 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
     if let (Some(bundle), Some(venv)) = (&args.bundle, &args.venv) {
         return run_bundle(global, args, bundle, venv);
     }
+    let source = args.source.clone().unwrap_or_default();
+    if !plan_many::is_single_host(&global.manifest, &args.targets) {
+        return run_many(global, args, source);
+    }
     let opts = PlanOptions {
         manifest: global.manifest.clone(),
-        source: args.source.clone().unwrap_or_default(),
-        target: args.target.clone().unwrap_or_default(),
+        source,
+        target: args.targets[0].clone(),
         sets: args.sets.clone(),
         strict: args.strict,
         connect: global.connect_options(),
@@ -92,6 +99,68 @@ fn run_bundle(
         );
     }
     Ok(if args.check && plan.has_changes() {
+        EXIT_CHANGES
+    } else {
+        EXIT_OK
+    })
+}
+
+/// `overlay plan SRC T1 T2 ...`: the plans of several targets, shown with
+/// identical ones grouped, saved one file per target.
+fn run_many(global: &GlobalArgs, args: &PlanArgs, source: String) -> Result<u8> {
+    let opts = PlanManyOptions {
+        manifest: global.manifest.clone(),
+        source,
+        targets: args.targets.clone(),
+        sets: args.sets.clone(),
+        strict: args.strict,
+        connect: global.connect_options(),
+    };
+    let planned = plan_many::plan_many(&opts, &Console::new(global))?;
+    let plans = planned.plans;
+    if args.json {
+        print!("{}", report::fleet_json(&plans));
+    } else {
+        print!(
+            "{}",
+            report::fleet_text(&plans, global.verbose > 0, progress::color_stdout())
+        );
+    }
+    for p in &plans {
+        if !p.warnings.is_empty() || !p.problems.is_empty() {
+            eprintln!("{}:", text::escape(&p.target.name));
+            print_findings(p, global.verbose > 0);
+        }
+    }
+    let files = plan_many::save_many(&plans, &args.out)?;
+    planned.closing.wait();
+    let refused: Vec<&str> = plans
+        .iter()
+        .filter(|p| p.strict && p.new_problems() > 0)
+        .map(|p| p.target.name.as_str())
+        .collect();
+    if !refused.is_empty() {
+        return Err(err!(
+            kind = Refused,
+            hint = "fix the plans (add the missing sets or packages), or run `overlay apply --force` to apply them anyway",
+            "The plans for {} predict problems after the overlay (strict); saved to {}, but `overlay apply` will refuse them",
+            refused.join(", "),
+            args.out.display()
+        ));
+    }
+    if !global.quiet {
+        let first = files
+            .first()
+            .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+        eprintln!(
+            "{} plans saved to {} (listed in {}); run `{}` to carry out one.",
+            plans.len(),
+            text::escape(&plan_many::plans_dir(&args.out).to_string_lossy()),
+            text::escape(&args.out.to_string_lossy()),
+            text::escape(&format!("overlay apply {}", text::shell_quote(&first)))
+        );
+    }
+    Ok(if args.check && plans.iter().any(|p| p.has_changes()) {
         EXIT_CHANGES
     } else {
         EXIT_OK

@@ -1,4 +1,4 @@
-//! `overlay rollback [HOST]`: restore the target to its state before a
+//! `overlay rollback [HOST...]`: restore the target to its state before a
 //! generation. Needs only that host; the source may be down. Refused, with
 //! the list of what changed since the apply, unless `--force`; forced, it
 //! names what it moved out of the way and what is still not consistent.
@@ -12,10 +12,31 @@ use crate::cli::{GlobalArgs, RollbackArgs};
 use crate::progress::Console;
 
 pub fn run(global: &GlobalArgs, args: &RollbackArgs) -> Result<u8> {
+    if args.venv.is_none()
+        && let Some(hosts) = global.several_hosts(&args.hosts, &args.plan)?
+    {
+        if let Some(to) = &args.to {
+            return Err(overlay::err!(
+                kind = Usage,
+                hint = "name one host with --to, or leave --to out to undo each host's newest generation",
+                "--to {to} names a generation of one host, but {} hosts are named ({})",
+                hosts.len(),
+                hosts.join(", ")
+            ));
+        }
+        return crate::cli::on_each_host(&hosts, args.json, false, |h| {
+            run_one(global, args, &Some(h.to_string()))
+        });
+    }
+    run_one(global, args, &args.hosts.first().cloned())
+}
+
+/// The command on one host (`None`: the target of the last plan).
+fn run_one(global: &GlobalArgs, args: &RollbackArgs, host: &Option<String>) -> Result<u8> {
     let opts = RollbackOptions {
         host: overlay::ops::HostChoice {
             venv: args.venv.clone(),
-            ..global.host_choice(&args.host, &args.plan)
+            ..global.host_choice(host, &args.plan)
         },
         to: args.to.clone(),
         force: args.force,

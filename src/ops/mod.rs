@@ -1,5 +1,6 @@
 //! The controller's operations: plan, apply, rollback, history, prune,
-//! verify and doctor, each as one function that takes an options struct (plain data)
+//! verify and doctor, and plan and apply of many targets (`plan_many`,
+//! `apply_many`), each as one function that takes an options struct (plain data)
 //! and an [`Observer`], talks to the hosts' agents through the
 //! [`Client`], and returns a typed report. The binary's commands parse
 //! arguments into the options, call one operation and print its report.
@@ -16,10 +17,12 @@
 //! ([`load_plan`]) and connecting ([`connect`]).
 
 pub mod apply;
+pub mod apply_many;
 pub mod doctor;
 pub mod history;
 pub mod pack;
 pub mod plan;
+pub mod plan_many;
 mod record_note;
 mod relay;
 pub mod rollback;
@@ -214,6 +217,27 @@ pub fn load_plan(path: &Path) -> Result<Plan> {
             crate::error::io_cause(&e)
         )
     })?;
+    if let Some((fleet, files)) = plan_many::load_fleet(path) {
+        let first = files
+            .first()
+            .map_or_else(String::new, |f| f.display().to_string());
+        return Err(err!(
+            kind = Usage,
+            hint = format!(
+                "name one target's plan (e.g. `{}`), or the target host",
+                crate::text::shell_quote(&first)
+            ),
+            "{} is a plan of {} targets ({}), not of one",
+            path.display(),
+            fleet.targets.len(),
+            fleet
+                .targets
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     let plan: Plan = serde_json::from_str(&text).map_err(|e| {
         err!(
             hint = "run `overlay plan` again to make a fresh plan",

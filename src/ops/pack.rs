@@ -69,6 +69,18 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
     let manifest = Manifest::load(&opts.manifest)?;
     let src = manifest.host(&opts.source)?.clone();
     let sets = select_sets(&manifest, &opts.sets)?;
+    if let Some((set, from)) = sets
+        .iter()
+        .find_map(|s| Some((&s.name, manifest.from.get(&s.name)?)))
+    {
+        return Err(err!(
+            kind = Usage,
+            hint = "leave the set out with --set (pack the live sets), or apply it from the controller",
+            "Set {set} takes its files from a folder ({} at {}): `overlay pack` does not read folders yet",
+            from.value,
+            from.at
+        ));
+    }
     if manifest.hosts.contains_key(STAGE_HOST) {
         return Err(err!(
             hint = "rename that host in the manifest",

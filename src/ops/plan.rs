@@ -48,7 +48,7 @@ pub struct Planned {
 
 /// The goodbyes of a plan's agents, running on their own threads (one
 /// per source the plan read: the source host, and each set's `from`).
-pub struct Closing(Vec<std::thread::JoinHandle<()>>);
+pub struct Closing(pub(super) Vec<std::thread::JoinHandle<()>>);
 
 impl Closing {
     /// Wait for the agents to exit.
@@ -102,18 +102,18 @@ pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
 }
 
 /// One side of the plan's stat rounds.
-struct StatSide<'a> {
-    host: &'a str,
-    venv: &'a str,
-    shebang: Option<ShebangRewrite>,
-    pycache: bool,
+pub(super) struct StatSide<'a> {
+    pub(super) host: &'a str,
+    pub(super) venv: &'a str,
+    pub(super) shebang: Option<ShebangRewrite>,
+    pub(super) pycache: bool,
 }
 
 impl StatSide<'_> {
     /// Stat the members of `sets` on this side's host, plus `extra` paths,
     /// with the hashes its cache still vouches for; the answer is for
     /// `order` ([`plan::stat_order`] of the same).
-    fn stat_members(
+    pub(super) fn stat_members(
         &self,
         client: &mut Client,
         sets: &[Set],
@@ -140,7 +140,7 @@ impl StatSide<'_> {
 
     /// Stat `paths` on this side's host (hashing them with `HashMode::All`,
     /// with progress on `meter`). An empty list costs no round trip.
-    fn stat(
+    pub(super) fn stat(
         &self,
         client: &mut Client,
         paths: Vec<String>,
@@ -167,7 +167,7 @@ impl StatSide<'_> {
 }
 
 /// The sets' members on one host and the order of their stat.
-fn members_and_order<'a>(
+pub(super) fn members_and_order<'a>(
     sets: &[Set],
     scan: &'a ScanReport,
     globs: &[String],
@@ -179,7 +179,7 @@ fn members_and_order<'a>(
 
 /// Stat entries by path. (The path moves into the key; the entry's own
 /// `path` is left empty.)
-fn index(v: Vec<Entry>) -> plan::Entries {
+pub(super) fn index(v: Vec<Entry>) -> plan::Entries {
     let mut map = plan::Entries::with_capacity_and_hasher(v.len(), Default::default());
     for mut e in v {
         map.insert(std::mem::take(&mut e.path), e);
@@ -188,7 +188,10 @@ fn index(v: Vec<Entry>) -> plan::Entries {
 }
 
 /// Run `f` for the source and the target at the same time.
-fn both<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
+pub(super) fn both<A: Send, B: Send>(
+    a: impl FnOnce() -> A + Send,
+    b: impl FnOnce() -> B + Send,
+) -> (A, B) {
     std::thread::scope(|s| {
         let ha = s.spawn(a);
         let rb = b();
@@ -228,7 +231,7 @@ pub fn select_sets(manifest: &Manifest, names: &[String]) -> Result<Vec<Set>> {
 }
 
 /// The sets' file globs, each once.
-fn globs_of(sets: &[Set]) -> Vec<String> {
+pub(super) fn globs_of(sets: &[Set]) -> Vec<String> {
     let mut seen = BTreeSet::new();
     sets.iter()
         .flat_map(|s| s.files.iter())
@@ -238,11 +241,30 @@ fn globs_of(sets: &[Set]) -> Vec<String> {
 }
 
 /// A host connected and scanned.
-struct Scanned {
-    client: Client,
-    scan: ScanReport,
+pub(super) struct Scanned {
+    pub(super) client: Client,
+    pub(super) scan: ScanReport,
     /// The scan step's meter, finished once the members are stated too.
-    scanning: Box<dyn Meter>,
+    pub(super) scanning: Box<dyn Meter>,
+}
+
+/// Connect to `host` and scan its venv for the sets' `globs`.
+pub(super) fn connect_scan(
+    host: &Host,
+    globs: &[String],
+    opts: &ConnectOptions,
+    obs: &dyn Observer,
+) -> Result<Scanned> {
+    let connecting = obs.step(Step::Connect, &host.name);
+    let mut client = Client::connect(&host.name, &host.endpoint, host.sudo.as_deref(), opts)?;
+    connecting.finish();
+    let scanning = obs.step(Step::Scan, &host.name);
+    let scan = client.scan(&host.venv, globs)?;
+    Ok(Scanned {
+        client,
+        scan,
+        scanning,
+    })
 }
 
 /// Connect to both hosts and scan them, at the same time.
@@ -253,19 +275,10 @@ fn connect_and_scan(
     opts: &ConnectOptions,
     obs: &dyn Observer,
 ) -> Result<(Scanned, Scanned)> {
-    let connect_scan = |host: &Host| -> Result<Scanned> {
-        let connecting = obs.step(Step::Connect, &host.name);
-        let mut client = Client::connect(&host.name, &host.endpoint, host.sudo.as_deref(), opts)?;
-        connecting.finish();
-        let scanning = obs.step(Step::Scan, &host.name);
-        let scan = client.scan(&host.venv, globs)?;
-        Ok(Scanned {
-            client,
-            scan,
-            scanning,
-        })
-    };
-    let (s, d) = both(|| connect_scan(src_host), || connect_scan(dst_host));
+    let (s, d) = both(
+        || connect_scan(src_host, globs, opts, obs),
+        || connect_scan(dst_host, globs, opts, obs),
+    );
     Ok((s?, d?))
 }
 
@@ -362,7 +375,10 @@ fn hash_phase(
 /// The sides' stat requests. What differs between them: the source's
 /// `bin/` scripts are hashed as they would read on the target, and only
 /// the target's bytecode matters.
-fn stat_sides<'a>(src_host: &'a Host, dst_host: &'a Host) -> (StatSide<'a>, StatSide<'a>) {
+pub(super) fn stat_sides<'a>(
+    src_host: &'a Host,
+    dst_host: &'a Host,
+) -> (StatSide<'a>, StatSide<'a>) {
     let src_side = StatSide {
         host: &src_host.name,
         venv: &src_host.venv,
@@ -459,6 +475,7 @@ fn make_plan(
         (&mut src.client, &src.scan, &src_host.venv),
         (&mut dst.client, &dst.scan, &dst_host.venv),
         &set_plans,
+        None,
         &clock,
     )?;
     clock.mark("preflight, and the source's carried files against their RECORD");
@@ -687,7 +704,7 @@ fn merge_plans(plans: Vec<Plan>, order: &[Set]) -> Result<Plan> {
 }
 
 /// The regular files among `entries` that look like shared objects, sorted.
-fn shared_files(entries: &plan::Entries) -> Vec<String> {
+pub(super) fn shared_files(entries: &plan::Entries) -> Vec<String> {
     let mut out: Vec<String> = entries
         .iter()
         .filter(|(p, e)| matches!(e.kind, Kind::File { .. }) && crate::preflight::looks_shared(p))
@@ -698,14 +715,14 @@ fn shared_files(entries: &plan::Entries) -> Vec<String> {
 }
 
 /// Seconds since the epoch.
-fn now() -> u64 {
+pub(super) fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// The paths the plan deletes, and those it places (adds or replaces).
-fn deleted_and_placed(set_plans: &[SetPlan]) -> (HashSet<&str>, Vec<&str>) {
+pub(super) fn deleted_and_placed(set_plans: &[SetPlan]) -> (HashSet<&str>, Vec<&str>) {
     let mut deleted: HashSet<&str> = HashSet::new();
     let mut placed: Vec<&str> = Vec::new();
     for s in set_plans {
@@ -767,21 +784,24 @@ fn ld_library_path(manifest: &Manifest, dst_scan: &ScanReport, dst_venv: &str) -
 
 /// The predicted problems, and the source's answer to the RECORD check
 /// that ran beside the target's loader check.
-struct Preflighted {
-    problems: Vec<Problem>,
-    record: Option<Result<Vec<crate::model::Finding>>>,
+pub(super) struct Preflighted {
+    pub(super) problems: Vec<Problem>,
+    pub(super) record: Option<Result<Vec<crate::model::Finding>>>,
 }
 
 /// Predict what would fail after the overlay: requirements, CUDA majors, ELF
 /// loading. While the target simulates its loader, the source checks the
 /// files the plan carries against their RECORD
-/// ([`super::record_note::record_request`]).
-fn preflight(
+/// ([`super::record_note::record_request`]). `known`: ELF facts of the
+/// source's shared objects already read (a plan of many targets reads
+/// them once for all); those it lacks are asked of the source.
+pub(super) fn preflight(
     manifest: &Manifest,
     sets: &[Set],
     (src, src_scan, src_venv): (&mut Client, &ScanReport, &str),
     (dst, dst_scan, dst_venv): (&mut Client, &ScanReport, &str),
     set_plans: &[SetPlan],
+    known: Option<&HashMap<String, Option<ElfInfo>>>,
     clock: &Clock,
 ) -> Result<Preflighted> {
     let (deleted, placed) = deleted_and_placed(set_plans);
@@ -797,10 +817,12 @@ fn preflight(
         .collect();
     // Read by the source's agent ahead (see `make_plan`): only compact
     // facts (symbol hashes, not names) travel and are kept here.
-    let infos = if shared.is_empty() {
-        Vec::new()
-    } else {
-        src.elf_info(src_venv, shared.clone())?
+    let infos = match known {
+        _ if shared.is_empty() => Vec::new(),
+        Some(known) if shared.iter().all(|p| known.contains_key(p)) => {
+            shared.iter().map(|p| known[p].clone()).collect()
+        }
+        _ => src.elf_info(src_venv, shared.clone())?,
     };
     clock.mark(&format!(
         "preflight: requirements, and ELF facts of {} shared objects",

@@ -1,0 +1,577 @@
+//! Plan many targets against one source (`overlay plan SRC T1 T2 ...`, or
+//! a `[groups.NAME]`): the source is connected, scanned, stated and hashed
+//! once for all of them, each target is scanned and stated by its own agent
+//! at the same time, and each target gets its own [`Plan`], exactly the one
+//! `overlay plan SRC T` would make for it alone ([`plan_many`]).
+//!
+//! What is done once for all targets:
+//! - the source's scan and the stat of its members (once per distinct
+//!   target venv path: the source's `bin/` scripts are hashed as they would
+//!   read with the target's venv in their shebang);
+//! - hashing on the source: the union of the paths any target needs
+//!   hashed, each read once;
+//! - the ELF facts of the shared objects any target's plan places.
+//!
+//! Saved by [`save_many`]: each target's plan as an ordinary plan file
+//! (`overlay apply FILE` carries out one), in a folder beside `--out`
+//! (`.overlay/plan.json` → `.overlay/plan.d/TARGET.json`), and at `--out` a
+//! [`FleetPlan`] that lists them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::client::Client;
+use crate::err;
+use crate::error::Result;
+use crate::manifest::{Host, Manifest};
+use crate::model::{ElfInfo, HashMode, Kind, ScanReport, ShebangRewrite};
+use crate::plan::{self, PLAN_FORMAT, Plan, Side};
+use crate::transport::ConnectOptions;
+
+use super::plan::{
+    Closing, Preflighted, StatSide, both, connect_scan, globs_of, host_info, index, manifest_stamp,
+    members_and_order, now, preflight, select_sets, shared_files,
+};
+use super::{Clock, Meter, Observer, Step};
+
+/// What `overlay plan SRC TARGET...` is asked.
+#[derive(Debug, Clone)]
+pub struct PlanManyOptions {
+    pub manifest: PathBuf,
+    /// The source host's manifest name.
+    pub source: String,
+    /// The targets as named: hosts and `[groups.NAME]`s.
+    pub targets: Vec<String>,
+    /// The sets to plan (`--set`); empty for all.
+    pub sets: Vec<String>,
+    /// Refuse to apply a plan that predicts problems, whatever the manifest says.
+    pub strict: bool,
+    pub connect: ConnectOptions,
+}
+
+/// The plans made, one per target in the order named, with the hosts'
+/// agents still saying goodbye.
+pub struct PlannedMany {
+    pub plans: Vec<Plan>,
+    /// How many files the source hashed for all the plans together.
+    pub source_hashed: usize,
+    pub closing: Closing,
+}
+
+/// The targets `names` stand for (hosts and groups), each once.
+pub fn targets(manifest: &Path, names: &[String]) -> Result<Vec<String>> {
+    let m = Manifest::load(manifest)?;
+    Ok(m.expand_hosts(names)?
+        .into_iter()
+        .map(|h| h.name.clone())
+        .collect())
+}
+
+/// Whether `names` is one host (not a group) of the manifest at `manifest`:
+/// `overlay plan` then makes one plan, as it always did.
+pub fn is_single_host(manifest: &Path, names: &[String]) -> bool {
+    match names {
+        [one] => Manifest::load(manifest).is_ok_and(|m| !m.is_group(one)),
+        _ => false,
+    }
+}
+
+/// Whether `name` is a `[groups.NAME]` of the manifest at `manifest` (not
+/// when the manifest cannot be read: the one-host commands then work from
+/// the plan, and say what is wrong).
+pub fn is_group(manifest: &Path, name: &str) -> bool {
+    Manifest::load(manifest).is_ok_and(|m| m.is_group(name))
+}
+
+/// Make a plan for every target against one read of the source.
+pub fn plan_many(opts: &PlanManyOptions, obs: &dyn Observer) -> Result<PlannedMany> {
+    let manifest = Manifest::load(&opts.manifest)?;
+    let src_host = manifest.host(&opts.source)?;
+    let dst_hosts = manifest.expand_hosts(&opts.targets)?;
+    if dst_hosts.iter().any(|h| h.name == src_host.name) {
+        return Err(err!(
+            hint = "leave the source out of the targets (a group may hold it)",
+            "The source {} is also among the targets",
+            src_host.name
+        ));
+    }
+    let sets = select_sets(&manifest, &opts.sets)?;
+    if let Some((set, from)) = sets
+        .iter()
+        .find_map(|s| Some((&s.name, manifest.from.get(&s.name)?)))
+    {
+        return Err(err!(
+            kind = Usage,
+            hint = "plan each target on its own (`overlay plan SOURCE TARGET`), or leave the set out with --set",
+            "Set {set} takes its files from a folder ({} at {}): a plan of several targets does not read folders yet",
+            from.value,
+            from.at
+        ));
+    }
+    let stamp = manifest_stamp(&opts.manifest)?;
+    let mut planned = make_plans(&manifest, &sets, src_host, &dst_hosts, &opts.connect, obs)?;
+    for p in &mut planned.plans {
+        p.strict |= opts.strict;
+        p.manifest = stamp.path.display().to_string();
+        p.manifest_sha256 = Some(stamp.sha256.clone());
+    }
+    Ok(planned)
+}
+
+/// A target connected and scanned, and what its stat and hashing found.
+struct Target<'h> {
+    host: &'h Host,
+    client: Client,
+    scan: ScanReport,
+    entries: plan::Entries,
+}
+
+fn make_plans(
+    manifest: &Manifest,
+    sets: &[crate::model::Set],
+    src_host: &Host,
+    dst_hosts: &[&Host],
+    opts: &ConnectOptions,
+    obs: &dyn Observer,
+) -> Result<PlannedMany> {
+    let clock = Clock::start(obs);
+    let globs = globs_of(sets);
+    // Connect to and scan every host at once.
+    let (src, dsts) = both(
+        || connect_scan(src_host, &globs, opts, obs),
+        || {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = dst_hosts
+                    .iter()
+                    .map(|h| s.spawn(|| connect_scan(h, &globs, opts, obs)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("worker thread panicked"))
+                    .collect::<Vec<_>>()
+            })
+        },
+    );
+    let mut src = src?;
+    let mut targets = Vec::with_capacity(dsts.len());
+    let mut meters = Vec::with_capacity(dsts.len());
+    for (host, d) in dst_hosts.iter().zip(dsts) {
+        let d = d?;
+        meters.push(d.scanning);
+        targets.push(Target {
+            host,
+            client: d.client,
+            scan: d.scan,
+            entries: Default::default(),
+        });
+    }
+    let source = host_info(src_host, &src.scan);
+    for t in &targets {
+        plan::check_python(&source, &host_info(t.host, &t.scan))?;
+    }
+    clock.mark("connect and scan");
+
+    // The source's entries for each distinct target venv (see the module doc).
+    let mut venvs: BTreeMap<&str, plan::Entries> = BTreeMap::new();
+    for venv in targets.iter().map(|t| t.host.venv.as_str()) {
+        venvs.entry(venv).or_default();
+    }
+    let mut source_hashed = 0usize;
+    let mut first = true;
+    for (venv, src_entries) in venvs.iter_mut() {
+        let src_side = StatSide {
+            host: &src_host.name,
+            venv: &src_host.venv,
+            shebang: Some(ShebangRewrite {
+                from: src_host.venv.clone(),
+                to: venv.to_string(),
+            }),
+            pycache: false,
+        };
+        let mine: Vec<&mut Target> = targets
+            .iter_mut()
+            .filter(|t| t.host.venv == *venv)
+            .collect();
+        source_hashed += plan_for_venv(
+            sets,
+            &globs,
+            (&src_side, &mut src.client, &src.scan),
+            mine,
+            src_entries,
+            first,
+            obs,
+        )?;
+        first = false;
+    }
+    src.scanning.finish();
+    for m in meters {
+        m.finish();
+    }
+    clock.mark(&format!(
+        "stat and hash ({} targets; the source hashed {source_hashed} files for all)",
+        targets.len()
+    ));
+
+    // Decide each target's plan, then preflight it; the source reads the
+    // ELF facts of what any plan places once.
+    let mut computed = Vec::with_capacity(targets.len());
+    for t in &targets {
+        let src_entries = &venvs[t.host.venv.as_str()];
+        let c = plan::compute_with(
+            sets,
+            &Side {
+                host: &src_host.name,
+                scan: &src.scan,
+                globs: &globs,
+                entries: src_entries,
+            },
+            &Side {
+                host: &t.host.name,
+                scan: &t.scan,
+                globs: &globs,
+                entries: &t.entries,
+            },
+            plan::members_of(sets, &src.scan, &globs),
+            plan::members_of(sets, &t.scan, &globs),
+        )?;
+        computed.push(c);
+    }
+    clock.mark("decide");
+    let mut shared: BTreeSet<String> = BTreeSet::new();
+    for c in &computed {
+        let (_, placed) = super::plan::deleted_and_placed(&c.sets);
+        shared.extend(
+            placed
+                .into_iter()
+                .filter(|p| crate::preflight::looks_shared(p))
+                .map(String::from),
+        );
+    }
+    let shared: Vec<String> = shared.into_iter().collect();
+    let infos = if shared.is_empty() {
+        Vec::new()
+    } else {
+        src.client.elf_info(&src_host.venv, shared.clone())?
+    };
+    let known: HashMap<String, Option<ElfInfo>> = shared.into_iter().zip(infos).collect();
+    let mut plans = Vec::with_capacity(targets.len());
+    // The source's notes are about the source: each is shown once.
+    let once = Once {
+        inner: obs,
+        seen: Default::default(),
+    };
+    for (t, c) in targets.iter_mut().zip(computed) {
+        let plan::Computed {
+            sets: set_plans,
+            mut warnings,
+        } = c;
+        let Preflighted { problems, record } = preflight(
+            manifest,
+            sets,
+            (&mut src.client, &src.scan, &src_host.venv),
+            (&mut t.client, &t.scan, &t.host.venv),
+            &set_plans,
+            Some(&known),
+            &clock,
+        )?;
+        if let Some(answer) = record {
+            warnings.extend(super::record_note::record_note(
+                answer,
+                (&src_host.name, &src.scan),
+                &set_plans,
+                &once,
+            ));
+        }
+        plans.push(Plan {
+            format: PLAN_FORMAT,
+            created: now(),
+            manifest: manifest.path.display().to_string(),
+            manifest_sha256: None,
+            source: source.clone(),
+            target: host_info(t.host, &t.scan),
+            sets: set_plans,
+            warnings,
+            problems,
+            strict: manifest.preflight.strict,
+        });
+    }
+    clock.mark("preflight of every target");
+    let clients: Vec<Client> = std::iter::once(src.client)
+        .chain(targets.into_iter().map(|t| t.client))
+        .collect();
+    let closing = std::thread::spawn(move || {
+        std::thread::scope(|s| {
+            for c in clients {
+                s.spawn(move || {
+                    let _ = c.close();
+                });
+            }
+        });
+    });
+    Ok(PlannedMany {
+        plans,
+        source_hashed,
+        closing: Closing(vec![closing]),
+    })
+}
+
+/// Stat the source once and every target of one venv path at the same
+/// time, then hash what any of them needs: on the source the union, each
+/// path once; on each target its own. Fills `src_entries` and each
+/// target's entries; returns how many files the source hashed. The source's
+/// ELF prefetch starts with the first venv's round, each target's preflight
+/// prefetch with its own.
+fn plan_for_venv(
+    sets: &[crate::model::Set],
+    globs: &[String],
+    (src_side, src, src_scan): (&StatSide, &mut Client, &ScanReport),
+    mut targets: Vec<&mut Target>,
+    src_entries: &mut plan::Entries,
+    prefetch_elf: bool,
+    obs: &dyn Observer,
+) -> Result<usize> {
+    let (_, src_order) = members_and_order(sets, src_scan, globs);
+    // Phase 1: stat, everyone at once.
+    let (s, d) = both(
+        || {
+            src_side
+                .stat_members(src, sets, globs, &[], &src_order)
+                .map(index)
+        },
+        || {
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = targets
+                    .iter_mut()
+                    .map(|t| {
+                        let src_order = &src_order;
+                        sc.spawn(move || -> Result<plan::Entries> {
+                            let Target {
+                                host, client, scan, ..
+                            } = &mut **t;
+                            let (dst_members, dst_own) = members_and_order(sets, scan, globs);
+                            let extra = plan::sorted_difference(src_order, &dst_own);
+                            let order = plan::stat_order(&dst_members, &extra);
+                            let side = StatSide {
+                                host: &host.name,
+                                venv: &host.venv,
+                                shebang: None,
+                                pycache: true,
+                            };
+                            side.stat_members(client, sets, globs, &extra, &order)
+                                .map(index)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("worker thread panicked"))
+                    .collect::<Vec<_>>()
+            })
+        },
+    );
+    *src_entries = s?;
+    for (t, e) in targets.iter_mut().zip(d) {
+        t.entries = e?;
+    }
+    if prefetch_elf {
+        src.prefetch_elf(src_side.venv, shared_files(src_entries))?;
+    }
+    for t in targets.iter_mut() {
+        t.client.prefetch_preflight(&t.host.venv)?;
+    }
+
+    // Phase 2: hash what decides something (see `plan::needs_hash`).
+    let unhashed = |e: Option<&crate::model::Entry>| {
+        matches!(e.map(|e| &e.kind), Some(Kind::File { blake3: None, .. }))
+    };
+    let mut src_hash: BTreeSet<String> = BTreeSet::new();
+    let mut dst_hash: Vec<Vec<String>> = Vec::with_capacity(targets.len());
+    for t in &targets {
+        let mut mine = Vec::new();
+        for (p, s, d) in plan::needs_hash(src_entries, &t.entries) {
+            if unhashed(Some(s)) {
+                src_hash.insert(p.to_string());
+            }
+            if unhashed(d) {
+                mine.push(p.to_string());
+            }
+        }
+        dst_hash.push(mine);
+    }
+    let n_src = src_hash.len();
+    let smeter = obs.step(Step::Hash, src_side.host);
+    let (s, d) = both(
+        || src_side.stat(src, src_hash.into_iter().collect(), HashMode::All, &*smeter),
+        || {
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = targets
+                    .iter_mut()
+                    .zip(dst_hash)
+                    .map(|(t, paths)| {
+                        sc.spawn(move || -> Result<Vec<crate::model::Entry>> {
+                            let meter = obs.step(Step::Hash, &t.host.name);
+                            let side = StatSide {
+                                host: &t.host.name,
+                                venv: &t.host.venv,
+                                shebang: None,
+                                pycache: true,
+                            };
+                            let r = side.stat(&mut t.client, paths, HashMode::All, &*meter);
+                            if r.is_ok() {
+                                meter.finish();
+                            }
+                            r
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("worker thread panicked"))
+                    .collect::<Vec<_>>()
+            })
+        },
+    );
+    src_entries.extend(index(s?));
+    smeter.finish();
+    for (t, e) in targets.iter_mut().zip(d) {
+        t.entries.extend(index(e?));
+    }
+    Ok(n_src)
+}
+
+/// The saved form of a plan of many targets: at `--out`, the list of the
+/// targets' own plan files (each an ordinary plan, relative to this file's
+/// folder).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FleetPlan {
+    pub format: u32,
+    /// The source's manifest name.
+    pub source: String,
+    pub targets: Vec<FleetTarget>,
+}
+
+/// One target of a [`FleetPlan`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FleetTarget {
+    pub name: String,
+    /// Its plan file, relative to the fleet plan's folder.
+    pub plan: String,
+}
+
+/// The folder that holds the targets' plans of the fleet plan at `out`:
+/// `.overlay/plan.json` → `.overlay/plan.d`.
+pub fn plans_dir(out: &Path) -> PathBuf {
+    let stem = out
+        .file_stem()
+        .map_or_else(|| "plan".into(), |s| s.to_string_lossy().into_owned());
+    out.with_file_name(format!("{stem}.d"))
+}
+
+/// Save each target's plan in [`plans_dir`], then the [`FleetPlan`] at
+/// `out` (each file written atomically). Returns the targets' plan files.
+pub fn save_many(plans: &[Plan], out: &Path) -> Result<Vec<PathBuf>> {
+    let dir = plans_dir(out);
+    let dir_name = dir
+        .file_name()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let mut files = Vec::with_capacity(plans.len());
+    let mut targets = Vec::with_capacity(plans.len());
+    for p in plans {
+        let file = dir.join(format!("{}.json", p.target.name));
+        super::plan::save(p, &file)?;
+        targets.push(FleetTarget {
+            name: p.target.name.clone(),
+            plan: format!("{dir_name}/{}.json", p.target.name),
+        });
+        files.push(file);
+    }
+    let fleet = FleetPlan {
+        format: PLAN_FORMAT,
+        source: plans
+            .first()
+            .map_or_else(String::new, |p| p.source.name.clone()),
+        targets,
+    };
+    let text = serde_json::to_string_pretty(&fleet).expect("a fleet plan serializes") + "\n";
+    write_atomic(out, text.as_bytes())?;
+    Ok(files)
+}
+
+/// Read the fleet plan at `path`, if it is one (`None`: it is not, e.g. an
+/// ordinary plan). Its targets' plan files, resolved against its folder.
+pub fn load_fleet(path: &Path) -> Option<(FleetPlan, Vec<PathBuf>)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let fleet: FleetPlan = serde_json::from_str(&text).ok()?;
+    let base = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let files = fleet.targets.iter().map(|t| base.join(&t.plan)).collect();
+    Some((fleet, files))
+}
+
+fn write_atomic(out: &Path, bytes: &[u8]) -> Result<()> {
+    let fail = |e: std::io::Error| {
+        err!(
+            kind = Host,
+            hint = "choose another place with --out",
+            "Failed to save the plan to {}: {}",
+            out.display(),
+            crate::error::io_cause(&e)
+        )
+    };
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
+    std::io::Write::write_all(&mut tmp, bytes).map_err(fail)?;
+    tmp.persist(out).map_err(|e| fail(e.error))?;
+    Ok(())
+}
+
+/// An observer that passes each line on once, however often it is told.
+struct Once<'a> {
+    inner: &'a dyn Observer,
+    seen: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Once<'_> {
+    fn first(&self, line: &str) -> bool {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(line.to_string())
+    }
+}
+
+impl Observer for Once<'_> {
+    fn status(&self, line: &str) {
+        if self.first(line) {
+            self.inner.status(line);
+        }
+    }
+    fn detail(&self, line: &str) {
+        if self.first(line) {
+            self.inner.detail(line);
+        }
+    }
+    fn note(&self, line: &str) {
+        if self.first(line) {
+            self.inner.note(line);
+        }
+    }
+    fn warn(&self, line: &str) {
+        if self.first(line) {
+            self.inner.warn(line);
+        }
+    }
+    fn step(&self, step: Step, on: &str) -> Box<dyn Meter> {
+        self.inner.step(step, on)
+    }
+    fn checked(&self, host: &str, report: &crate::model::VerifyReport, log: &Path) {
+        self.inner.checked(host, report, log);
+    }
+}
