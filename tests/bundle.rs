@@ -22,12 +22,16 @@ fn pack(tb: &Testbed, file: &str) -> PathBuf {
     tb.work.join(file)
 }
 
-/// `overlay ARGS` run on host `i` itself over plain ssh (the test binary
-/// is at the same path there: the hosts share the file system but /root).
+/// `overlay ARGS` run on host `i` itself over plain ssh. The static binary
+/// is copied to the host's /root first, as an operator would carry it: the
+/// test binary's own path may not be visible there (each host has a
+/// private /root and /tmp, and a checkout may live under either).
 fn on_host(tb: &Testbed, i: usize, args: &str) -> Output {
-    tb.ssh(i, &format!("{} {args}", env!("CARGO_BIN_EXE_overlay")))
-        .output()
-        .unwrap()
+    let there = tb.host_dir(i).join("root").join("overlay");
+    if !there.exists() {
+        fs::copy(env!("CARGO_BIN_EXE_overlay"), &there).unwrap();
+    }
+    tb.ssh(i, &format!("/root/overlay {args}")).output().unwrap()
 }
 
 /// Unpack folders left beside a host's venv.
