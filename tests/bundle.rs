@@ -26,12 +26,30 @@ fn pack(tb: &Testbed, file: &str) -> PathBuf {
 /// is copied to the host's /root first, as an operator would carry it: the
 /// test binary's own path may not be visible there (each host has a
 /// private /root and /tmp, and a checkout may live under either).
+/// A file of this machine named in ARGS (a bundle in the testbed's work
+/// dir) is carried to the host's /root the same way, and named there.
 fn on_host(tb: &Testbed, i: usize, args: &str) -> Output {
-    let there = tb.host_dir(i).join("root").join("overlay");
+    let root = tb.host_dir(i).join("root");
+    let there = root.join("overlay");
     if !there.exists() {
         fs::copy(env!("CARGO_BIN_EXE_overlay"), &there).unwrap();
     }
-    tb.ssh(i, &format!("/root/overlay {args}")).output().unwrap()
+    let args: Vec<String> = args
+        .split(' ')
+        .map(|a| {
+            let p = Path::new(a);
+            if a.starts_with(&*tb.work.to_string_lossy()) && p.is_file() {
+                let name = p.file_name().unwrap();
+                fs::copy(p, root.join(name)).unwrap();
+                format!("/root/{}", name.to_string_lossy())
+            } else {
+                a.to_string()
+            }
+        })
+        .collect();
+    tb.ssh(i, &format!("/root/overlay {}", args.join(" ")))
+        .output()
+        .unwrap()
 }
 
 /// Unpack folders left beside a host's venv.
