@@ -19,6 +19,7 @@
 pub mod apply;
 pub mod apply_many;
 pub mod doctor;
+mod fanout;
 pub mod history;
 pub mod pack;
 pub mod plan;
