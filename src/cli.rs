@@ -179,12 +179,15 @@ pub struct PlanArgs {
     #[arg(required_unless_present = "bundle", value_name = "TARGET")]
     pub targets: Vec<String>,
 
-    /// Plan from a bundle written by `overlay pack`, on this host, against
-    /// the venv given with --venv (no manifest, no SSH; read-only).
-    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["source", "targets"])]
+    /// Plan from a bundle written by `overlay pack` instead of a live
+    /// source: name only the TARGETs (the bundle is unpacked once under
+    /// `bundles/` beside --out, and `overlay apply` streams from there);
+    /// or, with --venv, on this host against that venv (no manifest, no
+    /// SSH; read-only).
+    #[arg(long, value_name = "FILE")]
     pub bundle: Option<PathBuf>,
 
-    /// With --bundle: the venv on this host.
+    /// With --bundle: the venv on this host (then name no hosts).
     #[arg(long, value_name = "PATH", requires = "bundle")]
     pub venv: Option<String>,
 
@@ -463,6 +466,8 @@ Examples:
   One plan per target for several targets (or name a [groups.NAME]), saved
   to .overlay/plan.d/TARGET.json and listed in .overlay/plan.json:
     overlay plan ct129 ct200 ct201 ct202
+  From a bundle packed by `overlay pack` (the source may be down), then apply:
+    overlay plan --bundle stack.ovl ct200 ct201 && overlay apply
   On a host itself, what a bundle from `overlay pack` would change in its venv:
     overlay plan --bundle /var/tmp/stack.ovl --venv /root/venv";
 

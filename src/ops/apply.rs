@@ -170,6 +170,9 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     let clock = Clock::start(obs);
     let plan = load_plan(&opts.plan)?;
     same_manifest(&plan, opts)?;
+    if !opts.resume {
+        super::bundle_source::check_cache(&plan, &opts.plan)?;
+    }
     let tname = plan.target.name.clone();
     if !opts.resume && plan.has_changes() {
         obs.status(&announcement(&plan, &opts.plan));

@@ -18,6 +18,7 @@
 
 pub mod apply;
 pub mod apply_many;
+pub mod bundle_source;
 pub mod doctor;
 pub mod history;
 pub mod pack;
