@@ -224,13 +224,20 @@ pub struct ApplyArgs {
     #[arg(default_value = ".overlay/plan.json")]
     pub plan: PathBuf,
 
-    /// Apply a bundle written by `overlay pack` to the venv given with
-    /// --venv, on this host (no manifest, no SSH): plan against its index,
-    /// then apply through the journal; `--json` prints one line.
-    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["direct", "relay", "resume", "same_owner"])]
+    /// With --bundle (and no --venv): more targets; the first one takes
+    /// PLAN's place (`overlay apply --bundle FILE T1 T2 ...`).
+    #[arg(value_name = "TARGET", requires = "bundle")]
+    pub targets: Vec<String>,
+
+    /// Apply a bundle written by `overlay pack`: to the TARGETs named
+    /// (hosts or groups of the manifest; planned from the bundle into
+    /// .overlay/plan.json, then applied as `overlay apply` does), or with
+    /// --venv to that venv on this host (no manifest, no SSH; `--json`
+    /// prints one line).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["direct", "relay", "resume", "same_owner"])]
     pub bundle: Option<PathBuf>,
 
-    /// With --bundle: the venv on this host.
+    /// With --bundle: the venv on this host (then name no targets).
     #[arg(long, value_name = "PATH", requires = "bundle")]
     pub venv: Option<String>,
 

@@ -592,7 +592,7 @@ fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply(
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    assert_eq!(out.status.code(), Some(8), "refused: {err}");
     assert!(
         err.contains("3.12") && err.contains("3.11") && err.contains("dst"),
         "{err}"
@@ -609,6 +609,9 @@ fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply(
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("dst, dst2"), "grouped: {text}");
+    // The scripts unpacked for the controller are not taken for hand patches.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("differs from its RECORD"), "{err}");
     let files = state(&tb);
     for f in ["plan.json", "plan.d/dst.json", "plan.d/dst2.json"] {
         assert!(files.contains(&f.to_string()), "{files:?}");
@@ -644,24 +647,45 @@ fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply(
         assert_same(&before[i - 1], &snapshot(tb.host_venv_dir(i)), "rollback");
     }
 
-    // A saved plan whose unpacked bundle is gone: refused, dst unchanged.
+    // A saved plan whose unpacked bundle was altered, then is gone:
+    // refused, dst unchanged.
     ok(
         tb.overlay(&["plan", "--bundle", "stack.ovl", "dst"])
             .output()
             .unwrap(),
         "plan --bundle dst",
     );
-    fs::remove_dir_all(tb.work.join(".overlay/bundles")).unwrap();
+    let cache = tb.work.join(".overlay/bundles");
+    let victim = walkdir::WalkDir::new(&cache)
+        .into_iter()
+        .map(|e| e.unwrap().into_path())
+        .find(|p| p.extension().is_some_and(|x| x == "py"))
+        .unwrap();
+    fs::write(&victim, "x = 'not from the bundle'\n").unwrap();
     let out = tb.overlay(&["apply"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(6), "{err}");
     assert!(
-        err.contains("gone") && err.contains("plan --bundle"),
+        err.contains("was altered") && err.contains("plan --bundle"),
         "{err}"
     );
-    assert_same(
-        &before[0],
-        &snapshot(tb.host_venv_dir(1)),
-        "cache gone: dst",
+    assert_same(&before[0], &snapshot(tb.host_venv_dir(1)), "altered: dst");
+    // Plan and apply in one: the altered folder is unpacked again.
+    let out = ok(
+        tb.overlay(&["apply", "--bundle", "stack.ovl", "dst"])
+            .output()
+            .unwrap(),
+        "apply --bundle dst",
     );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unpacking the bundle stack.ovl again"),
+        "{err}"
+    );
+    assert_same(&live, &snapshot(tb.host_venv_dir(1)), "apply --bundle dst");
+    fs::remove_dir_all(&cache).unwrap();
+    let out = tb.overlay(&["apply"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert!(err.contains("gone"), "{err}");
 }

@@ -145,14 +145,22 @@ pub fn plan_from_bundle(opts: &BundlePlanOptions, obs: &dyn Observer) -> Result<
         .tempfile_in(dir)
         .map_err(|e| {
             err!(
+                kind = Host,
                 hint = "the plan's manifest is written beside yours for a moment: give write access there",
                 "Cannot write a manifest in {}: {}",
                 dir.display(),
                 io_cause(&e)
             )
         })?;
-    std::io::Write::write_all(&mut tmp, text.as_bytes())
-        .map_err(|e| err!("Cannot write {}: {}", tmp.path().display(), io_cause(&e)))?;
+    std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(|e| {
+        err!(
+            kind = Host,
+            hint = "check the free space there",
+            "Cannot write {}: {}",
+            tmp.path().display(),
+            io_cause(&e)
+        )
+    })?;
     let obs = &Named {
         inner: obs,
         names: vec![(
@@ -230,6 +238,7 @@ fn read_table(path: &Path) -> Result<toml::Table> {
 pub fn ensure_cache(b: &Bundle, root: &Path, obs: &dyn Observer) -> Result<PathBuf> {
     let cannot = |p: &Path, e: std::io::Error| {
         err!(
+            kind = Host,
             hint = "the bundle is unpacked beside the plan file: make room or give write access there, or choose another place with --out",
             "Cannot unpack the bundle {} into {}: {}",
             b.path.display(),
@@ -329,6 +338,14 @@ fn intact(
         }
     }
     Ok(())
+}
+
+/// Whether `venv` is the venv of a bundle unpacked on this machine by
+/// [`ensure_cache`] (its folder holds the stamp).
+pub fn is_cache_venv(venv: &str) -> bool {
+    let p = Path::new(venv);
+    p.file_name().is_some_and(|n| n == VENV)
+        && p.parent().is_some_and(|d| d.join(COMPLETE).is_file())
 }
 
 /// A plan whose source is a bundle: its cache folder must still be there,
