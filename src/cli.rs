@@ -473,10 +473,9 @@ Examples:
   One plan per target for several targets (or name a [groups.NAME]), saved
   to .overlay/plan.d/TARGET.json and listed in .overlay/plan.json:
     overlay plan ct129 ct200 ct201 ct202
-  From a bundle packed by `overlay pack` (the source may be down), then apply:
-    overlay plan --bundle stack.ovl ct200 ct201 && overlay apply
-  On a host itself, what a bundle from `overlay pack` would change in its venv:
-    overlay plan --bundle /var/tmp/stack.ovl --venv /root/venv";
+  From a bundle of `overlay pack` instead of the source (which may be down);
+  on a host itself, `--bundle FILE --venv PATH` shows what it would change:
+    overlay plan --bundle stack.ovl ct200 ct201";
 
 const APPLY_EXAMPLES: &str = "\
 Examples:
@@ -497,7 +496,8 @@ Examples:
     overlay pack ct129 -o stack.ovl
   Only torch and its CUDA wheels; the result as one JSON line:
     overlay pack ct129 --set torch --set nvidia-cu13 -o torch.ovl --json
-(Then, on each host: overlay apply --bundle FILE --venv PATH; docs/fleet.md)";
+(Then on each host: overlay apply --bundle FILE --venv PATH; or from here,
+with the source down: overlay apply --bundle FILE TARGET...; docs/fleet.md)";
 
 const ROLLBACK_EXAMPLES: &str = "\
 Examples:

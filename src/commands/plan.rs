@@ -72,7 +72,7 @@ fn run_from_bundle(
         cache_root: bundle_source::cache_root(&args.out),
     };
     match bundle_source::plan_from_bundle(&opts, &Console::new(global))? {
-        BundlePlanned::One(planned) => show_one(global, args, planned),
+        BundlePlanned::One(planned) => show_one(global, args, *planned),
         BundlePlanned::Many(planned) => show_many(global, args, planned),
     }
 }

@@ -60,7 +60,7 @@ pub struct BundlePlanOptions {
 
 /// The plans made from a bundle: one target's, or several.
 pub enum BundlePlanned {
-    One(Planned),
+    One(Box<Planned>),
     Many(PlannedMany),
 }
 
@@ -194,7 +194,7 @@ pub fn plan_from_bundle(opts: &BundlePlanOptions, obs: &dyn Observer) -> Result<
         )
         .map_err(|e| obs.fix_error(e))?;
         mark(&mut planned.plan);
-        Ok(BundlePlanned::One(planned))
+        Ok(BundlePlanned::One(Box::new(planned)))
     } else {
         let mut planned = plan_many::plan_many(
             &PlanManyOptions {
