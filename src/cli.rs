@@ -307,8 +307,8 @@ pub struct ApplyArgs {
     #[arg(long, requires = "verify", conflicts_with = "no_backup")]
     pub rollback_on_failure: bool,
 
-    /// A plan of several targets: how many to apply at once (Ansible's
-    /// default of 5 forks).
+    /// A plan of several targets: how many to apply at once, sharing one
+    /// read of the source (Ansible's default of 5 forks).
     #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub parallel: u64,
 

@@ -556,8 +556,10 @@ impl Client {
 
     /// Have the target stage the relayed stream (data frames follow, sent
     /// with [`Client::write_frame_bytes`], then [`Client::end_stage`]).
-    pub fn start_stage(&mut self) -> Result<()> {
-        self.send(&Request::Stage)
+    /// `shared`: the stream is one several targets take, and this is how
+    /// its entries map onto this target's changes.
+    pub fn start_stage(&mut self, shared: Option<Vec<crate::model::StreamEntry>>) -> Result<()> {
+        self.send(&Request::Stage { shared })
     }
 
     /// End a relayed stream: the hashes the source computed while reading.

@@ -25,10 +25,12 @@ use crate::error::{Error, Result};
 use crate::model::{
     BLOCK, Compression, CopyCounts, ElfInfo, GenerationInfo, HashMode, LevelWindow,
     PreflightReport, PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport,
-    SendFile, Set, ShebangRewrite, SourceHash, StatEntry, VerifyReport, VerifyRequest, Written,
+    SendFile, Set, ShebangRewrite, SourceHash, StatEntry, StreamEntry, VerifyReport, VerifyRequest,
+    Written,
 };
 
-/// Bumped whenever a frame changes shape. 13: `blocked` and `ratio` in a
+/// Bumped whenever a frame changes shape. 14: `shared` in `Stage` (a
+/// stream several targets take, [`StreamEntry`]). 13: `blocked` and `ratio` in a
 /// measured window ([`LevelWindow`]); `StageLocal` and `CopiedLocal` (the
 /// local route); `unreached` in an error. 12: `force` in `Rollback`; the
 /// rollback report's `later`, `refused`, `displaced`, `inconsistent`;
@@ -42,7 +44,7 @@ use crate::model::{
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 13;
+pub const PROTOCOL_VERSION: u32 = 14;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
@@ -120,8 +122,13 @@ pub enum Request {
     /// Target side: take the lock, recover an unfinished generation, check
     /// the plan's preconditions and free space, and open a new generation.
     Prepare(Box<PrepareRequest>),
-    /// Target side: data frames with the packed tar stream follow, then `EndData`.
-    Stage,
+    /// Target side: data frames with the packed tar stream follow, then
+    /// `EndData`. `shared`: the stream is one several targets take (one
+    /// read of the source); its entry `i` is `shared[i]` for this target.
+    /// `None`: entry `i` is change `i`.
+    Stage {
+        shared: Option<Vec<StreamEntry>>,
+    },
     /// Source side, `apply --direct`: like `Send`, but the stream goes
     /// straight to the target: the source starts `agent` there with its own
     /// `ssh` client (see `transport::openssh`) and sends it `Receive`.

@@ -393,3 +393,100 @@ fn max_fail_stops_the_rollout_and_the_failed_target_is_not_half_applied() {
         "{err}"
     );
 }
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn one_read_of_the_source_feeds_every_target_and_one_dying_in_the_stream_stops_only_itself() {
+    let tb = four_targets("");
+    ok(
+        tb.overlay(&["plan", "src", "fleet"]).output().unwrap(),
+        "plan src fleet",
+    );
+    let before: Vec<_> = (0..5).map(|i| snapshot(tb.host_venv_dir(i))).collect();
+    // dst3's agent exits abruptly once it has staged its first file of the
+    // shared stream.
+    let ssh_dir = tb.host_dir(3).join("root/.ssh");
+    fs::create_dir_all(&ssh_dir).unwrap();
+    fs::write(
+        ssh_dir.join("environment"),
+        "OVERLAY_TEST_DIE_MID_STREAM=1\n",
+    )
+    .unwrap();
+    let out = tb.overlay(&["apply", "--json"]).output().unwrap();
+    fs::remove_file(ssh_dir.join("environment")).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("--- apply:\n{stderr}");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("apply --json");
+    assert_eq!(out.status.code(), Some(11), "{stderr}");
+    let rows = doc["targets"].as_array().unwrap();
+    let results: Vec<&str> = rows.iter().map(|r| r["result"].as_str().unwrap()).collect();
+    assert_eq!(
+        results,
+        ["applied", "applied", "failed", "applied"],
+        "{stderr}"
+    );
+    // One read of the source for all four: what the source read is one
+    // target's worth (dst's plan, which holds every other's files), not
+    // the sum of the four.
+    let bytes: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+    let read = doc["source_bytes_read"].as_u64().unwrap();
+    assert!(bytes[0] > 0);
+    assert_eq!(read, bytes[0], "the source read one target's worth: {doc}");
+    assert_eq!(bytes[1], bytes[0], "dst2 is dst's twin");
+    assert!(
+        stderr.contains("in one stream with 3 other targets"),
+        "{stderr}"
+    );
+    // dst3 is left as before: its next command rolls back the unfinished
+    // generation.
+    ok(
+        tb.overlay(&["history", "dst3"]).output().unwrap(),
+        "history dst3",
+    );
+    common::assert_same(
+        &before[3],
+        &snapshot(tb.host_venv_dir(3)),
+        "dst3 after dying in the stream",
+    );
+    // The others each got exactly their own plan: planning again finds
+    // nothing to change, as after an apply of each alone.
+    let again = json_of(&ok(
+        tb.overlay(&[
+            "plan",
+            "src",
+            "dst",
+            "dst2",
+            "dst4",
+            "--json",
+            "-o",
+            "again.json",
+        ])
+        .output()
+        .unwrap(),
+        "plan again",
+    ));
+    for t in again["targets"].as_array().unwrap() {
+        for s in t["sets"].as_array().unwrap() {
+            assert_eq!(s["changes"], json!([]), "{}", t["target"]);
+        }
+    }
+    common::assert_same(
+        &snapshot(tb.host_venv_dir(1)),
+        &snapshot(tb.host_venv_dir(2)),
+        "the twins after the shared stream",
+    );
+    // And each rolls back exactly.
+    ok(
+        tb.overlay(&["rollback", "dst", "dst2", "dst4"])
+            .output()
+            .unwrap(),
+        "rollback dst dst2 dst4",
+    );
+    for i in [1, 2, 4] {
+        common::assert_same(&before[i], &snapshot(tb.host_venv_dir(i)), "rolled back");
+    }
+    common::assert_same(&before[0], &snapshot(tb.host_venv_dir(0)), "the source");
+}

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use overlay::model::Kind;
-use overlay::model::{GenChange, PrepareRequest, SourceHash};
+use overlay::model::{GenChange, PrepareRequest, SourceHash, StreamEntry};
 use overlay::protocol::{
     DATA_BIT, PROTOCOL_VERSION, Request, Response, read_frame, write_data, write_frame,
 };
@@ -238,11 +238,20 @@ struct Outcome {
 /// Prepare, send `frames` after `Stage`, then `EndData` (with `end`) or
 /// close the agent's input.
 fn stage(frames: impl FnOnce(&mut dyn Write), end: bool) -> Outcome {
+    stage_shared(None, frames, end)
+}
+
+/// [`stage`] of a stream several targets share, entries mapped by `shared`.
+fn stage_shared(
+    shared: Option<Vec<StreamEntry>>,
+    frames: impl FnOnce(&mut dyn Write),
+    end: bool,
+) -> Outcome {
     let target = Target::new();
     let before = target.snapshot();
     let mut agent = Agent::start();
     target.prepare(&mut agent);
-    agent.send(&Request::Stage);
+    agent.send(&Request::Stage { shared });
     frames(agent.input());
     if end {
         agent.send(&Request::EndData { hashes: vec![] });
@@ -280,7 +289,7 @@ fn a_well_formed_stream_with_a_300_byte_symlink_target_is_staged() {
     let target = Target::new();
     let mut agent = Agent::start();
     target.prepare(&mut agent);
-    agent.send(&Request::Stage);
+    agent.send(&Request::Stage { shared: None });
     let mut tar = tar::Builder::new(Vec::new());
     let mut h = tar::Header::new_gnu();
     h.set_size(10);
@@ -432,4 +441,104 @@ fn the_snapshot_sees_the_venv() {
     let t = Target::new();
     assert!(t.snapshot().contains_key(&format!("{SITE}/a.py")));
     assert!(Path::new(&t.venv()).join("pyvenv.cfg").exists());
+}
+
+/// A map of a shared stream: entry 0 is another target's 10-byte file,
+/// entries 1 and 2 are this target's new.py and link.
+fn shared_map() -> Option<Vec<StreamEntry>> {
+    Some(vec![
+        StreamEntry::Skip { size: 10 },
+        StreamEntry::Take(0),
+        StreamEntry::Take(1),
+    ])
+}
+
+#[test]
+fn a_shared_stream_stages_only_this_target_s_entries() {
+    let target = Target::new();
+    let mut agent = Agent::start();
+    target.prepare(&mut agent);
+    agent.send(&Request::Stage {
+        shared: shared_map(),
+    });
+    let mut tar = tar::Builder::new(Vec::new());
+    for (name, data) in [("0", &b"other-data"[..]), ("1", &b"0123456789"[..])] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        tar.append_data(&mut h, name, data).unwrap();
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(LONG_TARGET.len() as u64);
+    tar.append_data(&mut h, "2", LONG_TARGET.as_bytes())
+        .unwrap();
+    stored_frames(agent.input(), &tar.into_inner().unwrap());
+    // The controller hands over the source's hashes as this target's changes.
+    let hashes = vec![SourceHash {
+        index: 0,
+        blake3: blake3::hash(b"0123456789").to_hex().to_string(),
+    }];
+    agent.send(&Request::EndData { hashes });
+    match agent.recv() {
+        Some(Response::Staged {
+            files: 2,
+            bytes: 10,
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let staged = target.staged();
+    assert_eq!(staged.len(), 2, "{staged:?}");
+    let file = staged.iter().find(|p| p.ends_with("/staging/0")).unwrap();
+    assert_eq!(std::fs::read(file).unwrap(), b"0123456789");
+    agent.send(&Request::Abort);
+    assert!(matches!(agent.recv(), Some(Response::Aborted)));
+    agent.finish();
+}
+
+#[test]
+fn a_shared_stream_s_skipped_entry_larger_than_the_map_says_is_refused() {
+    let o = stage_shared(
+        shared_map(),
+        |w| {
+            let mut bytes = header("0", b'0', 64 << 20);
+            bytes.resize(512 + (64 << 20), b'A');
+            stored_frames(w, &bytes);
+        },
+        true,
+    );
+    assert_refused(
+        &o,
+        "entry 0 of the shared stream declares 67108864 bytes, the plan says 10",
+        "oversize skipped entry",
+    );
+}
+
+#[test]
+fn a_shared_stream_s_entry_outside_the_map_or_twice_is_refused() {
+    let o = stage_shared(
+        shared_map(),
+        |w| {
+            let mut bytes = header("7", b'0', 10);
+            bytes.resize(1024, b'A');
+            stored_frames(w, &bytes);
+        },
+        true,
+    );
+    assert_refused(&o, "unexpected entry 7 in the shared stream", "entry 7");
+    let o = stage_shared(
+        shared_map(),
+        |w| {
+            let mut bytes = header("0", b'0', 10);
+            bytes.resize(1024, b'A');
+            bytes.extend(header("0", b'0', 10));
+            bytes.resize(2048, b'A');
+            stored_frames(w, &bytes);
+        },
+        true,
+    );
+    assert_refused(
+        &o,
+        "entry 0 appears twice in the shared stream",
+        "entry 0 twice",
+    );
 }

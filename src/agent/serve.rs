@@ -126,7 +126,7 @@ impl Session {
             Request::Hello { protocol } => return Ok(h::hello(protocol)),
             Request::Bye => return Ok(Next::Last(Some(Response::Bye))),
             Request::Receive { venv, generation } => return h::receive(input, &venv, &generation),
-            Request::Stage => return Ok(h::stage(self, input)),
+            Request::Stage { shared } => return Ok(h::stage(self, input, shared.as_deref())),
             Request::EndData { .. } => Err(err!(kind = Protocol, "EndData without Stage")),
             Request::Scan { venv, file_globs } => h::scan(&venv, &file_globs),
             Request::Stat { venv, paths, hash, shebang, pycache } =>

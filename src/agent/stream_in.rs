@@ -8,7 +8,7 @@ use crate::err;
 use crate::error::{Error, Result};
 use crate::inventory::Counters;
 use crate::journal::Generation;
-use crate::model::{SourceHash, Unpacked};
+use crate::model::{SourceHash, StreamEntry, Unpacked};
 use crate::protocol::{Frame, Request, read_any};
 use crate::stream::{self, ChannelReader};
 
@@ -36,6 +36,7 @@ pub(super) fn stream_in(
     input: &mut dyn Read,
     g: &Generation,
     host_dir: &std::path::Path,
+    shared: Option<&[StreamEntry]>,
 ) -> StreamIn {
     let counters = Counters::default();
     let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(DECODED_BLOCKS);
@@ -58,7 +59,8 @@ pub(super) fn stream_in(
     let mut bad_block = None;
     let mut broken = None;
     let result = std::thread::scope(|scope| {
-        let worker = scope.spawn(|| stream::unpack(g, host_dir, ChannelReader::new(rx), &counters));
+        let worker =
+            scope.spawn(|| stream::unpack(g, host_dir, ChannelReader::new(rx), &counters, shared));
         let mut tx = Some(tx);
         loop {
             match read_any::<Request>(input) {

@@ -83,6 +83,18 @@ pub struct ShebangRewrite {
 /// or stored) and sent as one data frame.
 pub const BLOCK: usize = 1 << 20;
 
+/// One entry of a stream that several targets share (one read of the
+/// source fanned out to them, `ops::fanout`), as one target takes it: the
+/// stream's entry `i` is the `i`th of the list the target was given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StreamEntry {
+    /// This target's change with this index (in its generation's list).
+    Take(usize),
+    /// Another target's file: its `size` bytes of data are read and
+    /// dropped; nothing is written.
+    Skip { size: u64 },
+}
+
 /// A staged file as the target wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Written {

@@ -168,6 +168,48 @@ pub fn gen_changes(plan: &Plan) -> Vec<GenChange> {
 /// Carry out the saved plan `opts.plan`.
 pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     let clock = Clock::start(obs);
+    let mut ready = match begin(opts, obs)? {
+        Began::Ready(r) => r,
+        Began::Done(report) => return Ok(report),
+    };
+    clock.mark("connect and prepare");
+    let send = SendFile::of_changes(&ready.changes);
+    let sent = transfer(
+        &mut ready.dst,
+        &ready.plan,
+        opts,
+        &ready.generation,
+        &ready.chosen,
+        send,
+        obs,
+    )?;
+    finish(ready, sent, &clock, obs)
+}
+
+/// What [`begin`] left: a target ready for its files, or the whole report.
+pub(super) enum Began {
+    Ready(Box<Ready>),
+    /// `--resume`, or a plan with nothing to change.
+    Done(ApplyReport),
+}
+
+/// A target ready for its files: connected, checked, its generation open.
+pub(super) struct Ready {
+    pub(super) opts: ApplyOptions,
+    pub(super) plan: Plan,
+    pub(super) dst: Client,
+    pub(super) changes: Vec<GenChange>,
+    pub(super) generation: String,
+    pub(super) recovered: Option<String>,
+    pub(super) chosen: ChosenRoute,
+    check: Option<VerifyRequest>,
+    /// Ctrl-C stops cleanly while this lives.
+    _cleanly: interrupt::Cleanly,
+}
+
+/// Everything before the stream: load and check the plan, connect the
+/// target, choose the route, read the check, and open the generation.
+pub(super) fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
     let plan = load_plan(&opts.plan)?;
     same_manifest(&plan, opts)?;
     if !opts.resume {
@@ -186,10 +228,10 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     )?;
     connecting.finish();
     if opts.resume {
-        return resume(dst, &plan);
+        return resume(dst, &plan).map(Began::Done);
     }
     // From here on, Ctrl-C stops cleanly.
-    let _cleanly = interrupt::Cleanly::new(interrupt::Note {
+    let cleanly = interrupt::Cleanly::new(interrupt::Note {
         cleaning: format!("{tname} discards what this apply staged, or undoes its switch"),
         forced: format!("{tname} in an unknown state"),
         hint: format!(
@@ -197,7 +239,6 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
             opts.plan.display()
         ),
     });
-    let stopped = |left: Left<'_>| interrupted(left, &tname, &opts.plan);
     strict_check(&plan, opts.force)?;
     let chosen = choose_route(&plan, opts, obs)?;
     // Read the check before touching anything, so a missing [verify] fails early.
@@ -208,25 +249,56 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     let changes = gen_changes(&plan);
     if changes.is_empty() {
         dst.close()?;
-        return Ok(ApplyReport::NothingToApply { target: tname });
+        return Ok(Began::Done(ApplyReport::NothingToApply { target: tname }));
     }
     if interrupt::requested() {
         let _ = dst.close();
-        return Err(stopped(Left::Untouched));
+        return Err(interrupted(Left::Untouched, &tname, &opts.plan));
     }
     let prepared = prepare(&mut dst, &plan, opts, changes.clone())?;
     if let Some(r) = &prepared.recovered {
         obs.status(&format!("{tname}: {r}"));
     }
-    clock.mark("connect and prepare");
-    let generation = prepared.generation;
-    let send = SendFile::of_changes(&changes);
-    let files = send.len();
-    let sent = transfer(&mut dst, &plan, opts, &generation, &chosen, send, obs)?;
+    Ok(Began::Ready(Box::new(Ready {
+        opts: opts.clone(),
+        plan,
+        dst,
+        changes,
+        generation: prepared.generation,
+        recovered: prepared.recovered,
+        chosen,
+        check,
+        _cleanly: cleanly,
+    })))
+}
+
+/// Everything after the stream: switch and commit, say so, run the check
+/// (rolling back when it fails and that was asked), and close.
+pub(super) fn finish(
+    ready: Box<Ready>,
+    sent: Transferred,
+    clock: &Clock,
+    obs: &dyn Observer,
+) -> Result<ApplyReport> {
+    let Ready {
+        opts,
+        plan,
+        mut dst,
+        changes,
+        generation,
+        recovered,
+        check,
+        _cleanly,
+        ..
+    } = *ready;
+    let opts = &opts;
+    let tname = plan.target.name.clone();
+    let stopped = |left: Left<'_>| interrupted(left, &tname, &opts.plan);
+    let files = SendFile::of_changes(&changes).len();
     let moved = sent.moved;
     clock.mark(&format!("stream and stage ({})", HumanBytes(moved.sent)));
     let switching = obs.step(Step::Switch, &tname);
-    let backup_bytes = switch_and_commit(&mut dst, opts, &tname, &generation, &clock)?;
+    let backup_bytes = switch_and_commit(&mut dst, opts, &tname, &generation, clock)?;
     switching.finish();
     if interrupt::requested() {
         let _ = dst.close();
@@ -238,6 +310,12 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
         match (&sent.direct, files == 0) {
             (_, true) => "sent".to_string(),
             _ if moved.local => format!("copied on this machine from {}", plan.source.name),
+            _ if sent.shared > 1 => format!(
+                "sent from {} through this machine, in one stream with {} other target{}",
+                plan.source.name,
+                sent.shared - 1,
+                if sent.shared == 2 { "" } else { "s" }
+            ),
             (Some(d), false) => format!("sent directly from {} to {d:?}", plan.source.name),
             (None, false) if sent.fell_back_from_direct.is_some() => format!(
                 "sent from {} through this machine ({} could not reach {} directly)",
@@ -262,7 +340,7 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
     Ok(ApplyReport::Applied(Applied {
         target: tname,
         generation,
-        recovered: prepared.recovered,
+        recovered,
         files: files as u64,
         changes: changes.len() as u64,
         raw_bytes: moved.raw,
@@ -364,7 +442,7 @@ pub fn choose_route(plan: &Plan, opts: &ApplyOptions, obs: &dyn Observer) -> Res
 
 /// Why the direct route cannot be taken to the plan's target at all, if
 /// it cannot: its agent runs through `sudo`, or it is this machine.
-fn direct_obstacle(plan: &Plan) -> Option<String> {
+pub(super) fn direct_obstacle(plan: &Plan) -> Option<String> {
     let tname = &plan.target.name;
     if let Some(user) = &plan.target.sudo {
         return Some(format!(
@@ -571,24 +649,27 @@ fn versions(plan: &Plan) -> Vec<crate::model::Transition> {
 
 /// What [`transfer`] did: the bytes, and the route they took.
 #[derive(Debug, Clone, Default)]
-struct Transferred {
-    moved: Moved,
+pub(super) struct Transferred {
+    pub(super) moved: Moved,
     /// The direct route's destination, if the files took it.
-    direct: Option<String>,
+    pub(super) direct: Option<String>,
     /// The direct route fell back to the relay: ssh's reason.
-    fell_back_from_direct: Option<String>,
+    pub(super) fell_back_from_direct: Option<String>,
+    /// Targets that took the same stream of the source (one read fanned
+    /// out to them, see [`super::fanout`]); 0 or 1: this target alone.
+    pub(super) shared: usize,
 }
 
 /// Bytes a stream carried.
 #[derive(Debug, Clone, Copy, Default)]
-struct Moved {
+pub(super) struct Moved {
     /// Bytes of files.
-    raw: u64,
+    pub(super) raw: u64,
     /// Bytes on the wire.
-    sent: u64,
+    pub(super) sent: u64,
     /// The target copied the files itself (the local route): none went
     /// on a wire.
-    local: bool,
+    pub(super) local: bool,
 }
 
 /// Stream the added and replaced files from the source into the target's
@@ -666,30 +747,44 @@ fn transfer(
                 moved,
                 direct: chosen.direct.clone().filter(|_| fell_back.is_none()),
                 fell_back_from_direct: fell_back,
+                shared: 0,
             });
         }
         Err(f) => f,
     };
+    Err(stream_failed(dst, failure, tname, &opts.plan, generation))
+}
+
+/// The error of a stream that failed, once the target has discarded what
+/// it staged if it still can (Ctrl-C, or the source failed or died); told
+/// with where the target stands when an agent died.
+pub(super) fn stream_failed(
+    dst: &mut Client,
+    failure: StreamFailure,
+    tname: &str,
+    plan_file: &std::path::Path,
+    generation: &str,
+) -> Error {
     let e = failure.error;
     if e.kind == ErrorKind::Interrupted && !dst.lost() {
         // Ctrl-C: the source was cut off; the target discards the staging.
-        return Err(match dst.abort() {
-            Ok(()) => interrupted(Left::Discarded, tname, &opts.plan),
-            Err(_) => interrupted(Left::Pending(generation), tname, &opts.plan),
-        });
+        return match dst.abort() {
+            Ok(()) => interrupted(Left::Discarded, tname, plan_file),
+            Err(_) => interrupted(Left::Pending(generation), tname, plan_file),
+        };
     }
     if dst.lost() {
-        return Err(fate(e, dst.lost(), Phase::Stream, tname, generation));
+        return fate(e, dst.lost(), Phase::Stream, tname, generation);
     }
     // The target is still there: it discards the generation now.
     let aborted = dst.abort();
     if !failure.died {
-        return Err(e);
+        return e;
     }
-    Err(match aborted {
+    match aborted {
         Ok(()) => fate(e, dst.lost(), Phase::Aborted, tname, generation),
         Err(_) => fate(e, dst.lost(), Phase::Stream, tname, generation),
-    })
+    }
 }
 
 /// Why the direct route may give way to the relay: the source's ssh could
@@ -718,7 +813,7 @@ fn fallback_warning(plan: &Plan, dest: &str, why: &str) -> String {
 /// for either), not `--direct`, and the target's agent reads the source
 /// venv as the source's agent would (the same `sudo`, or the target's
 /// agent runs as root). The target's agent then copies the files itself.
-fn local_copy(plan: &Plan, direct: Option<&str>) -> bool {
+pub(super) fn local_copy(plan: &Plan, direct: Option<&str>) -> bool {
     let local = plan.source.ssh.is_none() && plan.target.ssh.is_none();
     let reads_alike = plan.source.sudo == plan.target.sudo
         || plan.target.sudo.as_deref() == Some("root")
@@ -811,7 +906,7 @@ fn copy_here(
 /// local transport) sends the files as they are: the stream then runs
 /// through pipes, where compressing costs CPU and saves nothing. A fixed
 /// `--compress LEVEL` is kept.
-fn route_compression(asked: Compression, plan: &Plan) -> Compression {
+pub(super) fn route_compression(asked: Compression, plan: &Plan) -> Compression {
     let local = plan.source.ssh.is_none() && plan.target.ssh.is_none();
     match asked {
         Compression::Auto if local => Compression::None,
@@ -1019,7 +1114,7 @@ fn interrupted(left: Left<'_>, tname: &str, plan: &std::path::Path) -> Error {
 /// A test hook: with `OVERLAY_TEST_PAUSE_AT=stream`, the stream waits at
 /// its first event until Ctrl-C (at most two minutes), having created the
 /// file `OVERLAY_TEST_PAUSE_MARK` to say it waits (tests/interrupt.rs).
-fn pause_hook(point: &str) {
+pub(super) fn pause_hook(point: &str) {
     if std::env::var("OVERLAY_TEST_PAUSE_AT").ok().as_deref() != Some(point) {
         return;
     }
@@ -1037,13 +1132,13 @@ const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A stream that failed, and whether an agent (or its connection) died:
 /// the source's (then named in the error) or the target's (then `dst.lost()`).
-struct StreamFailure {
+pub(super) struct StreamFailure {
     error: Error,
     died: bool,
 }
 
 impl StreamFailure {
-    fn new(error: Error, died: bool) -> Self {
+    pub(super) fn new(error: Error, died: bool) -> Self {
         StreamFailure { error, died }
     }
 }
@@ -1154,7 +1249,7 @@ fn relay(
         Way::Relay => {
             src.start_send(send)?;
             if part.first {
-                dst.start_stage()?;
+                dst.start_stage(None)?;
             }
         }
         Way::Direct {
@@ -1291,7 +1386,7 @@ fn stream_parts(
 }
 
 /// For `-vv`: the levels `--compress auto` measured, window by window.
-fn show_windows(obs: &dyn Observer, windows: &[LevelWindow]) {
+pub(super) fn show_windows(obs: &dyn Observer, windows: &[LevelWindow]) {
     if !windows.is_empty() {
         let w: Vec<String> = windows
             .iter()

@@ -1,27 +1,28 @@
 //! Apply a plan of many targets (saved by `overlay plan SRC T1 T2 ...`,
 //! see [`super::plan_many`]) with a rollout policy ([`Rollout`]): each
-//! target's own plan is carried out by [`super::apply::apply`], exactly as
-//! `overlay apply .overlay/plan.d/T.json` would (its own connection to the
-//! source and the target, backup, journal, `--verify`,
-//! `--rollback-on-failure`), several at once, canaries first, stopping
-//! after too many failures or at Ctrl-C (each running apply stops cleanly,
-//! as alone). Targets not started are untouched.
+//! target's own plan is carried out exactly as `overlay apply
+//! .overlay/plan.d/T.json` would (backup, journal, `--verify`,
+//! `--rollback-on-failure`), in batches of `--parallel` targets, canaries
+//! first, starting no batch after too many failures or at Ctrl-C (each
+//! running apply stops cleanly, as alone). Targets not started are
+//! untouched.
 //!
-//! The source is read once per target here (each apply streams its own
-//! plan's files); one read fanned out to every target is not done yet.
+//! In a batch, the targets that can share a stream read the source once
+//! for all of them ([`super::fanout`]); a target that cannot (`--direct`,
+//! the local route, sets from a folder, a different venv path) is applied
+//! on its own ([`super::apply::apply`]) beside them.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::error::{ErrorKind, Result};
 use crate::model::VerifyReport;
+use crate::plan::Plan;
 
 use super::apply::{ApplyOptions, ApplyReport, apply};
-use super::{Meter, Observer, Step};
+use super::{Meter, Observer, Step, fanout, load_plan};
 
 /// How a plan of many targets rolls out (`overlay apply --parallel N
 /// --canary K --max-fail K`).
@@ -91,8 +92,8 @@ impl TargetResult {
 #[derive(Debug, Clone, Serialize)]
 pub struct Rolled {
     pub targets: Vec<TargetResult>,
-    /// Bytes of files the source read for the whole rollout: today each
-    /// target's stream reads its own (the sum of the targets' `bytes`).
+    /// Bytes of files the source read for the whole rollout: once for the
+    /// targets of a batch that shared a stream, plus each lone target's.
     pub source_bytes_read: u64,
 }
 
@@ -112,57 +113,46 @@ pub fn apply_many(
     obs: &dyn Observer,
 ) -> Result<Rolled> {
     let n = plans.len();
-    let results: Mutex<Vec<Option<TargetResult>>> = Mutex::new(vec![None; n]);
-    let failures = AtomicUsize::new(0);
+    let mut results: Vec<Option<TargetResult>> = vec![None; n];
+    let mut failures = 0;
+    let mut source_bytes_read = 0;
     let canary = policy.canary.min(n);
-    let run_wave = |wave: std::ops::Range<usize>, is_canary: bool| {
-        let next = AtomicUsize::new(wave.start);
-        std::thread::scope(|s| {
-            for _ in 0..policy.parallel.max(1).min(wave.len().max(1)) {
-                s.spawn(|| {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::SeqCst);
-                        if i >= wave.end {
-                            return;
-                        }
-                        let (name, file) = &plans[i];
-                        let stop = policy
-                            .max_fail
-                            .filter(|&k| failures.load(Ordering::SeqCst) >= k);
-                        let r = match stop {
-                            _ if crate::interrupt::requested() => {
-                                skipped(name, is_canary, "not started: interrupted".into())
-                            }
-                            Some(k) => skipped(
-                                name,
-                                is_canary,
-                                format!(
-                                    "not started: {k} target{} failed (--max-fail {k})",
-                                    if k == 1 { "" } else { "s" }
-                                ),
-                            ),
-                            None => {
-                                let r = one(name, file, base, is_canary, obs);
-                                if !r.ok() {
-                                    failures.fetch_add(1, Ordering::SeqCst);
-                                }
-                                r
-                            }
-                        };
-                        results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
-                    }
-                });
+    let batch = policy.parallel.max(1);
+    for (wave, is_canary) in [(0..canary, true), (canary..n, false)] {
+        // The rest start only if every canary succeeded.
+        if !is_canary
+            && !results[..canary]
+                .iter()
+                .all(|r| r.as_ref().is_some_and(TargetResult::ok))
+        {
+            break;
+        }
+        for start in wave.clone().step_by(batch) {
+            let end = (start + batch).min(wave.end);
+            let stop = match policy.max_fail {
+                _ if crate::interrupt::requested() => Some("not started: interrupted".to_string()),
+                Some(k) if failures >= k => Some(format!(
+                    "not started: {k} target{} failed (--max-fail {k})",
+                    if k == 1 { "" } else { "s" }
+                )),
+                _ => None,
+            };
+            if let Some(why) = stop {
+                for (i, (name, _)) in plans.iter().enumerate().take(end).skip(start) {
+                    results[i] = Some(skipped(name, is_canary, why.clone()));
+                }
+                continue;
             }
-        });
-    };
-    run_wave(0..canary, true);
-    let canaries_ok = results.lock().unwrap_or_else(|p| p.into_inner())[..canary]
-        .iter()
-        .all(|r| r.as_ref().is_some_and(TargetResult::ok));
-    if canaries_ok {
-        run_wave(canary..n, false);
+            let ran = run_batch(&plans[start..end], base, is_canary, obs);
+            source_bytes_read += ran.source_bytes_read;
+            for (k, r) in ran.rows.into_iter().enumerate() {
+                if !r.ok() {
+                    failures += 1;
+                }
+                results[start + k] = Some(r);
+            }
+        }
     }
-    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
     let targets = results
         .into_iter()
         .zip(plans)
@@ -170,11 +160,126 @@ pub fn apply_many(
             r.unwrap_or_else(|| skipped(name, false, "not started: a canary failed".into()))
         })
         .collect::<Vec<TargetResult>>();
-    let source_bytes_read = targets.iter().map(|t| t.bytes).sum();
     Ok(Rolled {
         targets,
         source_bytes_read,
     })
+}
+
+/// A batch's rows, in its order, and the bytes of files the source read
+/// for it.
+struct Batch {
+    rows: Vec<TargetResult>,
+    source_bytes_read: u64,
+}
+
+/// Apply a batch of targets at once: those that can share a stream of the
+/// source ([`fanout::share_groups`]) together, with one read of it; the
+/// others each on its own.
+fn run_batch(
+    plans: &[(String, PathBuf)],
+    base: &ApplyOptions,
+    canary: bool,
+    obs: &dyn Observer,
+) -> Batch {
+    let opts: Vec<ApplyOptions> = plans
+        .iter()
+        .map(|(_, file)| ApplyOptions {
+            plan: file.clone(),
+            ..base.clone()
+        })
+        .collect();
+    // Plans that cannot be read are applied alone, which says why.
+    let loaded: Vec<(usize, Plan)> = plans
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (_, file))| Some((i, load_plan(file).ok()?)))
+        .filter(|(i, plan)| !base.resume && fanout::shareable(plan, &opts[*i]))
+        .collect();
+    let refs: Vec<&Plan> = loaded.iter().map(|(_, p)| p).collect();
+    let mut units: Vec<Vec<usize>> = fanout::share_groups(&refs)
+        .into_iter()
+        .map(|g| g.into_iter().map(|k| loaded[k].0).collect::<Vec<usize>>())
+        .collect();
+    for i in 0..plans.len() {
+        if !units.iter().any(|u| u.contains(&i)) {
+            units.push(vec![i]);
+        }
+    }
+    let mut rows: Vec<Option<TargetResult>> = vec![None; plans.len()];
+    let mut source_bytes_read = 0;
+    let ran: Vec<(Vec<(usize, TargetResult)>, u64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = units
+            .iter()
+            .map(|unit| {
+                let opts = &opts;
+                s.spawn(move || {
+                    if let [i] = unit[..] {
+                        let r = one(&plans[i].0, &opts[i], canary, obs);
+                        let read = r.bytes;
+                        return (vec![(i, r)], read);
+                    }
+                    together(unit, plans, opts, canary, obs)
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    for (unit_rows, read) in ran {
+        source_bytes_read += read;
+        for (i, r) in unit_rows {
+            rows[i] = Some(r);
+        }
+    }
+    Batch {
+        rows: rows
+            .into_iter()
+            .zip(plans)
+            .map(|(r, (name, _))| {
+                r.unwrap_or_else(|| {
+                    let mut r = skipped(name, canary, "its apply thread failed".into());
+                    r.result = Outcome::Failed;
+                    r.exit_code = ErrorKind::Internal.exit_code();
+                    r
+                })
+            })
+            .collect(),
+        source_bytes_read,
+    }
+}
+
+/// Apply the targets `unit` (indexes into `plans`) with one stream of the
+/// source ([`fanout::apply_shared`]).
+fn together(
+    unit: &[usize],
+    plans: &[(String, PathBuf)],
+    opts: &[ApplyOptions],
+    canary: bool,
+    obs: &dyn Observer,
+) -> (Vec<(usize, TargetResult)>, u64) {
+    let started = Instant::now();
+    let tagged: Vec<Tagged> = unit
+        .iter()
+        .map(|&i| Tagged {
+            inner: obs,
+            target: &plans[i].0,
+        })
+        .collect();
+    let members: Vec<fanout::Member> = unit
+        .iter()
+        .zip(&tagged)
+        .map(|(&i, t)| fanout::Member {
+            opts: opts[i].clone(),
+            obs: t,
+        })
+        .collect();
+    let shared = fanout::apply_shared(&members, obs);
+    let rows = unit
+        .iter()
+        .zip(shared.reports)
+        .map(|(&i, report)| (i, row(&plans[i].0, canary, report, started)))
+        .collect();
+    (rows, shared.source_bytes_read)
 }
 
 fn skipped(name: &str, canary: bool, why: String) -> TargetResult {
@@ -194,26 +299,21 @@ fn skipped(name: &str, canary: bool, why: String) -> TargetResult {
     }
 }
 
-/// Apply one target's plan and say how it went.
-fn one(
-    name: &str,
-    file: &Path,
-    base: &ApplyOptions,
-    canary: bool,
-    obs: &dyn Observer,
-) -> TargetResult {
-    let opts = ApplyOptions {
-        plan: file.to_path_buf(),
-        ..base.clone()
-    };
+/// Apply one target's plan on its own and say how it went.
+fn one(name: &str, opts: &ApplyOptions, canary: bool, obs: &dyn Observer) -> TargetResult {
     let started = Instant::now();
     let tagged = Tagged {
         inner: obs,
         target: name,
     };
+    row(name, canary, apply(opts, &tagged), started)
+}
+
+/// A target's row from its apply's outcome.
+fn row(name: &str, canary: bool, outcome: Result<ApplyReport>, started: Instant) -> TargetResult {
     let mut r = skipped(name, canary, String::new());
     r.error = None;
-    match apply(&opts, &tagged) {
+    match outcome {
         Ok(ApplyReport::Applied(a)) => {
             r.changes = a.changes;
             r.bytes = a.raw_bytes;

@@ -20,6 +20,7 @@ pub mod apply;
 pub mod apply_many;
 pub mod bundle_source;
 pub mod doctor;
+mod fanout;
 pub mod history;
 pub mod pack;
 pub mod plan;

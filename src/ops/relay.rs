@@ -20,13 +20,18 @@
 //!
 //! On the direct route there is no writer: a data frame from the source is
 //! an error.
+//!
+//! [`fan_out`] passes one source's frames on to several targets (one read
+//! of the source for all, see `super::fanout`): a writer thread per target,
+//! each frame shared between them; a target whose write fails is dropped
+//! and the others go on; the slowest target sets the pace.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
 use crate::client::{Client, StreamEvent};
 use crate::err;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::interrupt;
 use crate::model::{Progress, Sent, Written};
 
@@ -150,6 +155,68 @@ fn relay(src: &mut Client, dst: &mut Client, listen: Listener<'_>) -> Result<End
             (_, Err(w)) => Err(w),
             (Err(e), _) => Err(e),
         }
+    })
+}
+
+/// The end of a stream fanned out to several targets: how the source's
+/// side ended, and each target's write error, in the order given.
+pub(super) struct FannedOut {
+    pub ended: Result<Ended>,
+    pub failed: Vec<Option<Error>>,
+}
+
+/// Follow the source's stream to its end, passing each data frame on to
+/// every target of `dsts` still taking it (see the module doc). The source
+/// is read on to the end while one target takes frames; when none does,
+/// its side ends with an error (each target's own is in `failed`).
+pub(super) fn fan_out(src: &mut Client, dsts: Vec<&mut Client>, listen: Listener<'_>) -> FannedOut {
+    std::thread::scope(|scope| {
+        let mut txs = Vec::new();
+        let mut writers = Vec::new();
+        for dst in dsts {
+            let (tx, rx) = mpsc::sync_channel::<Arc<Vec<u8>>>(BUFFERS);
+            txs.push(Some(tx));
+            writers.push(scope.spawn(move || -> Result<()> {
+                for frame in rx {
+                    dst.write_frame_bytes(&frame)?;
+                }
+                Ok(())
+            }));
+        }
+        let ended = events(src, listen, &mut |buf, n, _| {
+            let mut frame = std::mem::take(buf);
+            frame.truncate(n);
+            let frame = Arc::new(frame);
+            let mut taking = 0;
+            for tx in txs.iter_mut() {
+                if let Some(t) = tx {
+                    if t.send(Arc::clone(&frame)).is_ok() {
+                        taking += 1;
+                    } else {
+                        *tx = None; // its writer failed: it says why
+                    }
+                }
+            }
+            if taking == 0 {
+                return Err(err!(
+                    kind = Connection,
+                    "no target is taking the stream any more"
+                ));
+            }
+            Ok(())
+        });
+        // Dropping the senders ends the writers once they have written
+        // what is queued (whole frames).
+        drop(txs);
+        let failed = writers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(err!("a relay writer thread failed")))
+                    .err()
+            })
+            .collect();
+        FannedOut { ended, failed }
     })
 }
 

@@ -33,7 +33,9 @@ use crate::err;
 use crate::error::{Error, Result, io_cause};
 use crate::inventory::{ContentHasher, Counters, content_hex};
 use crate::journal::Generation;
-use crate::model::{Action, BLOCK, FileStamp, GenChange, Kind, StageCount, Unpacked, Written};
+use crate::model::{
+    Action, BLOCK, FileStamp, GenChange, Kind, StageCount, StreamEntry, Unpacked, Written,
+};
 
 /// Decode one data frame of the stream back into bytes of the tar stream.
 /// Returns the bytes and where they start in the vector.
@@ -148,6 +150,7 @@ pub fn unpack(
     host_dir: &Path,
     input: impl Read,
     counters: &Counters,
+    shared: Option<&[StreamEntry]>,
 ) -> Result<Unpacked> {
     let (job_tx, job_rx) = mpsc::sync_channel::<WriteJob>(WRITE_BUFFERS);
     let (free_tx, free_rx) = mpsc::sync_channel::<AlignedBuf>(WRITE_BUFFERS);
@@ -159,7 +162,7 @@ pub fn unpack(
             let writer = scope.spawn(move || write_staged(g, host_dir, job_rx, free_tx, sync_tx));
             let direct = direct_io_fs(&g.dir.join("staging"));
             let r = Stager::new(g, host_dir, counters, direct, job_tx, free_rx)
-                .and_then(|s| s.unpack(input));
+                .and_then(|s| s.unpack(input, shared));
             let written = writer
                 .join()
                 .unwrap_or_else(|_| Err(err!(kind = Internal, "the staging writer panicked")));
@@ -250,9 +253,17 @@ impl<'a> Stager<'a> {
     }
 
     /// Unpack every entry of `input`, then check that none is missing.
-    fn unpack(mut self, mut input: impl Read) -> Result<StageCount> {
+    /// `shared`: the stream is one several targets take; its entries map
+    /// onto this generation's changes through the list (the others' files
+    /// are read and dropped).
+    fn unpack(
+        mut self,
+        mut input: impl Read,
+        shared: Option<&[StreamEntry]>,
+    ) -> Result<StageCount> {
         let input: &mut dyn Read = &mut input;
         let mut seen = vec![false; self.g.meta.changes.len()];
+        let mut seen_shared = vec![false; shared.map_or(0, <[_]>::len)];
         let mut count = StageCount::default();
         let mut block = [0u8; TAR_BLOCK];
         loop {
@@ -269,7 +280,32 @@ impl<'a> Stager<'a> {
             let Some(head) = parse_head(&block)? else {
                 continue;
             };
-            let i = head.index;
+            let i = match shared {
+                None => head.index,
+                Some(map) => {
+                    let entry = map.get(head.index).ok_or_else(|| {
+                        err!(
+                            kind = Protocol,
+                            "unexpected entry {} in the shared stream",
+                            head.index
+                        )
+                    })?;
+                    if std::mem::replace(&mut seen_shared[head.index], true) {
+                        return Err(err!(
+                            kind = Protocol,
+                            "entry {} appears twice in the shared stream",
+                            head.index
+                        ));
+                    }
+                    match *entry {
+                        StreamEntry::Take(i) => i,
+                        StreamEntry::Skip { size } => {
+                            skip_entry(input, &head, size)?;
+                            continue;
+                        }
+                    }
+                }
+            };
             let c = self
                 .g
                 .meta
@@ -308,6 +344,7 @@ impl<'a> Stager<'a> {
             read_exact_stream(input, &mut skip[..pad], &c.path)?;
             count.files += 1;
             self.counters.files.fetch_add(1, Ordering::Relaxed);
+            die_hook(count.files);
         }
         let missing: Vec<&str> = self
             .g
@@ -460,6 +497,48 @@ struct PlannedFile<'a> {
 
 /// The entry's size as the plan has it, when the header's type and size
 /// agree with the plan; otherwise nothing of the entry is read.
+/// A test hook: `OVERLAY_TEST_DIE_MID_STREAM=N` makes the agent exit
+/// abruptly once it has staged N files of a stream (a target that dies in
+/// the middle of it).
+fn die_hook(staged: u64) {
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| {
+        std::env::var("OVERLAY_TEST_DIE_MID_STREAM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    if *at == Some(staged) {
+        std::process::exit(137);
+    }
+}
+
+/// Read and drop another target's entry of a shared stream: its declared
+/// size must be the one this target was told, and nothing is written.
+fn skip_entry(input: &mut dyn Read, head: &EntryHead, size: u64) -> Result<()> {
+    if head.size != size {
+        return Err(err!(
+            kind = Protocol,
+            hint = "the source sent something other than the plan; nothing was switched, run `overlay plan` and `overlay apply` again",
+            "entry {} of the shared stream declares {} bytes, the plan says {size}; refused",
+            head.index,
+            head.size
+        ));
+    }
+    let padded = size.div_ceil(TAR_BLOCK as u64) * TAR_BLOCK as u64;
+    let dropped = std::io::copy(&mut Read::take(&mut *input, padded), &mut std::io::sink())
+        .map_err(|e| err!(kind = Connection, "Failed to read the stream: {e}"))?;
+    if dropped != padded {
+        return Err(err!(
+            kind = Connection,
+            hint =
+                "run `overlay apply` again; if it repeats, check the source host and the network",
+            "The stream ended in the middle of entry {} (another target's file)",
+            head.index
+        ));
+    }
+    Ok(())
+}
+
 fn planned_size(c: &GenChange, head: &EntryHead) -> Result<u64> {
     let want = match &c.source {
         Some(Kind::Symlink { target }) if head.symlink => target.len() as u64,
@@ -649,6 +728,7 @@ mod tests {
             intake.dir.path(),
             ChannelReader::new(rx),
             &Counters::default(),
+            None,
         )
         .unwrap_err();
         assert!(e.message.contains("staging/0"), "{}", e.message);
@@ -773,7 +853,7 @@ mod tests {
         }
         drop(tx);
         let Unpacked { count, written } =
-            unpack(&g, t.path(), ChannelReader::new(rx), &counters).unwrap();
+            unpack(&g, t.path(), ChannelReader::new(rx), &counters, None).unwrap();
         assert_eq!(
             count,
             StageCount {

@@ -171,6 +171,7 @@ impl Intake {
             self.dir.path(),
             ChannelReader::new(rx),
             &Counters::default(),
+            None,
         );
         let staging = self.g.dir.join("staging");
         inspect(&staging);

@@ -16,7 +16,7 @@ use crate::protocol::Response;
 pub fn receive(input: &mut dyn Read, venv: &str, generation: &str) -> Result<Next> {
     match crate::journal::open_for_receive(venv, generation) {
         Ok(g) => {
-            let s = stream_in(input, &g, &g.root);
+            let s = stream_in(input, &g, &g.root, None);
             if s.ended {
                 // A frame that broke the stream is answered before the agent goes.
                 return Ok(Next::Last(s.broken.map(Response::Error)));

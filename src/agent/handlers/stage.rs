@@ -1,6 +1,7 @@
 //! `Stage`: target side. The controller's data frames follow, up to
 //! `EndData` (or `Abort`); they are unpacked into the staging folder of the
-//! generation `Prepare` opened, and the source's hashes of the files the
+//! generation `Prepare` opened (a stream several targets share names its
+//! entries through the request's map, see [`StreamEntry`]), and the source's hashes of the files the
 //! plan had not hashed are recorded with it. A stage that fails or is
 //! abandoned discards the generation.
 
@@ -9,12 +10,12 @@ use std::io::Read;
 use crate::agent::serve::{Next, Session};
 use crate::agent::stream_in::{StreamIn, drain, stream_in};
 use crate::journal::Record;
-use crate::model::{StageCount, Unpacked};
+use crate::model::{StageCount, StreamEntry, Unpacked};
 use crate::protocol::Response;
 
 /// Receive the data frames of a stage. [`Next::Last`]: the input ended, or
 /// a frame could not be read and nothing after it can be.
-pub fn stage(session: &mut Session, input: &mut dyn Read) -> Next {
+pub fn stage(session: &mut Session, input: &mut dyn Read, shared: Option<&[StreamEntry]>) -> Next {
     let (state, g) = match session.opened() {
         Ok(x) => x,
         Err(e) => {
@@ -31,7 +32,7 @@ pub fn stage(session: &mut Session, input: &mut dyn Read) -> Next {
         ended,
         aborted,
         broken,
-    } = stream_in(input, g, &host_dir);
+    } = stream_in(input, g, &host_dir, shared);
     if ended || aborted {
         session.discard_open();
         if let Some(e) = broken {

@@ -1,0 +1,385 @@
+//! One read of the source fanned out to several targets, for `overlay
+//! apply` of a plan of many ([`super::apply_many`]).
+//!
+//! Targets whose plans can share a stream ([`share_groups`]: relayed, from
+//! the same source venv into the same target venv path, every file the
+//! same where two plans send it) are applied together ([`apply_shared`]):
+//! each is connected, checked and given its generation exactly as a lone
+//! apply does ([`super::apply::begin`]); then the source streams the union
+//! of what they need once, and the controller passes every frame on to
+//! each of them ([`super::relay::fan_out`]). Each target is told how the
+//! stream's entries map onto its own changes ([`StreamEntry`]): its own
+//! files it stages and checks against its own plan, the others' it reads
+//! and drops. Then each switches, verifies and rolls back on its own
+//! ([`super::apply::finish`]).
+//!
+//! A target that fails during the stream is dropped from it (it discards
+//! its generation, or its next command does, as after any failed apply);
+//! the others go on. If the source fails, every target discards its
+//! generation. The slowest target sets the stream's pace.
+
+use std::collections::HashMap;
+
+use crate::client::{Client, SendRequest};
+use crate::error::{Error, Result};
+use crate::model::{Kind, RouteSetting, SendFile, ShebangRewrite, SourceHash, StreamEntry};
+use crate::plan::Plan;
+
+use super::apply::{
+    ApplyOptions, ApplyReport, Began, Moved, Ready, StreamFailure, Transferred, begin,
+    direct_obstacle, finish, local_copy, pause_hook, route_compression, show_windows,
+    stream_failed,
+};
+use super::{Clock, Observer, Step, endpoint, relay};
+
+/// Whether a target's plan can take a stream shared with other targets:
+/// relayed through this machine (not `--direct`, not the local route), and
+/// every set from the plan's source (not a folder).
+pub(super) fn shareable(plan: &Plan, opts: &ApplyOptions) -> bool {
+    let relayed = !opts.direct
+        && (opts.relay
+            || plan.target.route == RouteSetting::Relay
+            || direct_obstacle(plan).is_some());
+    relayed && !local_copy(plan, None) && plan.sets.iter().all(|s| s.from.is_none())
+}
+
+/// The targets (indexes into `plans`) that can share one stream each, in
+/// the order given: the same source host and venv, the same target venv
+/// path (the source rewrites shebangs to it), and no path that two of them
+/// need in different forms. A target alone in its group streams alone.
+pub(super) fn share_groups(plans: &[&Plan]) -> Vec<Vec<usize>> {
+    struct Group {
+        key: (String, String, String),
+        files: HashMap<String, Kind>,
+        members: Vec<usize>,
+    }
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, plan) in plans.iter().enumerate() {
+        let key = (
+            plan.source.name.clone(),
+            plan.source.venv.clone(),
+            plan.target.venv.clone(),
+        );
+        let send = SendFile::of_changes(&super::apply::gen_changes(plan));
+        let fits = |g: &Group| {
+            g.key == key
+                && send
+                    .iter()
+                    .all(|f| g.files.get(&f.path).is_none_or(|k| same_file(k, &f.kind)))
+        };
+        let g = match groups.iter().position(fits) {
+            Some(g) => g,
+            None => {
+                groups.push(Group {
+                    key,
+                    files: HashMap::new(),
+                    members: Vec::new(),
+                });
+                groups.len() - 1
+            }
+        };
+        let g = &mut groups[g];
+        g.members.push(i);
+        for f in send {
+            g.files.entry(f.path).or_insert(f.kind);
+        }
+    }
+    groups.into_iter().map(|g| g.members).collect()
+}
+
+/// Whether two plans saw the same source file (whatever each hashed).
+fn same_file(a: &Kind, b: &Kind) -> bool {
+    match (a, b) {
+        (
+            Kind::File {
+                size: sa, mode: ma, ..
+            },
+            Kind::File {
+                size: sb, mode: mb, ..
+            },
+        ) => sa == sb && ma == mb,
+        _ => a == b,
+    }
+}
+
+/// The bytes of an entry's data in the stream: a file's size, a symlink's
+/// target.
+fn entry_size(kind: &Kind) -> u64 {
+    match kind {
+        Kind::Symlink { target } => target.len() as u64,
+        k => k.size(),
+    }
+}
+
+/// One target of a shared stream: its options (its own plan) and the
+/// observer that names it.
+pub(super) struct Member<'a> {
+    pub opts: ApplyOptions,
+    pub obs: &'a dyn Observer,
+}
+
+/// What [`apply_shared`] did: each member's apply, in the order given, and
+/// the bytes of files the source read for all of them.
+pub(super) struct Shared {
+    pub reports: Vec<Result<ApplyReport>>,
+    pub source_bytes_read: u64,
+}
+
+/// Apply every member's plan with one stream of the source (see the module
+/// doc). `obs` hears the shared stream's progress.
+pub(super) fn apply_shared(members: &[Member<'_>], obs: &dyn Observer) -> Shared {
+    let clocks: Vec<Clock> = members.iter().map(|m| Clock::start(m.obs)).collect();
+    let began: Vec<Result<Began>> = std::thread::scope(|s| {
+        let handles: Vec<_> = members
+            .iter()
+            .map(|m| s.spawn(|| begin(&m.opts, m.obs)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(crate::err!("an apply thread failed")))
+            })
+            .collect()
+    });
+    let mut reports: Vec<Option<Result<ApplyReport>>> = std::iter::repeat_with(|| None)
+        .take(members.len())
+        .collect();
+    let mut ready: Vec<(usize, Box<Ready>)> = Vec::new();
+    for (i, b) in began.into_iter().enumerate() {
+        match b {
+            Ok(Began::Ready(r)) => {
+                clocks[i].mark("connect and prepare");
+                ready.push((i, r));
+            }
+            Ok(Began::Done(report)) => reports[i] = Some(Ok(report)),
+            Err(e) => reports[i] = Some(Err(e)),
+        }
+    }
+    let (sent, source_bytes_read) = if ready.is_empty() {
+        (Vec::new(), 0)
+    } else {
+        stream_shared(&mut ready, obs)
+    };
+    let finished: Vec<(usize, Result<ApplyReport>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = ready
+            .into_iter()
+            .zip(sent)
+            .map(|((i, r), t)| {
+                let (clock, m) = (&clocks[i], &members[i]);
+                s.spawn(move || (i, t.and_then(|t| finish(r, t, clock, m.obs))))
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    for (i, r) in finished {
+        reports[i] = Some(r);
+    }
+    Shared {
+        reports: reports
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(crate::err!("an apply thread failed"))))
+            .collect(),
+        source_bytes_read,
+    }
+}
+
+/// Stream the union of the ready targets' files from their source once,
+/// fanned out to all; each target's result, in order, and the bytes of
+/// files the source read.
+fn stream_shared(
+    ready: &mut [(usize, Box<Ready>)],
+    obs: &dyn Observer,
+) -> (Vec<Result<Transferred>>, u64) {
+    let sends: Vec<Vec<SendFile>> = ready
+        .iter()
+        .map(|(_, r)| SendFile::of_changes(&r.changes))
+        .collect();
+    // The union, in the first target's order, then what the others add.
+    let mut union: Vec<SendFile> = Vec::new();
+    let mut at: HashMap<&str, usize> = HashMap::new();
+    for f in sends.iter().flatten() {
+        match at.get(f.path.as_str()) {
+            Some(&u) => {
+                if let (
+                    Kind::File { blake3: None, .. },
+                    Kind::File {
+                        blake3: Some(_), ..
+                    },
+                ) = (&union[u].kind, &f.kind)
+                {
+                    union[u].kind = f.kind.clone();
+                }
+            }
+            None => {
+                at.insert(&f.path, union.len());
+                union.push(SendFile {
+                    index: union.len(),
+                    ..f.clone()
+                });
+            }
+        }
+    }
+    let maps: Vec<Vec<StreamEntry>> = sends
+        .iter()
+        .map(|send| {
+            let mut m: Vec<StreamEntry> = union
+                .iter()
+                .map(|u| StreamEntry::Skip {
+                    size: entry_size(&u.kind),
+                })
+                .collect();
+            for f in send {
+                m[at[f.path.as_str()]] = StreamEntry::Take(f.index);
+            }
+            m
+        })
+        .collect();
+    let own_bytes: Vec<u64> = sends
+        .iter()
+        .map(|s| s.iter().map(|f| entry_size(&f.kind)).sum())
+        .collect();
+    let first = &ready[0].1;
+    let (plan, opts) = (&first.plan, &first.opts);
+    let source = plan.source.clone();
+    let request = SendRequest {
+        venv: source.venv.clone(),
+        files: union,
+        shebang: Some(ShebangRewrite {
+            from: source.venv.clone(),
+            to: plan.target.venv.clone(),
+        }),
+        compression: route_compression(opts.compression, plan),
+    };
+    let connect = opts.connect.clone();
+    let n = ready.len();
+    let fail_all = |ready: &mut [(usize, Box<Ready>)], e: Error, died: bool| {
+        let out = ready
+            .iter_mut()
+            .map(|(_, r)| Err(fail(r, e.clone(), died)))
+            .collect();
+        (out, 0)
+    };
+    let connecting = obs.step(Step::Connect, &source.name);
+    let mut src = match Client::connect(
+        &source.name,
+        &endpoint(&source),
+        source.sudo.as_deref(),
+        &connect,
+    ) {
+        Ok(c) => c,
+        Err(e) => return fail_all(ready, e, false),
+    };
+    connecting.finish();
+    if let Err(e) = src.start_send(request) {
+        let died = src.lost();
+        return fail_all(ready, e, died);
+    }
+    // Each target starts its stage; one that cannot is out of the stream.
+    let mut out: Vec<Option<Result<Transferred>>> = (0..n).map(|_| None).collect();
+    for (j, (_, r)) in ready.iter_mut().enumerate() {
+        if let Err(e) = r.dst.start_stage(Some(maps[j].clone())) {
+            out[j] = Some(Err(fail(r, e, true)));
+        }
+    }
+    let names: Vec<&str> = ready
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| out[*j].is_none())
+        .map(|(_, (_, r))| r.plan.target.name.as_str())
+        .collect();
+    let meter = obs.step(
+        Step::Stream,
+        &format!("{} -> {}", source.name, names.join(", ")),
+    );
+    drop(names);
+    let taking: Vec<usize> = (0..n).filter(|j| out[*j].is_none()).collect();
+    let dsts: Vec<&mut Client> = ready
+        .iter_mut()
+        .enumerate()
+        .filter(|(j, _)| out[*j].is_none())
+        .map(|(_, (_, r))| &mut r.dst)
+        .collect();
+    let fanned = relay::fan_out(
+        &mut src,
+        dsts,
+        relay::Listener {
+            first: &mut || pause_hook("stream"),
+            progress: &mut |p| meter.update(p),
+        },
+    );
+    let sent = match fanned.ended {
+        Ok(ended) => match src.close() {
+            Ok(()) => Ok(ended.sent),
+            Err(e) => Err((e, true)),
+        },
+        Err(e) => {
+            let died = src.lost();
+            drop(src);
+            Err((e, died))
+        }
+    };
+    if let Ok(s) = &sent {
+        show_windows(obs, &s.windows);
+    }
+    meter.finish();
+    for (k, j) in taking.iter().copied().enumerate() {
+        let r = &mut ready[j].1;
+        let result = match (&fanned.failed[k], &sent) {
+            (Some(e), _) => Err(fail(r, e.clone(), true)),
+            (None, Err((e, died))) => Err(fail(r, e.clone(), *died)),
+            (None, Ok(s)) => {
+                let hashes = own_hashes(&s.hashes, &maps[j]);
+                match r.dst.end_stage(hashes) {
+                    Ok(_) => Ok(Transferred {
+                        moved: Moved {
+                            raw: own_bytes[j],
+                            sent: s.packed_bytes,
+                            local: false,
+                        },
+                        shared: taking.len(),
+                        ..Transferred::default()
+                    }),
+                    Err(e) => {
+                        let lost = r.dst.lost();
+                        Err(fail(r, e, lost))
+                    }
+                }
+            }
+        };
+        out[j] = Some(result);
+    }
+    let read = sent.as_ref().map_or(0, |s| s.raw_bytes);
+    let out = out
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(crate::err!("a target was left out of the stream"))))
+        .collect();
+    (out, read)
+}
+
+/// The source's hashes of the union's entries, as one target's changes.
+fn own_hashes(hashes: &[SourceHash], map: &[StreamEntry]) -> Vec<SourceHash> {
+    hashes
+        .iter()
+        .filter_map(|h| match map.get(h.index) {
+            Some(StreamEntry::Take(i)) => Some(SourceHash {
+                index: *i,
+                blake3: h.blake3.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A target's error after the shared stream failed for it: it discards its
+/// generation if it can, and the error says where it stands.
+fn fail(r: &mut Ready, e: Error, died: bool) -> Error {
+    let tname = r.plan.target.name.clone();
+    stream_failed(
+        &mut r.dst,
+        StreamFailure::new(e, died),
+        &tname,
+        &r.opts.plan,
+        &r.generation,
+    )
+}
