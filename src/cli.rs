@@ -179,12 +179,15 @@ pub struct PlanArgs {
     #[arg(required_unless_present = "bundle", value_name = "TARGET")]
     pub targets: Vec<String>,
 
-    /// Plan from a bundle written by `overlay pack`, on this host, against
-    /// the venv given with --venv (no manifest, no SSH; read-only).
-    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["source", "targets"])]
+    /// Plan from a bundle written by `overlay pack` instead of a live
+    /// source: name only the TARGETs (the bundle is unpacked once under
+    /// `bundles/` beside --out, and `overlay apply` streams from there);
+    /// or, with --venv, on this host against that venv (no manifest, no
+    /// SSH; read-only).
+    #[arg(long, value_name = "FILE")]
     pub bundle: Option<PathBuf>,
 
-    /// With --bundle: the venv on this host.
+    /// With --bundle: the venv on this host (then name no hosts).
     #[arg(long, value_name = "PATH", requires = "bundle")]
     pub venv: Option<String>,
 
@@ -221,13 +224,20 @@ pub struct ApplyArgs {
     #[arg(default_value = ".overlay/plan.json")]
     pub plan: PathBuf,
 
-    /// Apply a bundle written by `overlay pack` to the venv given with
-    /// --venv, on this host (no manifest, no SSH): plan against its index,
-    /// then apply through the journal; `--json` prints one line.
-    #[arg(long, value_name = "FILE", requires = "venv", conflicts_with_all = ["direct", "relay", "resume", "same_owner"])]
+    /// With --bundle (and no --venv): more targets; the first one takes
+    /// PLAN's place (`overlay apply --bundle FILE T1 T2 ...`).
+    #[arg(value_name = "TARGET", requires = "bundle")]
+    pub targets: Vec<String>,
+
+    /// Apply a bundle written by `overlay pack`: to the TARGETs named
+    /// (hosts or groups of the manifest; planned from the bundle into
+    /// .overlay/plan.json, then applied as `overlay apply` does), or with
+    /// --venv to that venv on this host (no manifest, no SSH; `--json`
+    /// prints one line).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["direct", "relay", "resume", "same_owner"])]
     pub bundle: Option<PathBuf>,
 
-    /// With --bundle: the venv on this host.
+    /// With --bundle: the venv on this host (then name no targets).
     #[arg(long, value_name = "PATH", requires = "bundle")]
     pub venv: Option<String>,
 
@@ -463,8 +473,9 @@ Examples:
   One plan per target for several targets (or name a [groups.NAME]), saved
   to .overlay/plan.d/TARGET.json and listed in .overlay/plan.json:
     overlay plan ct129 ct200 ct201 ct202
-  On a host itself, what a bundle from `overlay pack` would change in its venv:
-    overlay plan --bundle /var/tmp/stack.ovl --venv /root/venv";
+  From a bundle of `overlay pack` instead of the source (which may be down);
+  on a host itself, `--bundle FILE --venv PATH` shows what it would change:
+    overlay plan --bundle stack.ovl ct200 ct201";
 
 const APPLY_EXAMPLES: &str = "\
 Examples:
@@ -485,7 +496,8 @@ Examples:
     overlay pack ct129 -o stack.ovl
   Only torch and its CUDA wheels; the result as one JSON line:
     overlay pack ct129 --set torch --set nvidia-cu13 -o torch.ovl --json
-(Then, on each host: overlay apply --bundle FILE --venv PATH; docs/fleet.md)";
+(Then on each host: overlay apply --bundle FILE --venv PATH; or from here,
+with the source down: overlay apply --bundle FILE TARGET...; docs/fleet.md)";
 
 const ROLLBACK_EXAMPLES: &str = "\
 Examples:

@@ -511,3 +511,181 @@ fn an_ansible_play_applies_in_batches_and_stops_at_a_failure() {
         "ansible vs live apply",
     );
 }
+
+/// The plan files `overlay plan` wrote under the work dir's .overlay.
+fn state(tb: &Testbed) -> Vec<String> {
+    let dir = tb.work.join(".overlay");
+    if !dir.exists() {
+        return Vec::new();
+    }
+    let mut out: Vec<String> = walkdir::WalkDir::new(&dir)
+        .min_depth(1)
+        .max_depth(2)
+        .into_iter()
+        .map(|e| {
+            e.unwrap()
+                .path()
+                .strip_prefix(&dir)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply() {
+    let mut tb = Testbed::new(4);
+    tb.write_manifest(&format!("{SETS}{}", common::VERIFY));
+    let stack = pack(&tb, "stack.ovl");
+    let before = [snapshot(tb.host_venv_dir(1)), snapshot(tb.host_venv_dir(2))];
+    // The reference: a live apply onto dst3, while the source is up.
+    ok(
+        tb.overlay(&["plan", "src", "dst3", "-o", "live.json"])
+            .output()
+            .unwrap(),
+        "live plan",
+    );
+    ok(
+        tb.overlay(&["apply", "live.json"]).output().unwrap(),
+        "live apply",
+    );
+    let live = snapshot(tb.host_venv_dir(3));
+    assert_ne!(live, before[0], "the live apply changed nothing");
+    // The source host is gone: nothing below may need it.
+    tb.stop(0);
+
+    // A tampered bundle: refused before anything is written or reached.
+    let mut bad = fs::read(&stack).unwrap();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0x40;
+    fs::write(tb.work.join("tampered.ovl"), &bad).unwrap();
+    let out = tb
+        .overlay(&["plan", "--bundle", "tampered.ovl", "dst", "dst2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(10), "damaged: {err}");
+    assert!(
+        err.contains("tampered.ovl") && err.contains("does not match"),
+        "{err}"
+    );
+    assert!(state(&tb).is_empty(), "written: {:?}", state(&tb));
+    // The source named too: --bundle takes its place.
+    let out = tb
+        .overlay(&["plan", "--bundle", "stack.ovl", "src", "dst"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("src is the host the bundle"), "{err}");
+    // Another Python minor: refused, naming the target and both minors.
+    other_python_bundle(&tb.work);
+    let out = tb
+        .overlay(&["plan", "--bundle", "py312.ovl", "dst"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(8), "refused: {err}");
+    assert!(
+        err.contains("3.12") && err.contains("3.11") && err.contains("dst"),
+        "{err}"
+    );
+    assert!(!tb.work.join(".overlay/plan.json").exists());
+    assert_same(&before[0], &snapshot(tb.host_venv_dir(1)), "refused: dst");
+
+    // Two targets from the bundle: the plan files of a live plan of two.
+    let out = ok(
+        tb.overlay(&["plan", "--bundle", "stack.ovl", "dst", "dst2"])
+            .output()
+            .unwrap(),
+        "plan --bundle dst dst2",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("dst, dst2"), "grouped: {text}");
+    // The scripts unpacked for the controller are not taken for hand patches.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("differs from its RECORD"), "{err}");
+    let files = state(&tb);
+    for f in ["plan.json", "plan.d/dst.json", "plan.d/dst2.json"] {
+        assert!(files.contains(&f.to_string()), "{files:?}");
+    }
+    let plan: serde_json::Value =
+        serde_json::from_slice(&fs::read(tb.work.join(".overlay/plan.d/dst.json")).unwrap())
+            .unwrap();
+    assert_eq!(plan["source"]["name"], "stack.ovl", "{plan}");
+    assert!(
+        plan["bundle"]["cache"]
+            .as_str()
+            .unwrap()
+            .contains("/bundles/")
+    );
+    // Applied (and checked with the bundle's [verify]) from the unpacked
+    // bundle: each target equals the live apply.
+    let out = tb.overlay(&["apply", "--verify"]).output().unwrap();
+    ok(out, "apply of the bundle's plans");
+    for i in [1, 2] {
+        assert_same(&live, &snapshot(tb.host_venv_dir(i)), "bundle vs live");
+    }
+    // One target, by the single-target path: nothing left to do.
+    let out = tb
+        .overlay(&["plan", "--bundle", "stack.ovl", "dst", "--check"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    ok(
+        tb.overlay(&["rollback", "dst", "dst2"]).output().unwrap(),
+        "rollback",
+    );
+    for i in [1, 2] {
+        assert_same(&before[i - 1], &snapshot(tb.host_venv_dir(i)), "rollback");
+    }
+
+    // A saved plan whose unpacked bundle was altered, then is gone:
+    // refused, dst unchanged.
+    ok(
+        tb.overlay(&["plan", "--bundle", "stack.ovl", "dst"])
+            .output()
+            .unwrap(),
+        "plan --bundle dst",
+    );
+    let cache = tb.work.join(".overlay/bundles");
+    let victim = walkdir::WalkDir::new(&cache)
+        .into_iter()
+        .map(|e| e.unwrap().into_path())
+        .find(|p| p.extension().is_some_and(|x| x == "py"))
+        .unwrap();
+    fs::write(&victim, "x = 'not from the bundle'\n").unwrap();
+    let out = tb.overlay(&["apply"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert!(
+        err.contains("was altered") && err.contains("plan --bundle"),
+        "{err}"
+    );
+    assert_same(&before[0], &snapshot(tb.host_venv_dir(1)), "altered: dst");
+    // Plan and apply in one: the altered folder is unpacked again.
+    let out = ok(
+        tb.overlay(&["apply", "--bundle", "stack.ovl", "dst"])
+            .output()
+            .unwrap(),
+        "apply --bundle dst",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unpacking the bundle stack.ovl again"),
+        "{err}"
+    );
+    assert_same(&live, &snapshot(tb.host_venv_dir(1)), "apply --bundle dst");
+    fs::remove_dir_all(&cache).unwrap();
+    let out = tb.overlay(&["apply"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert!(err.contains("gone"), "{err}");
+}

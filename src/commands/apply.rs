@@ -2,7 +2,10 @@
 //! `overlay::ops::apply`), then say what was done: status on stderr, and
 //! with `--json` one document on stdout. A plan of several targets is
 //! rolled out by `overlay::ops::apply_many`: a table (or with `--json` one
-//! document) of every target's result on stdout.
+//! document) of every target's result on stdout. `--bundle FILE TARGET...`
+//! plans the targets from the bundle (`overlay::ops::bundle_source`) into
+//! the default plan file, then applies that; `--bundle FILE --venv PATH`
+//! applies a bundle to a venv on this host (`overlay::ops::pack`).
 
 use indicatif::HumanBytes;
 use overlay::err;
@@ -10,15 +13,36 @@ use overlay::error::{EXIT_OK, ErrorKind, Result};
 use overlay::ops::Observer;
 use overlay::ops::apply::{Applied, ApplyOptions, ApplyReport, apply};
 use overlay::ops::apply_many::{Rolled, Rollout, apply_many};
+use overlay::ops::bundle_source::{self, BundlePlanOptions, BundlePlanned};
 use overlay::ops::plan_many;
 use overlay::text;
 
-use crate::cli::{ApplyArgs, GlobalArgs};
+use crate::cli::{ApplyArgs, DEFAULT_PLAN, GlobalArgs};
 use crate::progress::{CheckOutput, Console};
 
 pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
-    if let (Some(bundle), Some(venv)) = (&args.bundle, &args.venv) {
-        return run_bundle(global, args, bundle, venv);
+    if let Some(bundle) = &args.bundle {
+        // With --bundle, the positional names are targets.
+        let mut targets: Vec<String> = Vec::new();
+        if args.plan != std::path::Path::new(DEFAULT_PLAN) {
+            targets.push(args.plan.to_string_lossy().into_owned());
+        }
+        targets.extend(args.targets.iter().cloned());
+        return match (&args.venv, targets.is_empty()) {
+            (Some(venv), true) => run_bundle(global, args, bundle, venv),
+            (Some(_), false) => Err(err!(
+                kind = Usage,
+                hint = "drop --venv to apply to those hosts from this machine (`overlay apply --bundle FILE TARGET...`), or name no hosts to apply to the venv on this host",
+                "--bundle with --venv applies to a venv on this host: it takes no hosts ({})",
+                targets.join(" ")
+            )),
+            (None, true) => Err(err!(
+                kind = Usage,
+                hint = "name the targets: `overlay apply --bundle FILE TARGET...`, or give --venv PATH on the host itself",
+                "--bundle needs the targets to apply to, or --venv"
+            )),
+            (None, false) => run_from_bundle(global, args, bundle, targets),
+        };
     }
     let opts = options(global, args);
     if let Some((fleet, files)) = plan_many::load_fleet(&args.plan) {
@@ -51,6 +75,68 @@ fn options(global: &GlobalArgs, args: &ApplyArgs) -> ApplyOptions {
         compression: args.compress,
         verify: args.verify,
         rollback_on_failure: args.rollback_on_failure,
+    }
+}
+
+/// `overlay apply --bundle FILE TARGET...`: `overlay plan --bundle FILE
+/// TARGET...` (saved to the default plan file, its warnings and problems on
+/// stderr), then `overlay apply` of it.
+fn run_from_bundle(
+    global: &GlobalArgs,
+    args: &ApplyArgs,
+    bundle: &std::path::Path,
+    targets: Vec<String>,
+) -> Result<u8> {
+    let out = std::path::PathBuf::from(DEFAULT_PLAN);
+    let console = Console::new(global);
+    let planned = bundle_source::plan_from_bundle(
+        &BundlePlanOptions {
+            manifest: global.manifest.clone(),
+            bundle: bundle.to_path_buf(),
+            targets,
+            sets: Vec::new(),
+            strict: false,
+            connect: global.connect_options(),
+            cache_root: bundle_source::cache_root(&out),
+        },
+        &console,
+    )?;
+    let findings = |p: &overlay::plan::Plan| {
+        for w in &p.warnings {
+            let set = w
+                .set
+                .as_deref()
+                .map(|s| format!("[{s}] "))
+                .unwrap_or_default();
+            console.warn(&format!("{}: {set}{}", p.target.name, w.message));
+        }
+        for line in overlay::report::problems_text(&p.problems, p.strict, global.verbose > 0) {
+            eprintln!("{}: {}", text::escape(&p.target.name), text::escape(&line));
+        }
+    };
+    let opts = ApplyOptions {
+        plan: out.clone(),
+        ..options(global, args)
+    };
+    match planned {
+        BundlePlanned::One(p) => {
+            findings(&p.plan);
+            overlay::ops::plan::save(&p.plan, &out)?;
+            p.closing.wait();
+            run_one(global, args, &opts)
+        }
+        BundlePlanned::Many(p) => {
+            p.plans.iter().for_each(findings);
+            let files = plan_many::save_many(&p.plans, &out)?;
+            p.closing.wait();
+            let plans: Vec<(String, std::path::PathBuf)> = p
+                .plans
+                .iter()
+                .map(|p| p.target.name.clone())
+                .zip(files)
+                .collect();
+            run_many(global, args, &opts, &plans)
+        }
     }
 }
 

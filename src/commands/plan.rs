@@ -1,12 +1,16 @@
 //! `overlay plan SRC DST`: scan and hash both live hosts, decide the plan,
 //! print it and save it. Never writes to either venv. With several
 //! targets (or a `[groups.NAME]`), one plan per target against one scan of
-//! the source (`overlay::ops::plan_many`), shown grouped.
+//! the source (`overlay::ops::plan_many`), shown grouped. With `--bundle
+//! FILE` instead of SOURCE, the bundle is the source
+//! (`overlay::ops::bundle_source`); with `--bundle FILE --venv PATH`, the
+//! plan of a venv on this host, shown and not saved.
 
 use overlay::err;
 use overlay::error::{EXIT_CHANGES, EXIT_OK, Result};
-use overlay::ops::plan::{PlanOptions, plan, save};
-use overlay::ops::plan_many::{self, PlanManyOptions};
+use overlay::ops::bundle_source::{self, BundlePlanOptions, BundlePlanned};
+use overlay::ops::plan::{PlanOptions, Planned, plan, save};
+use overlay::ops::plan_many::{self, PlanManyOptions, PlannedMany};
 use overlay::plan::Plan;
 use overlay::report;
 use overlay::text;
@@ -15,8 +19,24 @@ use crate::cli::{DEFAULT_PLAN, GlobalArgs, PlanArgs};
 use crate::progress::{self, Console};
 
 pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
-    if let (Some(bundle), Some(venv)) = (&args.bundle, &args.venv) {
-        return run_bundle(global, args, bundle, venv);
+    if let Some(bundle) = &args.bundle {
+        // Without --venv the positional names are all targets.
+        let targets: Vec<String> = args.source.iter().chain(&args.targets).cloned().collect();
+        return match (&args.venv, targets.is_empty()) {
+            (Some(venv), true) => run_bundle(global, args, bundle, venv),
+            (Some(_), false) => Err(err!(
+                kind = Usage,
+                hint = "drop --venv to plan those hosts from this machine (`overlay plan --bundle FILE TARGET...`), or name no hosts to plan the venv on this host",
+                "--bundle with --venv plans a venv on this host: it takes no hosts ({})",
+                targets.join(" ")
+            )),
+            (None, true) => Err(err!(
+                kind = Usage,
+                hint = "name the targets: `overlay plan --bundle FILE TARGET...`, or give --venv PATH on the host itself",
+                "--bundle needs the targets to plan, or --venv"
+            )),
+            (None, false) => run_from_bundle(global, args, bundle, targets),
+        };
     }
     let source = args.source.clone().unwrap_or_default();
     if !plan_many::is_single_host(&global.manifest, &args.targets) {
@@ -31,6 +51,34 @@ pub fn run(global: &GlobalArgs, args: &PlanArgs) -> Result<u8> {
         connect: global.connect_options(),
     };
     let planned = plan(&opts, &Console::new(global))?;
+    show_one(global, args, planned)
+}
+
+/// `overlay plan --bundle FILE TARGET...`: the bundle as the source of
+/// the plans, shown and saved as those of a live source.
+fn run_from_bundle(
+    global: &GlobalArgs,
+    args: &PlanArgs,
+    bundle: &std::path::Path,
+    targets: Vec<String>,
+) -> Result<u8> {
+    let opts = BundlePlanOptions {
+        manifest: global.manifest.clone(),
+        bundle: bundle.to_path_buf(),
+        targets,
+        sets: args.sets.clone(),
+        strict: args.strict,
+        connect: global.connect_options(),
+        cache_root: bundle_source::cache_root(&args.out),
+    };
+    match bundle_source::plan_from_bundle(&opts, &Console::new(global))? {
+        BundlePlanned::One(planned) => show_one(global, args, *planned),
+        BundlePlanned::Many(planned) => show_many(global, args, planned),
+    }
+}
+
+/// Show and save the plan of one target.
+fn show_one(global: &GlobalArgs, args: &PlanArgs, planned: Planned) -> Result<u8> {
     let plan = planned.plan;
     if args.json {
         print!("{}", report::plan_json(&plan));
@@ -117,6 +165,11 @@ fn run_many(global: &GlobalArgs, args: &PlanArgs, source: String) -> Result<u8> 
         connect: global.connect_options(),
     };
     let planned = plan_many::plan_many(&opts, &Console::new(global))?;
+    show_many(global, args, planned)
+}
+
+/// Show the plans of several targets, grouped, and save them.
+fn show_many(global: &GlobalArgs, args: &PlanArgs, planned: PlannedMany) -> Result<u8> {
     let plans = planned.plans;
     if args.json {
         print!("{}", report::fleet_json(&plans));

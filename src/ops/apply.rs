@@ -212,6 +212,9 @@ pub(super) struct Ready {
 pub(super) fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
     let plan = load_plan(&opts.plan)?;
     same_manifest(&plan, opts)?;
+    if !opts.resume {
+        super::bundle_source::check_cache(&plan, &opts.plan)?;
+    }
     let tname = plan.target.name.clone();
     if !opts.resume && plan.has_changes() {
         obs.status(&announcement(&plan, &opts.plan));

@@ -1,6 +1,6 @@
 //! The controller's operations: plan, apply, rollback, history, prune,
-//! verify and doctor, and plan and apply of many targets (`plan_many`,
-//! `apply_many`), each as one function that takes an options struct (plain data)
+//! verify and doctor, plan and apply of many targets (`plan_many`,
+//! `apply_many`), and plans from a bundle (`bundle_source`), each as one function that takes an options struct (plain data)
 //! and an [`Observer`], talks to the hosts' agents through the
 //! [`Client`], and returns a typed report. The binary's commands parse
 //! arguments into the options, call one operation and print its report.
@@ -18,6 +18,7 @@
 
 pub mod apply;
 pub mod apply_many;
+pub mod bundle_source;
 pub mod doctor;
 mod fanout;
 pub mod history;

@@ -505,6 +505,7 @@ fn make_plan(
         warnings,
         problems,
         strict: manifest.preflight.strict,
+        bundle: None,
     };
     Ok(Planned {
         plan,

@@ -295,6 +295,7 @@ fn make_plans(
             warnings,
             problems,
             strict: manifest.preflight.strict,
+            bundle: None,
         });
     }
     clock.mark("preflight of every target");

@@ -31,7 +31,17 @@ pub fn record_request(
     scan: &ScanReport,
     set_plans: &[SetPlan],
 ) -> Option<RecordCheckRequest> {
-    let placed = placed_sets(set_plans);
+    let mut placed = placed_sets(set_plans);
+    // A bundle unpacked on the controller has its scripts name the folder
+    // (`super::bundle_source`), so they differ from the RECORD of the
+    // source they were packed from by that alone: the bundle's own hash
+    // vouched for them.
+    if super::bundle_source::is_cache_venv(venv) {
+        placed.retain(|p, _| {
+            !crate::model::venv_relative(&scan.site_packages, p)
+                .is_some_and(|r| r.starts_with("bin/"))
+        });
+    }
     let dist_infos: Vec<String> = scan
         .dists
         .iter()

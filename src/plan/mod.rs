@@ -64,6 +64,23 @@ pub struct Plan {
     /// `--strict` or `[preflight] strict`: problems are errors, and apply refuses the plan without `--force`.
     #[serde(default)]
     pub strict: bool,
+    /// The source is a bundle (`overlay plan --bundle FILE TARGET...`),
+    /// unpacked on this machine: `source` is its unpacked folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<PlanBundle>,
+}
+
+/// The bundle a plan's source was unpacked from, and where (see
+/// `crate::ops::bundle_source`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PlanBundle {
+    /// The bundle file as given to `overlay plan --bundle`.
+    pub file: String,
+    /// Its whole-file BLAKE3 (its trailer's).
+    pub blake3: String,
+    /// The folder it was unpacked to (absolute): the venv `venv/` and the
+    /// bundle's own manifest `overlay.toml`.
+    pub cache: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
