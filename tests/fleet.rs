@@ -307,11 +307,15 @@ fn max_fail_stops_the_rollout_and_the_failed_target_is_not_half_applied() {
         "plan src fleet",
     );
     let before: Vec<_> = (0..5).map(|i| snapshot(tb.host_venv_dir(i))).collect();
-    // dst3's agent exits abruptly after opening its generation, while the
-    // stream comes in.
+    // dst3's agent exits abruptly in the middle of the stream, once it has
+    // staged its first file.
     let ssh_dir = tb.host_dir(3).join("root/.ssh");
     fs::create_dir_all(&ssh_dir).unwrap();
-    fs::write(ssh_dir.join("environment"), "OVERLAY_TEST_STOP_AFTER=1\n").unwrap();
+    fs::write(
+        ssh_dir.join("environment"),
+        "OVERLAY_TEST_DIE_MID_STREAM=1\n",
+    )
+    .unwrap();
     let (code, rows, stderr) = roll_out(&tb, &["--parallel", "1", "--max-fail", "1"]);
     fs::remove_file(ssh_dir.join("environment")).unwrap();
     assert_eq!(code, Some(11), "{stderr}");
@@ -319,6 +323,13 @@ fn max_fail_stops_the_rollout_and_the_failed_target_is_not_half_applied() {
     assert_eq!(
         results,
         ["applied", "applied", "failed", "skipped"],
+        "{stderr}"
+    );
+    assert!(
+        rows[2]["error"]
+            .as_str()
+            .unwrap()
+            .contains("still streaming"),
         "{stderr}"
     );
     assert!(rows[3]["error"].as_str().unwrap().contains("--max-fail 1"));
