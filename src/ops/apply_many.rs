@@ -28,13 +28,14 @@ use super::{Meter, Observer, Step, fanout, load_plan};
 /// --canary K --max-fail K`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rollout {
-    /// Targets applied at once (at least 1).
+    /// Targets applied at once, a batch sharing one read of the source
+    /// (at least 1).
     pub parallel: usize,
     /// The first `canary` targets are applied (and verified, with
     /// `--verify`) first; the rest start only if every canary succeeded.
     pub canary: usize,
-    /// Start no new target once this many have failed (`None`: go on
-    /// through every target, as Ansible does without
+    /// Start no new batch once this many targets have failed (`None`: go
+    /// on through every target, as Ansible does without
     /// `max_fail_percentage`).
     pub max_fail: Option<usize>,
 }
