@@ -14,14 +14,26 @@
 //! changed or removed outside the directory, whatever the tree holds or
 //! another process does to it meanwhile.
 //!
+//! A [`DirCache`] does the same for a run of many operations in few
+//! directories (the switch's renames): each parent is opened the same way
+//! once and its fd kept for the operations after, and the fds at or below
+//! a path it renames or removes are dropped at once. A directory moved
+//! meanwhile by someone else carries its fd along: what comes after lands
+//! in that same directory, never through a symlink, and only where that
+//! someone could already write.
+//!
 //! Errors are plain `io::Error`s with the OS code kept (callers name the
 //! host and path); a symlink or an escape in the chain is always `ELOOP`
 //! ([`is_refused`]).
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
+use std::ops::Bound;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Stat};
@@ -452,6 +464,164 @@ impl Beneath {
     }
 }
 
+/// The most directory fds a [`DirCache`] keeps; past it, it starts over
+/// (well under the usual limit of 1,024 open files).
+const CACHED_DIRS: usize = 128;
+
+/// Directory fds beneath a [`Beneath`], opened as it opens them
+/// (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`) and kept across operations,
+/// so that a run of renames in few directories costs one syscall each
+/// instead of an `openat2` of each parent, the call and the `close`s.
+/// Everything renamed or removed through it drops the fds at or below it
+/// (see the module doc). Single-threaded, and meant to live for one run of
+/// operations.
+pub struct DirCache<'a> {
+    root: &'a Beneath,
+    dirs: RefCell<BTreeMap<String, Rc<OwnedFd>>>,
+}
+
+/// A parent directory's fd: the root's, or one the cache holds.
+enum Parent<'a> {
+    Root(BorrowedFd<'a>),
+    Cached(Rc<OwnedFd>),
+}
+
+impl Parent<'_> {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Parent::Root(fd) => *fd,
+            Parent::Cached(fd) => fd.as_fd(),
+        }
+    }
+}
+
+impl<'a> DirCache<'a> {
+    pub fn new(root: &'a Beneath) -> DirCache<'a> {
+        DirCache {
+            root,
+            dirs: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// The directory `dir` (normalized; `""`: the root), from the cache or
+    /// opened now.
+    fn open(&self, dir: &str) -> io::Result<Parent<'a>> {
+        if dir.is_empty() {
+            return Ok(Parent::Root(self.root.fd.as_fd()));
+        }
+        if let Some(fd) = self.dirs.borrow().get(dir) {
+            return Ok(Parent::Cached(fd.clone()));
+        }
+        let fd = Rc::new(open_dir_at(self.root.fd.as_fd(), dir)?);
+        self.keep(dir, fd.clone());
+        Ok(Parent::Cached(fd))
+    }
+
+    fn keep(&self, dir: &str, fd: Rc<OwnedFd>) {
+        let mut dirs = self.dirs.borrow_mut();
+        if dirs.len() >= CACHED_DIRS {
+            dirs.clear();
+        }
+        dirs.insert(dir.to_string(), fd);
+    }
+
+    /// The parent of `rel`, and `rel`'s last component.
+    fn parent<'r>(&self, rel: &'r str) -> io::Result<(Parent<'a>, &'r str)> {
+        let (parent, name) = split(self.root.check(rel)?);
+        Ok((self.open(parent)?, name))
+    }
+
+    /// Drop the fds of `rel` and of everything below it (it was renamed
+    /// or removed).
+    fn forget(&self, rel: &str) {
+        let mut dirs = self.dirs.borrow_mut();
+        dirs.remove(rel);
+        // Below `rel`: the keys from "rel/" up to "rel0" ('0' follows '/').
+        let (lo, hi) = (format!("{rel}/"), format!("{rel}0"));
+        let below: Vec<String> = dirs
+            .range::<str, _>((Bound::Included(lo.as_str()), Bound::Excluded(hi.as_str())))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in below {
+            dirs.remove(&k);
+        }
+    }
+
+    /// [`Beneath::lstat`].
+    pub fn lstat(&self, rel: &str) -> io::Result<Option<Stat>> {
+        if rel.is_empty() {
+            return self.root.lstat(rel);
+        }
+        let (fd, name) = match self.parent(rel) {
+            Ok(p) => p,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::statat(fd.fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// [`Beneath::exists`].
+    pub fn exists(&self, rel: &str) -> bool {
+        matches!(self.lstat(rel), Ok(Some(_)))
+    }
+
+    /// [`Beneath::create_dir`].
+    pub fn create_dir(&self, rel: &str, mode: u32) -> io::Result<()> {
+        let (fd, name) = self.parent(rel)?;
+        rustix::fs::mkdirat(fd.fd(), name, Mode::from_raw_mode(mode)).map_err(Into::into)
+    }
+
+    /// [`Beneath::create_dir_all`]; a directory the cache holds is taken
+    /// as there.
+    pub fn create_dir_all(&self, rel: &str, mode: u32) -> io::Result<()> {
+        let rel = self.root.check(rel)?;
+        if self.dirs.borrow().contains_key(rel) {
+            return Ok(());
+        }
+        let (parent, name) = split(rel);
+        if !parent.is_empty() {
+            self.create_dir_all(parent, mode)?;
+        }
+        let pfd = self.open(parent)?;
+        match rustix::fs::mkdirat(pfd.fd(), name, Mode::from_raw_mode(mode)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let fd = Rc::new(open_dir_at(pfd.fd(), name)?);
+        self.keep(rel, fd);
+        Ok(())
+    }
+
+    /// [`Beneath::remove_dir`].
+    pub fn remove_dir(&self, rel: &str) -> io::Result<()> {
+        let (fd, name) = self.parent(rel)?;
+        rustix::fs::unlinkat(fd.fd(), name, AtFlags::REMOVEDIR)?;
+        self.forget(rel);
+        Ok(())
+    }
+
+    /// [`Beneath::rename_noreplace`], from beneath this cache's root to
+    /// beneath `dest`'s.
+    pub fn rename_noreplace(&self, from: &str, dest: &DirCache<'_>, to: &str) -> io::Result<()> {
+        let (from_fd, from_name) = self.parent(from)?;
+        let (to_fd, to_name) = dest.parent(to)?;
+        rustix::fs::renameat_with(
+            from_fd.fd(),
+            from_name,
+            to_fd.fd(),
+            to_name,
+            rustix::fs::RenameFlags::NOREPLACE,
+        )?;
+        self.forget(from);
+        dest.forget(to);
+        Ok(())
+    }
+}
+
 impl AsFd for Beneath {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
@@ -513,6 +683,50 @@ mod tests {
         b.rename("pkg/evil", &b, "pkg/moved").unwrap();
         assert_eq!(std::fs::read(outside.join("x")).unwrap(), b"outside");
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_dir_cache_refuses_the_same_and_follows_its_own_renames() {
+        let (_t, b, outside) = tree();
+        let c = DirCache::new(&b);
+        for link in ["pkg/evil", "pkg/rel"] {
+            let y = format!("{link}/y");
+            assert!(is_refused(&c.create_dir(&y, 0o700).unwrap_err()));
+            assert!(is_refused(
+                &c.create_dir_all(&format!("{y}/z"), 0o700).unwrap_err()
+            ));
+            assert!(is_refused(
+                &c.rename_noreplace("pkg/sub/a", &c, &y).unwrap_err()
+            ));
+            assert!(!c.exists(&format!("{link}/x")));
+        }
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
+        // Cache "pkg/sub", move it away, put another directory at its
+        // path: what follows goes to the new one.
+        assert!(c.exists("pkg/sub/a"));
+        c.create_dir_all("pkg/sub/deep/er", 0o700).unwrap();
+        c.create_dir("moved", 0o700).unwrap();
+        c.rename_noreplace("pkg/sub", &c, "moved/sub").unwrap();
+        assert!(!c.exists("pkg/sub/a"));
+        assert!(c.exists("moved/sub/a") && c.exists("moved/sub/deep/er"));
+        c.create_dir_all("pkg/sub/deep/er", 0o700).unwrap();
+        c.rename_noreplace("moved/sub/a", &c, "pkg/sub/deep/er/a")
+            .unwrap();
+        assert_eq!(std::fs::read(b.shown("pkg/sub/deep/er/a")).unwrap(), b"a");
+        c.remove_dir("moved/sub/deep/er").unwrap();
+        assert!(!c.exists("moved/sub/deep/er") && c.exists("moved/sub/deep"));
+        assert_eq!(
+            c.rename_noreplace("pkg/sub/deep", &c, "moved/sub/deep")
+                .unwrap_err()
+                .raw_os_error(),
+            Some(Errno::EXIST.raw_os_error())
+        );
+        // Past its size, the cache starts over and still works.
+        for k in 0..2 * CACHED_DIRS {
+            c.create_dir_all(&format!("many/{k}/x"), 0o700).unwrap();
+        }
+        assert!(c.dirs.borrow().len() <= CACHED_DIRS);
+        assert!(c.exists("many/0/x") && c.exists(&format!("many/{}/x", 2 * CACHED_DIRS - 1)));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::collections::{BTreeSet, HashSet};
 use super::durable;
 use super::format::{Generation, Record};
 use super::{State, ancestors, crash_hook, fs_err, parent_of, stat_mixed};
+use crate::beneath::DirCache;
 use crate::err;
 use crate::error::Result;
 use crate::inventory::Counters;
@@ -35,6 +36,12 @@ fn batches(order: &[usize]) -> Vec<&[usize]> {
         size = (size * 2).min(SWITCH_BATCH_MAX);
     }
     out
+}
+
+/// The directories a switch works in, each with its fds kept across steps.
+struct Dirs<'a> {
+    venv: DirCache<'a>,
+    generation: DirCache<'a>,
 }
 
 /// One step of the switch, journalled before it is taken.
@@ -89,8 +96,10 @@ impl State {
     /// are made durable with one fsync, then the steps are taken. Undo and redo look at the file system to tell a recorded
     /// step that was taken from one that was not, so a crash anywhere in a
     /// batch is recovered like a crash between two single steps. Every step
-    /// is made relative to the venv's fd when it happens: a symlink in a
-    /// parent chain fails the step, it is never followed.
+    /// is made relative to a directory fd opened beneath the venv (or the
+    /// generation) without following a symlink, kept across steps in a
+    /// [`DirCache`] and dropped when a step moves it: a symlink in a parent
+    /// chain fails the step, it is never followed.
     pub fn switch(&self, g: &mut Generation) -> Result<u64> {
         Ok(self.switch_unless(g, &|| false)?.unwrap_or_default())
     }
@@ -107,14 +116,22 @@ impl State {
         let order = Self::switch_order(g);
         let pause = PauseHook::from_env();
         let mut taken = 0;
+        // Consecutive changes share their parents: each directory is opened
+        // once for the whole switch, not once per step (a fifth of the
+        // syscalls for a big switch).
+        let gfs = g.fs.dir("").map_err(|e| fs_err("open", g.fs.path(), &e))?;
+        let fs = Dirs {
+            venv: DirCache::new(&self.fs),
+            generation: DirCache::new(&gfs),
+        };
         for batch in batches(&order) {
             if stop() {
                 return Ok(None);
             }
-            let Batch { records, steps } = self.plan_batch(g, batch);
+            let Batch { records, steps } = self.plan_batch(g, &fs, batch);
             g.append_all(records)?;
             for step in steps {
-                self.take_step(g, step)?;
+                self.take_step(g, &fs, step)?;
                 crash_hook();
                 self.step_hook()?;
                 taken += 1;
@@ -135,7 +152,7 @@ impl State {
     /// old entry to the backup (unless it is there, or the new one was
     /// already placed), create missing parents (journalled, so that
     /// rollback removes them), place the staged entry.
-    fn plan_batch(&self, g: &Generation, batch: &[usize]) -> Batch {
+    fn plan_batch(&self, g: &Generation, fs: &Dirs<'_>, batch: &[usize]) -> Batch {
         // What this batch's steps will have done, before they run.
         let mut made: HashSet<String> = HashSet::new();
         let mut gone: HashSet<String> = HashSet::new();
@@ -146,19 +163,19 @@ impl State {
             let rel = g.rels[i].clone();
             let staged = format!("staging/{i}");
             let present = |r: &str, made: &HashSet<String>, gone: &HashSet<String>| {
-                made.contains(r) || (!gone.contains(r) && self.fs.exists(r))
+                made.contains(r) || (!gone.contains(r) && fs.venv.exists(r))
             };
             if c.action != Action::Add
                 && present(&rel, &made, &gone)
-                && !g.fs.exists(&g.backup_rel(i))
-                && !(c.action == Action::Replace && !g.fs.exists(&staged) && g.placed(i))
+                && !fs.generation.exists(&g.backup_rel(i))
+                && !(c.action == Action::Replace && !fs.generation.exists(&staged) && g.placed(i))
             {
                 records.push(Record::Move { i });
                 steps.push(Step::Move(i));
                 made.remove(&rel);
                 gone.insert(rel.clone());
             }
-            if c.action != Action::Delete && g.fs.exists(&staged) {
+            if c.action != Action::Delete && fs.generation.exists(&staged) {
                 // Create missing parents, journalled so that rollback removes them.
                 // Upward from the parent, to the first that is there.
                 let up: Vec<&str> = ancestors(&rel).collect();
@@ -186,27 +203,29 @@ impl State {
     }
 
     /// Take one journalled step, relative to the venv's and the
-    /// generation's fds.
-    fn take_step(&self, g: &Generation, step: Step) -> Result<()> {
+    /// generation's directory fds.
+    fn take_step(&self, g: &Generation, fs: &Dirs<'_>, step: Step) -> Result<()> {
         match step {
             Step::Move(i) => {
                 let rel = &g.rels[i];
                 let backup = g.backup_rel(i);
                 let parent = parent_of(&backup);
-                g.fs.create_dir_all(parent, 0o700)
+                fs.generation
+                    .create_dir_all(parent, 0o700)
                     .map_err(|e| fs_err("create", &g.fs.shown(parent), &e))?;
-                self.fs
-                    .rename_noreplace(rel, &g.fs, &backup)
+                fs.venv
+                    .rename_noreplace(rel, &fs.generation, &backup)
                     .map_err(|e| fs_err("move to the backup", &self.shown(rel), &e))?;
             }
             Step::Mkdir(dir) => {
-                self.fs
+                fs.venv
                     .create_dir(&dir, 0o755)
                     .map_err(|e| fs_err("create", &self.shown(&dir), &e))?;
             }
             Step::Place(i) => {
                 let rel = &g.rels[i];
-                g.fs.rename_noreplace(&format!("staging/{i}"), &self.fs, rel)
+                fs.generation
+                    .rename_noreplace(&format!("staging/{i}"), &fs.venv, rel)
                     .map_err(|e| fs_err("put in place", &self.shown(rel), &e))?;
             }
         }
