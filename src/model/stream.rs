@@ -163,12 +163,15 @@ pub struct Unpacked {
 }
 
 /// How the kernel copied the files of a local copy (`apply` with both
-/// hosts on this machine): whole-file clones, `copy_file_range`, plain
-/// reads and writes (where the kernel refused both), and scripts whose
-/// shebang was rewritten (read, rewritten, written).
+/// hosts on this machine): whole-file clones, big files read and written
+/// past the page cache (`O_DIRECT`), `copy_file_range`, plain reads and
+/// writes (where the kernel refused the others), and scripts whose shebang
+/// was rewritten (read, rewritten, written).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CopyCounts {
     pub reflink: u64,
+    #[serde(default)]
+    pub direct: u64,
     pub copy_range: u64,
     pub read_write: u64,
     pub rewritten: u64,

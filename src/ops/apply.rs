@@ -887,10 +887,11 @@ fn copy_here(
     meter.finish();
     let k = c.copies;
     obs.detail(&format!(
-        "local copy of {} files ({}): {} reflinked, {} by copy_file_range, {} read and written, {} scripts rewritten",
+        "local copy of {} files ({}): {} reflinked, {} written past the page cache, {} by copy_file_range, {} read and written, {} scripts rewritten",
         c.files,
         HumanBytes(c.bytes),
         k.reflink,
+        k.direct,
         k.copy_range,
         k.read_write,
         k.rewritten

@@ -17,9 +17,16 @@
 //! fsync threads ([`sync_files`]). Its bytes come from, in this order:
 //! - a clone of the whole file (`FICLONE`: shared extents, no bytes
 //!   copied) where the filesystem has reflinks (btrfs, XFS);
+//! - for a big file ([`DIRECT_MIN`] and up) where staging takes `O_DIRECT`
+//!   (ext4 here): reads into aligned chunks, hashed here, which the
+//!   stream's own writer thread ([`write_staged`]) writes past the page
+//!   cache while the next chunk is read. Filling the page cache costs more
+//!   than the copy itself (on a host that reclaims free memory, every page
+//!   of it is a fresh one), and every staged file is made durable before
+//!   the switch anyway;
 //! - `copy_file_range` (in the kernel, page cache to page cache; a short
 //!   copy is continued where it stopped), where the two are on one
-//!   filesystem that allows it (ext4 here);
+//!   filesystem that allows it;
 //! - plain reads and writes, where the kernel refuses both (`EXDEV`,
 //!   `EINVAL`, `EOPNOTSUPP`, `ENOSYS`); and for a script whose shebang is
 //!   rewritten for the target (read, rewritten, written), as the stream does.
@@ -32,8 +39,9 @@
 //!
 //! Every staged regular file is then checked against the plan: its blake3
 //! must be the plan's (or, unhashed in the plan, the source's stamp did not
-//! move while it was copied). Where the copy read the bytes anyway (reads
-//! and writes, rewritten scripts) they are hashed as they are read; after
+//! move while it was copied). Where the copy read the bytes anyway (big
+//! files past the page cache, reads and writes, rewritten scripts) they
+//! are hashed as they are read, and the buffer hashed is the one written; after
 //! a clone or a `copy_file_range` the staged file is read back and hashed.
 //! Reading back is the cheaper check there, and the stronger: it hashes
 //! the very bytes the switch will put in place, while the kernel's copy
@@ -45,13 +53,16 @@
 use std::fs::File;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
 
 use super::send::{
     ADVICE, FileToSend, READ_AHEAD, ReadAhead, ReaderDone, Source, advise_willneed, read_ahead,
 };
-use super::write::{Owners, SyncSender, stage_error, staged_durably};
+use super::write::{
+    AlignedBuf, DIRECT_MIN, Finish, Owners, SyncSender, WRITE_BUFFERS, WRITE_CHUNK, WriteJob,
+    direct_io_fs, set_direct, stage_error, staged_durably, write_staged, writer_stopped,
+};
 use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Error, Result, io_cause};
@@ -78,16 +89,20 @@ enum How {
 #[derive(Debug, Default, Clone, Copy)]
 struct Kernel {
     no_reflink: bool,
+    no_direct: bool,
     no_copy_range: bool,
 }
 
 impl Kernel {
-    /// With `OVERLAY_TEST_LOCAL_COPY=read-write` (tests and the benchmark):
-    /// reads and writes only.
+    /// With `OVERLAY_TEST_LOCAL_COPY` (tests and the benchmark):
+    /// `read-write`, reads and writes through the page cache only;
+    /// `copy-range`, no big file past the page cache.
     fn new() -> Kernel {
-        let rw = std::env::var("OVERLAY_TEST_LOCAL_COPY").is_ok_and(|v| v == "read-write");
+        let mode = std::env::var("OVERLAY_TEST_LOCAL_COPY").unwrap_or_default();
+        let rw = mode == "read-write";
         Kernel {
             no_reflink: rw,
+            no_direct: rw || mode == "copy-range",
             no_copy_range: rw,
         }
     }
@@ -130,15 +145,47 @@ pub fn copy_local(
         let venv = Venv::open(source_root)?;
         let files = SendFile::of_changes(&g.meta.changes);
         let ahead = ReadAhead::new(READ_AHEAD, ADVICE);
+        let mut kernel = Kernel::new();
+        kernel.no_direct |= !direct_io_fs(&g.dir.join("staging"))
+            || !files.iter().any(|f| f.kind.size() >= DIRECT_MIN);
+        let (job_tx, job_rx) = mpsc::sync_channel::<WriteJob>(WRITE_BUFFERS);
+        let (free_tx, free_rx) = mpsc::sync_channel::<AlignedBuf>(WRITE_BUFFERS);
+        if !kernel.no_direct {
+            for _ in 0..WRITE_BUFFERS {
+                let _ = free_tx.send(AlignedBuf::new(WRITE_CHUNK));
+            }
+        }
         std::thread::scope(|scope| {
             let (venv, files, ahead) = (&venv, &files, &ahead);
             scope.spawn(move || read_ahead(venv, files, ahead, advise_willneed));
             // Done, failed or panicked: the read-ahead has nothing left to do.
             let _done = ReaderDone(ahead);
-            Copier::new(g, host_dir, counters, stop, sync_tx, ahead)
-                .and_then(|c| c.run(venv, files, shebang))
+            let writer_sync = sync_tx.clone();
+            let writer =
+                scope.spawn(move || write_staged(g, host_dir, job_rx, free_tx, writer_sync));
+            let writer_queue = Direct {
+                jobs: job_tx,
+                free: free_rx,
+            };
+            let copied = Copier::new(g, host_dir, counters, stop, sync_tx, ahead, writer_queue)
+                .and_then(|c| c.run(venv, files, shebang, kernel));
+            let written = writer
+                .join()
+                .unwrap_or_else(|_| Err(err!(kind = Internal, "the staging writer panicked")));
+            // The writer's own error explains a copy that stopped because of it.
+            let written = written?;
+            let mut copied = copied?;
+            copied.written.extend(written);
+            Ok(copied)
         })
     })
+}
+
+/// The queues to the writer thread, for big files past the page cache:
+/// chunks to write, and the buffers it is done with.
+struct Direct {
+    jobs: mpsc::SyncSender<WriteJob>,
+    free: mpsc::Receiver<AlignedBuf>,
 }
 
 /// The copying thread's state.
@@ -155,6 +202,7 @@ struct Copier<'a> {
     is_root: bool,
     sync: SyncSender,
     kernel: Kernel,
+    direct: Direct,
     buf: Vec<u8>,
     out: Copied,
     /// Told how far the files were copied, for the read-ahead.
@@ -172,6 +220,7 @@ impl<'a> Copier<'a> {
         stop: &'a (dyn Fn() -> bool + Sync),
         sync: SyncSender,
         ahead: &'a ReadAhead,
+        direct: Direct,
     ) -> Result<Copier<'a>> {
         let staging_path = g.dir.join("staging");
         let staging =
@@ -188,7 +237,8 @@ impl<'a> Copier<'a> {
             owners,
             is_root,
             sync,
-            kernel: Kernel::new(),
+            kernel: Kernel::default(),
+            direct,
             buf: vec![0u8; READ_BUF],
             out: Copied::default(),
             ahead,
@@ -214,7 +264,9 @@ impl<'a> Copier<'a> {
         venv: &Venv,
         files: &[SendFile],
         shebang: Option<&ShebangRewrite>,
+        kernel: Kernel,
     ) -> Result<Copied> {
+        self.kernel = kernel;
         let c = self.counters;
         c.total_files.store(files.len() as u64, Ordering::Relaxed);
         c.total_bytes
@@ -299,6 +351,22 @@ impl<'a> Copier<'a> {
             .staging
             .create_new(name, 0o600)
             .map_err(|e| self.error(name, e))?;
+        if size >= DIRECT_MIN && !self.kernel.no_direct && !file.rewrites(shebang) {
+            if file.meta.st_size as u64 != size {
+                return Err(src.changed());
+            }
+            // A clone, where the filesystem has them, copies nothing at all.
+            if self.kernel.no_reflink || !self.reflinked(file, &input, &out, size)? {
+                return self.file_direct(file, &input, out, size, mode, owner);
+            }
+            self.counters.bytes.fetch_add(size, Ordering::Relaxed);
+            self.ahead.reader_at(self.at + size);
+            self.out.copies.reflink += 1;
+            let digest = self
+                .read_back(name, &out, size)?
+                .ok_or_else(|| src.changed())?;
+            return self.finish(file, &input, out, &digest, mode, owner);
+        }
         let digest = if file.rewrites(shebang) {
             let content = file.read_rewritten(&input, shebang, size)?;
             out.write_all_at(&content, 0)
@@ -345,8 +413,25 @@ impl<'a> Copier<'a> {
                     .ok_or_else(|| src.changed())?,
             }
         };
+        self.finish(file, &input, out, &digest, mode, owner)
+    }
+
+    /// Finish a staged file whose bytes are all there (`digest`, as read):
+    /// check it against the plan, set its owner and mode, note it, and hand
+    /// it to the fsync threads.
+    fn finish(
+        &mut self,
+        file: &FileToSend<'_>,
+        input: &File,
+        out: File,
+        digest: &str,
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    ) -> Result<()> {
+        let name = file.name;
+        let digest = digest.to_string();
         // What was staged is the plan's, or the source did not move meanwhile.
-        file.check_read(&input, &digest)?;
+        file.check_read(input, &digest)?;
         if let Some((uid, gid)) = owner {
             let _ = std::os::unix::fs::fchown(&out, Some(uid), Some(gid));
         }
@@ -367,6 +452,115 @@ impl<'a> Copier<'a> {
         self.sync
             .send((Arc::new(out), self.staging_path.join(name)))
             .map_err(|_| err!("the fsync threads stopped"))
+    }
+
+    /// Clone `input` into the empty `out` where the filesystem has
+    /// reflinks; false where it has none (not asked again).
+    fn reflinked(
+        &mut self,
+        file: &FileToSend<'_>,
+        input: &File,
+        out: &File,
+        size: u64,
+    ) -> Result<bool> {
+        let name = file.name;
+        match rustix::fs::ioctl_ficlone(out, input) {
+            Ok(()) => {
+                let len = rustix::fs::fstat(out)
+                    .map_err(|e| self.error(name, e.into()))?
+                    .st_size as u64;
+                // The clone is of the whole file: as long as the plan says.
+                if len != size {
+                    return Err(file.src.changed());
+                }
+                Ok(true)
+            }
+            Err(e) if refused(&e.into()) => {
+                self.kernel.no_reflink = true;
+                Ok(false)
+            }
+            Err(e) => Err(self.error(name, e.into())),
+        }
+    }
+
+    /// A big file past the page cache: read here into aligned chunks and
+    /// hashed as read; the writer thread writes each with `O_DIRECT` (its
+    /// tail through the cache) while the next is read, and once the file's
+    /// last chunk is written, sets its owner and mode, notes it and hands
+    /// it to the fsync threads. The last chunk goes only once what was
+    /// read is the plan's.
+    fn file_direct(
+        &mut self,
+        file: &FileToSend<'_>,
+        input: &File,
+        out: File,
+        size: u64,
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    ) -> Result<()> {
+        let (src, name) = (file.src, file.name);
+        let index: usize = name.parse().expect("an index");
+        // Refused: written through the page cache by the same writer.
+        set_direct(&out, true);
+        let out = Arc::new(out);
+        let mut hasher = ContentHasher::new();
+        let mut at = 0u64;
+        while at < size {
+            if (self.stop)() {
+                return Err(Self::stopped());
+            }
+            let mut buf = self.direct.free.recv().map_err(|_| writer_stopped())?;
+            let want = usize::try_from(size - at)
+                .unwrap_or(usize::MAX)
+                .min(WRITE_CHUNK);
+            let mut fill = 0;
+            while fill < want {
+                match input.read_at(&mut buf.get()[fill..want], at + fill as u64) {
+                    // The source ends before the plan's size.
+                    Ok(0) => return Err(src.changed()),
+                    Ok(n) => fill += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        return Err(err!(
+                            "Failed to read {}: {}",
+                            src.abs.display(),
+                            io_cause(&e)
+                        ));
+                    }
+                }
+            }
+            hasher.update(&buf.get()[..fill]);
+            at += fill as u64;
+            self.counters
+                .bytes
+                .fetch_add(fill as u64, Ordering::Relaxed);
+            self.ahead.reader_at(self.at + at);
+            let last = if at == size {
+                let digest = content_hex(&hasher);
+                file.check_read(input, &digest)?;
+                self.out.hashes.push(SourceHash {
+                    index,
+                    blake3: digest.clone(),
+                });
+                Some(Finish {
+                    digest,
+                    mode,
+                    owner,
+                })
+            } else {
+                None
+            };
+            let job = WriteJob {
+                index,
+                file: out.clone(),
+                buf,
+                len: fill,
+                last,
+            };
+            self.direct.jobs.send(job).map_err(|_| writer_stopped())?;
+        }
+        self.out.copies.direct += 1;
+        Ok(())
     }
 
     /// The blake3 of staged file `name` (the very inode `out`), read back;
@@ -648,7 +842,8 @@ mod tests {
     }
 
     /// Where the filesystem has no reflinks (ext4, tmpfs: where the tests
-    /// run), files are copied by `copy_file_range` and staged exactly: the
+    /// run), a big file is copied past the page cache where staging takes
+    /// `O_DIRECT` (ext4), the rest by `copy_file_range`, and staged exactly: the
     /// symlink that points out of the venv as a symlink, the script with
     /// its shebang rewritten, modes masked, every digest the plan's.
     #[test]
@@ -675,7 +870,7 @@ mod tests {
         );
         assert_eq!(c.copies.rewritten, 1);
         assert_eq!(
-            c.copies.reflink + c.copies.copy_range + c.copies.read_write,
+            c.copies.reflink + c.copies.direct + c.copies.copy_range + c.copies.read_write,
             2
         );
         let reflinks = matches!(
@@ -683,7 +878,14 @@ mod tests {
             Ok(0x9123_683E | 0x5846_5342)
         );
         if !reflinks {
-            assert_eq!(c.copies.copy_range, 2, "{:?}", c.copies);
+            // The big file past the page cache where staging takes O_DIRECT.
+            let want = if direct_io_fs(&p.staging()) {
+                (1, 1)
+            } else {
+                (0, 2)
+            };
+            let got = (c.copies.direct, c.copies.copy_range);
+            assert_eq!(got, want, "{:?}", c.copies);
         }
         let mut digests: Vec<(usize, String)> = c
             .written
@@ -808,6 +1010,7 @@ mod tests {
         let dst = File::create(t.path().join("d")).unwrap();
         let mut k = Kernel {
             no_reflink: true,
+            no_direct: true,
             no_copy_range: true,
         };
         let (how, digest) = copy_file(

@@ -25,7 +25,7 @@ use std::sync::{Arc, mpsc};
 use super::head::{EntryHead, TAR_BLOCK, parse_head};
 use super::write::{
     AlignedBuf, DIRECT_MIN, Finish, Owners, WRITE_BUFFERS, WRITE_CHUNK, WriteJob, direct_io_fs,
-    set_direct, stage_error, staged_durably, write_staged,
+    set_direct, stage_error, staged_durably, write_staged, writer_stopped,
 };
 use super::{TAG_STORED, TAG_ZSTD};
 use crate::beneath::Beneath;
@@ -208,10 +208,6 @@ struct Stager<'a> {
     free: mpsc::Receiver<AlignedBuf>,
     /// The chunk buffer being filled.
     buf: AlignedBuf,
-}
-
-fn writer_stopped() -> Error {
-    err!("the staging writer stopped")
 }
 
 impl<'a> Stager<'a> {

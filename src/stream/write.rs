@@ -131,6 +131,12 @@ pub(super) fn write_staged(
     Ok(written)
 }
 
+/// The error of a stage whose writer thread went away (its own error, if
+/// any, is the one reported).
+pub(super) fn writer_stopped() -> Error {
+    err!("the staging writer stopped")
+}
+
 /// Write `data` at `file`'s offset. With `O_DIRECT` on, a last chunk's tail
 /// (past the last whole block) goes through the page cache.
 pub(super) fn write_chunk(file: &File, data: &[u8], last: bool) -> std::io::Result<()> {
