@@ -241,16 +241,7 @@ impl Beneath {
         if rel.is_empty() {
             return rustix::fs::fstat(&self.fd).map(Some).map_err(Into::into);
         }
-        let (fd, name) = match self.parent(rel) {
-            Ok(p) => p,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        match rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => Ok(Some(st)),
-            Err(Errno::NOENT) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        lstat_in(self.parent(rel))
     }
 
     /// What `rel` is now, without following a symlink at its end.
@@ -495,6 +486,27 @@ impl Parent<'_> {
     }
 }
 
+impl AsFd for Parent<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd()
+    }
+}
+
+/// `lstat` of `name` in the parent directory just opened for it; `None` if
+/// the parent (a component missing) or `name` does not exist.
+fn lstat_in<Fd: AsFd>(parent: io::Result<(Fd, &str)>) -> io::Result<Option<Stat>> {
+    let (fd, name) = match parent {
+        Ok(p) => p,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match rustix::fs::statat(fd.as_fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl<'a> DirCache<'a> {
     pub fn new(root: &'a Beneath) -> DirCache<'a> {
         DirCache {
@@ -552,16 +564,7 @@ impl<'a> DirCache<'a> {
         if rel.is_empty() {
             return self.root.lstat(rel);
         }
-        let (fd, name) = match self.parent(rel) {
-            Ok(p) => p,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        match rustix::fs::statat(fd.fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => Ok(Some(st)),
-            Err(Errno::NOENT) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        lstat_in(self.parent(rel))
     }
 
     /// [`Beneath::exists`].

@@ -141,7 +141,7 @@ impl State {
                 }
             }
         }
-        self.remove_emptied_dirs(g)?;
+        self.remove_emptied_dirs(g, &fs.venv)?;
         self.sync_changed_dirs(g);
         g.append(Record::Switched)?;
         Ok(Some(order.len() as u64))
@@ -233,8 +233,9 @@ impl State {
     }
 
     /// Remove directories the deletes left empty, deepest first, each
-    /// journalled (`Rmdir`, with its mode) before it goes.
-    fn remove_emptied_dirs(&self, g: &mut Generation) -> Result<()> {
+    /// journalled (`Rmdir`, with its mode) before it goes, through the
+    /// switch's directory fds (`venv`), which drop each one removed.
+    fn remove_emptied_dirs(&self, g: &mut Generation, venv: &DirCache<'_>) -> Result<()> {
         let site = &self.venv.site_rel;
         let mut dirs: BTreeSet<String> = BTreeSet::new();
         for (i, (c, rel)) in g.meta.changes.iter().zip(&g.rels).enumerate() {
@@ -252,7 +253,7 @@ impl State {
         let mut dirs: Vec<String> = dirs.into_iter().collect();
         dirs.sort_by_key(|d| std::cmp::Reverse(d.matches('/').count()));
         for dir in dirs {
-            let Ok(Some(st)) = self.fs.lstat(&dir) else {
+            let Ok(Some(st)) = venv.lstat(&dir) else {
                 continue;
             };
             if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir()
@@ -264,8 +265,7 @@ impl State {
                 dir: dir.clone(),
                 mode: st.st_mode & 0o7777,
             })?;
-            self.fs
-                .remove_dir(&dir)
+            venv.remove_dir(&dir)
                 .map_err(|e| fs_err("remove the empty directory", &self.shown(&dir), &e))?;
             self.step_hook()?;
         }

@@ -351,22 +351,6 @@ impl<'a> Copier<'a> {
             .staging
             .create_new(name, 0o600)
             .map_err(|e| self.error(name, e))?;
-        if size >= DIRECT_MIN && !self.kernel.no_direct && !file.rewrites(shebang) {
-            if file.meta.st_size as u64 != size {
-                return Err(src.changed());
-            }
-            // A clone, where the filesystem has them, copies nothing at all.
-            if self.kernel.no_reflink || !self.reflinked(file, &input, &out, size)? {
-                return self.file_direct(file, &input, out, size, mode, owner);
-            }
-            self.counters.bytes.fetch_add(size, Ordering::Relaxed);
-            self.ahead.reader_at(self.at + size);
-            self.out.copies.reflink += 1;
-            let digest = self
-                .read_back(name, &out, size)?
-                .ok_or_else(|| src.changed())?;
-            return self.finish(file, &input, out, &digest, mode, owner);
-        }
         let digest = if file.rewrites(shebang) {
             let content = file.read_rewritten(&input, shebang, size)?;
             out.write_all_at(&content, 0)
@@ -378,29 +362,37 @@ impl<'a> Copier<'a> {
             if file.meta.st_size as u64 != size {
                 return Err(src.changed());
             }
+            // A big file goes past the page cache ([`Self::file_direct`]),
+            // unless a clone, where the filesystem has them, copies nothing.
+            let big = size >= DIRECT_MIN && !self.kernel.no_direct;
+            let cloned = big
+                && clone_whole(&input, &out, size, &mut self.kernel)
+                    .map_err(|e| self.copy_error(file, e))?;
+            if big && !cloned {
+                return self.file_direct(file, &input, out, size, mode, owner);
+            }
             let (counters, ahead, at) = (self.counters, self.ahead, self.at);
             let done = std::cell::Cell::new(0u64);
-            let copied = copy_file(
-                &input,
-                &out,
-                size,
-                &mut self.kernel,
-                &mut self.buf,
-                &|n| {
-                    counters.bytes.fetch_add(n, Ordering::Relaxed);
-                    done.set(done.get() + n);
-                    ahead.reader_at(at + done.get());
-                },
-                self.stop,
-            );
-            let (how, hashed) = copied.map_err(|e| match e {
-                CopyError::Changed => src.changed(),
-                CopyError::Stopped => Self::stopped(),
-                CopyError::Read(e) => {
-                    err!("Failed to read {}: {}", src.abs.display(), io_cause(&e))
-                }
-                CopyError::Write(e) => self.error(name, e),
-            })?;
+            let progress = |n| {
+                counters.bytes.fetch_add(n, Ordering::Relaxed);
+                done.set(done.get() + n);
+                ahead.reader_at(at + done.get());
+            };
+            let (how, hashed) = if cloned {
+                progress(size);
+                (How::Reflink, None)
+            } else {
+                copy_file(
+                    &input,
+                    &out,
+                    size,
+                    &mut self.kernel,
+                    &mut self.buf,
+                    &progress,
+                    self.stop,
+                )
+                .map_err(|e| self.copy_error(file, e))?
+            };
             match how {
                 How::Reflink => self.out.copies.reflink += 1,
                 How::CopyRange => self.out.copies.copy_range += 1,
@@ -454,32 +446,19 @@ impl<'a> Copier<'a> {
             .map_err(|_| err!("the fsync threads stopped"))
     }
 
-    /// Clone `input` into the empty `out` where the filesystem has
-    /// reflinks; false where it has none (not asked again).
-    fn reflinked(
-        &mut self,
-        file: &FileToSend<'_>,
-        input: &File,
-        out: &File,
-        size: u64,
-    ) -> Result<bool> {
-        let name = file.name;
-        match rustix::fs::ioctl_ficlone(out, input) {
-            Ok(()) => {
-                let len = rustix::fs::fstat(out)
-                    .map_err(|e| self.error(name, e.into()))?
-                    .st_size as u64;
-                // The clone is of the whole file: as long as the plan says.
-                if len != size {
-                    return Err(file.src.changed());
-                }
-                Ok(true)
+    /// The error for a copy of `file` that stopped.
+    fn copy_error(&self, file: &FileToSend<'_>, e: CopyError) -> Error {
+        match e {
+            CopyError::Changed => file.src.changed(),
+            CopyError::Stopped => Self::stopped(),
+            CopyError::Read(e) => {
+                err!(
+                    "Failed to read {}: {}",
+                    file.src.abs.display(),
+                    io_cause(&e)
+                )
             }
-            Err(e) if refused(&e.into()) => {
-                self.kernel.no_reflink = true;
-                Ok(false)
-            }
-            Err(e) => Err(self.error(name, e.into())),
+            CopyError::Write(e) => self.error(file.name, e),
         }
     }
 
@@ -612,22 +591,9 @@ fn copy_file(
     progress: &dyn Fn(u64),
     stop: &dyn Fn() -> bool,
 ) -> std::result::Result<(How, Option<String>), CopyError> {
-    if !kernel.no_reflink && size > 0 {
-        match rustix::fs::ioctl_ficlone(dst, src) {
-            Ok(()) => {
-                // The clone is of the whole file: as long as the plan says.
-                let len = rustix::fs::fstat(dst)
-                    .map_err(|e| CopyError::Write(e.into()))?
-                    .st_size as u64;
-                if len != size {
-                    return Err(CopyError::Changed);
-                }
-                progress(size);
-                return Ok((How::Reflink, None));
-            }
-            Err(e) if refused(&e.into()) => kernel.no_reflink = true,
-            Err(e) => return Err(CopyError::Write(e.into())),
-        }
+    if clone_whole(src, dst, size, kernel)? {
+        progress(size);
+        return Ok((How::Reflink, None));
     }
     let mut from = 0;
     if !kernel.no_copy_range {
@@ -650,6 +616,37 @@ fn copy_file(
         Some(h) => Ok((How::ReadWrite, Some(content_hex(&h)))),
         // Part was copied by the kernel before it refused: read it all back.
         None => Ok((How::CopyRange, None)),
+    }
+}
+
+/// Clone all of `src` into the empty `dst` (`FICLONE`: shared extents, no
+/// bytes copied) where the filesystem has reflinks. False where it has none
+/// (`kernel` learns not to ask again) or when there is nothing to clone.
+fn clone_whole(
+    src: &File,
+    dst: &File,
+    size: u64,
+    kernel: &mut Kernel,
+) -> std::result::Result<bool, CopyError> {
+    if kernel.no_reflink || size == 0 {
+        return Ok(false);
+    }
+    match rustix::fs::ioctl_ficlone(dst, src) {
+        Ok(()) => {
+            // The clone is of the whole file: as long as the plan says.
+            let len = rustix::fs::fstat(dst)
+                .map_err(|e| CopyError::Write(e.into()))?
+                .st_size as u64;
+            if len != size {
+                return Err(CopyError::Changed);
+            }
+            Ok(true)
+        }
+        Err(e) if refused(&e.into()) => {
+            kernel.no_reflink = true;
+            Ok(false)
+        }
+        Err(e) => Err(CopyError::Write(e.into())),
     }
 }
 
