@@ -255,7 +255,7 @@ impl Tuner {
             && self.at > 0
             && self.since_trial >= self.wait_down[self.at - 1]
         {
-            self.at.checked_sub(1)
+            Some(self.at - 1)
         } else {
             None
         };
@@ -291,8 +291,9 @@ impl Tuner {
             };
             *wait = (*wait * 2).min(MAX_WAIT);
         } else {
-            // Moved: try again soon the way it went (the next level may pay
-            // too), not soon back (that is the comparison just made).
+            // Moved: this pair's trial this way paid, so after a move back
+            // the next one comes soon; a trial back is the comparison just
+            // made, so it waits longer. The waits of other pairs stay.
             let (this_way, back) = if up {
                 (&mut self.wait_up, &mut self.wait_down)
             } else {
