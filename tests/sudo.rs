@@ -131,7 +131,12 @@ fn sudo_runs_the_agent_as_root_and_a_user_without_it_is_told_what_to_do() {
     assert!(err.contains("sudo = true"), "{err}");
     assert_same(&before, &snapshot(&venv), "after the refused runs");
 
-    // The user with sudo: plan, apply and rollback as root.
+    // The user with sudo: plan, apply and rollback as root. The venvs were
+    // copied just now: past the hash cache's racy window (3 s) the plan
+    // caches the target's hashes, which shows where the root agent keeps
+    // its caches (below). On a fast machine with the agent uploaded by an
+    // earlier run, the plan came within the window and cached nothing.
+    std::thread::sleep(std::time::Duration::from_secs(4));
     let plan = tb.work.join("sudo.json");
     ok(
         tb.overlay(&["plan", "src", "dst", "-o", plan.to_str().unwrap()])
