@@ -201,11 +201,15 @@ fn stream_shared(
     for f in sends.iter().flatten() {
         match at.get(f.path.as_str()) {
             Some(&u) => {
+                // A file one target's plan did not hash goes unhashed (the
+                // source then hashes it and checks its stamp): that target
+                // needs the source's hash, and the targets whose plans
+                // hashed it check their own hash anyway.
                 if let (
-                    Kind::File { blake3: None, .. },
                     Kind::File {
                         blake3: Some(_), ..
                     },
+                    Kind::File { blake3: None, .. },
                 ) = (&union[u].kind, &f.kind)
                 {
                     union[u].kind = f.kind.clone();

@@ -423,7 +423,7 @@ impl<'a> Copier<'a> {
         let name = file.name;
         let digest = digest.to_string();
         // What was staged is the plan's, or the source did not move meanwhile.
-        file.check_read(input, &digest)?;
+        file.check_read(input, Some(&digest))?;
         if let Some((uid, gid)) = owner {
             let _ = std::os::unix::fs::fchown(&out, Some(uid), Some(gid));
         }
@@ -516,7 +516,7 @@ impl<'a> Copier<'a> {
             self.ahead.reader_at(self.at + at);
             let last = if at == size {
                 let digest = content_hex(&hasher);
-                file.check_read(input, &digest)?;
+                file.check_read(input, Some(&digest))?;
                 self.out.hashes.push(SourceHash {
                     index,
                     blake3: digest.clone(),

@@ -3,9 +3,11 @@
 //! ([`BLOCK`](crate::model::BLOCK)) and packed one by one — zstd, or stored
 //! as is — behind a packing tag byte ([`TAG_STORED`], [`TAG_ZSTD`]). The
 //! target decodes the blocks and unpacks the stream into the generation's
-//! staging folder. Both ends hash while they stream, so a file that changed
+//! staging folder. The target hashes every file while it streams and
+//! refuses one that is not what the plan hashed, so a file that changed
 //! since the plan, or was damaged on the way, is caught without a second
-//! pass.
+//! pass; the source hashes only the files the plan did not (their hashes
+//! go to the target with the end of the stream).
 //!
 //! Tar entries are named by their index in the generation's change list, and
 //! the target writes each to `staging/<index>`: a name in the stream never

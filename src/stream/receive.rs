@@ -9,10 +9,11 @@
 //! created, and reading stops at that size. A symlink's target is its
 //! entry's data and must equal the plan's. A regular file is hashed as it
 //! arrives; one whose blake3 differs from the plan's fails the stage before
-//! its last chunk is written. Zero blocks end a sender's tar stream, not
-//! the stage: the streams of several sources (sets with `from`) may follow
-//! one another, and only the end of the input ends the stage, with every
-//! entry of the plan there exactly once. Every staged file is created through a
+//! its last chunk is written (kind Drift: the source sends such a file
+//! unhashed, so a change since the plan is caught here). Zero blocks end a
+//! sender's tar stream, not the stage: the streams of several sources (sets
+//! with `from`) may follow one another, and only the end of the input ends
+//! the stage, with every entry of the plan there exactly once. Every staged file is created through a
 //! [`Beneath`] of the staging directory (`O_CREAT|O_EXCL|O_NOFOLLOW`);
 //! `write` does the rest (chunks, owners, modes, fsync).
 
@@ -445,10 +446,13 @@ impl<'a> Stager<'a> {
         }
         let digest = content_hex(&hasher);
         if f.blake3.is_some_and(|want| want != digest) {
+            // The source does not hash what the plan hashed (it trusts
+            // this check): most likely the file changed since the plan;
+            // SSH's MAC leaves damage on the way the unlikely cause.
             return Err(err!(
-                kind = Protocol,
-                hint = "run `overlay apply` again; if it repeats, check the source file and the network",
-                "{} arrived damaged (blake3 {digest}, {size} bytes; the plan says {})",
+                kind = Drift,
+                hint = "run `overlay plan` again, then apply the new plan; if it repeats with the source unchanged, check the source disk and the network",
+                "{} changed since the plan (or was damaged on the way): it arrived with blake3 {digest}, {size} bytes; the plan says {}; nothing was applied",
                 c.path,
                 f.blake3.unwrap_or_default()
             ));
@@ -634,6 +638,29 @@ mod tests {
         twice.extend_from_slice(&stream);
         let e = intake.run(&twice).unwrap_err();
         assert!(e.message.contains("appears twice"), "{}", e.message);
+    }
+
+    /// The source sends a file the plan hashed without hashing it: one
+    /// that arrives other than the plan hashed it is refused here, as a
+    /// change since the plan; the same bytes as planned stage.
+    #[test]
+    fn a_file_other_than_the_plan_hashed_is_refused_as_a_change_since_the_plan() {
+        use crate::inventory::{ContentHasher, content_hex};
+        let want = content_hex(ContentHasher::new().update(b"0123456789"));
+        let intake = Intake::with_hash(&std::env::temp_dir(), &want);
+        let mut stream = intake.valid_stream();
+        assert_eq!(intake.run(&stream).unwrap().files, 4);
+        let intake = Intake::with_hash(&std::env::temp_dir(), &want);
+        // Entry 0's data ("0123456789") follows its header.
+        stream[512 + 9] ^= 1;
+        let e = intake.run(&stream).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::Drift, "{}", e.message);
+        assert!(
+            e.message.contains("new.py changed since the plan"),
+            "{}",
+            e.message
+        );
+        assert!(e.hint.is_some_and(|h| h.contains("overlay plan")));
     }
 
     #[test]

@@ -108,8 +108,13 @@ impl Write for BlockCutter<'_> {
 
 impl BlockCutter<'_> {
     /// Read from `file` straight into the block being cut, hashing what
-    /// arrives. Returns the bytes read: 0 at the end of the file.
-    fn read_from(&mut self, file: &File, hasher: &mut ContentHasher) -> std::io::Result<usize> {
+    /// arrives (with a `hasher`). Returns the bytes read: 0 at the end of
+    /// the file.
+    fn read_from(
+        &mut self,
+        file: &File,
+        hasher: Option<&mut ContentHasher>,
+    ) -> std::io::Result<usize> {
         // A full block was emitted by whoever filled it (here or `write`);
         // the block's capacity is exactly BLOCK, so a read never overfills.
         debug_assert!(self.buf.len() < BLOCK && self.buf.capacity() == BLOCK);
@@ -121,7 +126,9 @@ impl BlockCutter<'_> {
                 Err(e) => return Err(e.into()),
             }
         };
-        hasher.update(&self.buf[start..]);
+        if let Some(h) = hasher {
+            h.update(&self.buf[start..]);
+        }
         self.partial += n as u64;
         if let Some(a) = self.ahead {
             a.reader_at(self.finished.bytes + self.partial);
@@ -518,11 +525,12 @@ fn read_files(
                     meta: &meta,
                     name: &name,
                 };
-                let blake3 = file.append(&mut tar, &mut walker, h, shebang)?;
-                hashes.push(SourceHash {
-                    index: f.index,
-                    blake3,
-                });
+                if let Some(blake3) = file.append(&mut tar, &mut walker, h, shebang)? {
+                    hashes.push(SourceHash {
+                        index: f.index,
+                        blake3,
+                    });
+                }
                 raw += size;
             }
             other => {
@@ -634,14 +642,15 @@ impl FileToSend<'_> {
             && shebang.is_some()
     }
 
-    /// After the file was read: what was read (`digest`) is the plan's
-    /// hash, or unhashed in the plan, its stamp did not move meanwhile.
-    pub(super) fn check_read(&self, file: &File, digest: &str) -> Result<()> {
+    /// After the file was read: what was read (`digest`, when it was
+    /// hashed) is the plan's hash, or unhashed in the plan, its stamp did
+    /// not move meanwhile.
+    pub(super) fn check_read(&self, file: &File, digest: Option<&str>) -> Result<()> {
         let Kind::File { blake3, stamp, .. } = self.kind else {
             unreachable!("called for regular files only");
         };
         match blake3 {
-            Some(want) if *want != digest => Err(self.src.changed()),
+            Some(want) if digest.is_some_and(|d| d != want) => Err(self.src.changed()),
             // Read while something wrote to it: the stamp moved.
             None if rustix::fs::fstat(file).map(|m| stamp_of(&m)).ok() != *stamp => {
                 Err(self.src.changed())
@@ -673,15 +682,23 @@ impl FileToSend<'_> {
     }
 
     /// Check the file against the plan, append it to the stream, and
-    /// return its blake3 as read.
+    /// return its blake3 as read: for a file the plan did not hash (its
+    /// stamp vouched for it), and for a rewritten script. A file the plan
+    /// hashed is not hashed here: the target hashes every file it writes
+    /// and refuses one that is not the plan's (as a change since the plan,
+    /// exit Drift), which is the check that counts, and hashing it here
+    /// too cost a twentieth of the machine's CPU on a fast link.
     fn append(
         &self,
         tar: &mut tar::Builder<BlockCutter<'_>>,
         walker: &mut Walker<'_>,
         mut h: tar::Header,
         shebang: Option<&ShebangRewrite>,
-    ) -> Result<String> {
-        let Kind::File { size, mode, .. } = self.kind else {
+    ) -> Result<Option<String>> {
+        let Kind::File {
+            size, mode, blake3, ..
+        } = self.kind
+        else {
             unreachable!("called for regular files only");
         };
         let file = self.open_checked(walker)?;
@@ -689,14 +706,16 @@ impl FileToSend<'_> {
         h.set_mode(*mode);
         h.set_size(*size);
         let digest = if self.rewrites(shebang) {
-            self.append_rewritten(tar, &file, h, shebang, *size)?
+            Some(self.append_rewritten(tar, &file, h, shebang, *size)?)
         } else {
             if self.meta.st_size as u64 != *size {
                 return Err(self.src.changed());
             }
-            self.append_read_through(tar.get_mut(), &file, h, *size)?
+            let mut hasher = blake3.is_none().then(ContentHasher::new);
+            self.append_read_through(tar.get_mut(), &file, h, *size, hasher.as_mut())?;
+            hasher.map(|h| content_hex(&h))
         };
-        self.check_read(&file, &digest)?;
+        self.check_read(&file, digest.as_deref())?;
         Ok(digest)
     }
 
@@ -716,24 +735,26 @@ impl FileToSend<'_> {
         Ok(content_hex(ContentHasher::new().update(&content)))
     }
 
-    /// Any other file: read straight into the stream's block and hashed
-    /// there, with no copy through tar's 8 KiB buffer.
+    /// Any other file: read straight into the stream's block (and hashed
+    /// there, with a `hasher`), with no copy through tar's 8 KiB buffer.
     fn append_read_through(
         &self,
         cutter: &mut BlockCutter<'_>,
         file: &File,
         mut h: tar::Header,
         size: u64,
-    ) -> Result<String> {
+        mut hasher: Option<&mut ContentHasher>,
+    ) -> Result<()> {
         let src = self.src;
         let failed = |e: std::io::Error| src.stream_error(io_cause(&e));
         h.set_path(self.name).map_err(failed)?;
         h.set_cksum();
         cutter.write_all(h.as_bytes()).map_err(failed)?;
-        let mut hasher = ContentHasher::new();
         let mut left = size;
         while left > 0 {
-            let n = cutter.read_from(file, &mut hasher).map_err(failed)?;
+            let n = cutter
+                .read_from(file, hasher.as_deref_mut())
+                .map_err(failed)?;
             if n == 0 || n as u64 > left {
                 // Shorter or longer than the plan said.
                 return Err(src.changed());
@@ -742,7 +763,7 @@ impl FileToSend<'_> {
         }
         let pad = (512 - (size % 512) as usize) % 512;
         cutter.write_all(&[0u8; 512][..pad]).map_err(failed)?;
-        Ok(content_hex(&hasher))
+        Ok(())
     }
 }
 
@@ -957,16 +978,44 @@ mod tests {
             &Counters::default(),
         )
         .unwrap();
-        let order: Vec<usize> = sent.hashes.iter().map(|h| h.index).collect();
-        assert_eq!(order, [0, 1, 2]);
-        // The big file changed in its last byte: same size, other hash.
+        // The plan hashed every file: the source leaves the hashing to
+        // the target, which checks each against the plan.
+        assert!(sent.hashes.is_empty(), "{:?}", sent.hashes);
+        // The plan did not hash the big file (its stamp vouched for it):
+        // the source hashes it, and only it.
         let site = dir.path().join("lib/python3.11/site-packages");
+        let stat = |p: &Path| rustix::fs::lstat(p).unwrap();
+        let mut unhashed = files.clone();
+        unhashed[1].kind = Kind::File {
+            size: big.len() as u64,
+            mode: 0o644,
+            blake3: None,
+            stamp: Some(stamp_of(&stat(&site.join("big.bin")))),
+        };
+        let sent = send(
+            root,
+            &unhashed,
+            None,
+            Compression::None,
+            &mut Recorder::default(),
+            &Counters::default(),
+        )
+        .unwrap();
+        let hashed: Vec<(usize, &str)> = sent
+            .hashes
+            .iter()
+            .map(|h| (h.index, h.blake3.as_str()))
+            .collect();
+        let want = content_hex(ContentHasher::new().update(&big));
+        assert_eq!(hashed, [(1, want.as_str())]);
+        // The big file changed in its last byte: same size, other hash.
+        // Unhashed in the plan, its stamp moved: the source stops.
         let mut changed = big.clone();
         *changed.last_mut().unwrap() ^= 1;
         std::fs::write(site.join("big.bin"), &changed).unwrap();
         let e = send(
             root,
-            &files,
+            &unhashed,
             None,
             Compression::None,
             &mut Recorder::default(),
@@ -975,6 +1024,7 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("big.bin"), "{e}");
         assert!(e.to_string().contains("changed since the plan"), "{e}");
+        assert_eq!(e.kind, crate::error::ErrorKind::Drift);
         // A parent swapped for a symlink to a look-alike outside the venv.
         std::fs::write(site.join("big.bin"), &big).unwrap();
         let outside = tempfile::tempdir().unwrap();

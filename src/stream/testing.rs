@@ -46,6 +46,16 @@ pub const LONG_TARGET_LEN: usize = 300;
 
 impl Intake {
     pub fn new(base: &Path, same_owner: bool) -> Intake {
+        Self::planned(base, same_owner, None)
+    }
+
+    /// As [`Intake::new`], with `new.py` (change 0, 10 bytes) hashed in
+    /// the plan as `blake3`.
+    pub fn with_hash(base: &Path, blake3: &str) -> Intake {
+        Self::planned(base, false, Some(blake3.to_string()))
+    }
+
+    fn planned(base: &Path, same_owner: bool, new_py: Option<String>) -> Intake {
         let dir = tempfile::tempdir_in(base).expect("tempdir");
         let site = dir.path().join("lib/python3.11/site-packages");
         fs::create_dir_all(site.join("pkg")).expect("venv");
@@ -75,7 +85,7 @@ impl Intake {
                     Kind::File {
                         size: 10,
                         mode: 0o4755,
-                        blake3: None,
+                        blake3: new_py,
                         stamp: None,
                     },
                 ),
