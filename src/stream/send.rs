@@ -985,6 +985,16 @@ mod tests {
         // the source hashes it, and only it.
         let site = dir.path().join("lib/python3.11/site-packages");
         let stat = |p: &Path| rustix::fs::lstat(p).unwrap();
+        let send_all = |files: &[SendFile]| {
+            send(
+                root,
+                files,
+                None,
+                Compression::None,
+                &mut Recorder::default(),
+                &Counters::default(),
+            )
+        };
         let mut unhashed = files.clone();
         unhashed[1].kind = Kind::File {
             size: big.len() as u64,
@@ -992,15 +1002,7 @@ mod tests {
             blake3: None,
             stamp: Some(stamp_of(&stat(&site.join("big.bin")))),
         };
-        let sent = send(
-            root,
-            &unhashed,
-            None,
-            Compression::None,
-            &mut Recorder::default(),
-            &Counters::default(),
-        )
-        .unwrap();
+        let sent = send_all(&unhashed).unwrap();
         let hashed: Vec<(usize, &str)> = sent
             .hashes
             .iter()
@@ -1013,15 +1015,7 @@ mod tests {
         let mut changed = big.clone();
         *changed.last_mut().unwrap() ^= 1;
         std::fs::write(site.join("big.bin"), &changed).unwrap();
-        let e = send(
-            root,
-            &unhashed,
-            None,
-            Compression::None,
-            &mut Recorder::default(),
-            &Counters::default(),
-        )
-        .unwrap_err();
+        let e = send_all(&unhashed).unwrap_err();
         assert!(e.to_string().contains("big.bin"), "{e}");
         assert!(e.to_string().contains("changed since the plan"), "{e}");
         assert_eq!(e.kind, crate::error::ErrorKind::Drift);
