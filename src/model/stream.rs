@@ -106,7 +106,8 @@ pub struct Written {
     pub stamp: super::FileStamp,
 }
 
-/// The blake3 the source computed of a file while sending it.
+/// The blake3 the source computed of a file while sending it (a file the
+/// plan did not hash, or a rewritten script).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceHash {
     /// The file's index in the generation's change list.

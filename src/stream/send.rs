@@ -1,9 +1,11 @@
-//! The source's side of the stream: read, check and hash the files the
-//! plan sends into one tar stream ([`read_files`]), cut it into blocks
-//! ([`BlockCutter`]), pack the blocks on every core ([`packer`]: zstd at the
-//! level of the moment, or stored when that is not smaller), and hand them
-//! to the [`BlockSink`] in order ([`write_blocks`], which also feeds the
-//! level tuner each block's cost: how long handing it over blocked).
+//! The source's side of the stream: read and check the files the plan
+//! sends (hashing those the plan did not hash: the target checks the
+//! others against the plan) into one tar stream ([`read_files`]), cut it
+//! into blocks ([`BlockCutter`]), pack the blocks on every core
+//! ([`packer`]: zstd at the level of the moment, or stored when that is not
+//! smaller), and hand them to the [`BlockSink`] in order ([`write_blocks`],
+//! which also feeds the level tuner each block's cost: how long handing it
+//! over blocked).
 //! [`send`] runs the three on their own threads.
 //!
 //! Progress is counted at the block level: each block carries how far the
@@ -282,7 +284,8 @@ fn progress(counters: &Counters) -> Progress {
 
 /// Source side: read the files into a tar stream and hand its packed
 /// blocks to `sink`, in order. Returns the bytes of files and of blocks,
-/// the blake3 of each regular file, and with `Auto` the tuner's windows.
+/// the blake3 of each regular file the plan did not hash (and of each
+/// rewritten script), and with `Auto` the tuner's windows.
 pub fn send(
     venv_root: &str,
     files: &[SendFile],
@@ -480,9 +483,10 @@ pub(super) fn read_ahead(
     }
 }
 
-/// Read, check and hash the files into the tar stream. Every file is
-/// reached from the venv root's fd without following a symlink in its
-/// parent chain ([`Walker`]), so nothing outside the venv is ever read.
+/// Read and check the files into the tar stream, hashing those the plan
+/// did not hash ([`FileToSend::append`]). Every file is reached from the
+/// venv root's fd without following a symlink in its parent chain
+/// ([`Walker`]), so nothing outside the venv is ever read.
 fn read_files(
     venv: &Venv,
     files: &[SendFile],
