@@ -13,9 +13,10 @@
 //! unhashed, so a change since the plan is caught here). Zero blocks end a
 //! sender's tar stream, not the stage: the streams of several sources (sets
 //! with `from`) may follow one another, and only the end of the input ends
-//! the stage, with every entry of the plan there exactly once. Every staged file is created through a
-//! [`Beneath`] of the staging directory (`O_CREAT|O_EXCL|O_NOFOLLOW`);
-//! `write` does the rest (chunks, owners, modes, fsync).
+//! the stage, with every entry of the plan there exactly once. Every staged
+//! file is created through a [`Beneath`] of the staging directory
+//! (`O_CREAT|O_EXCL|O_NOFOLLOW`); `write` does the rest (chunks, owners,
+//! modes, fsync).
 
 use std::fs::{self, File};
 use std::io::Read;

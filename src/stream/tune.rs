@@ -560,9 +560,9 @@ mod tests {
         // 1 Gbit/s and real wheels (as on the benchmark's real stack):
         // files that compress (2.5x at 1, where the packers are the limit
         // and the writer starves; 2.8x at 3 and 2.9x at 6, slower still)
-        // among files no
-        // level compresses (the link is the limit at every level); each
-        // window's rate also swings +-30% with what it holds. zstd 1 pays.
+        // among files no level compresses (the link is the limit at every
+        // level); each window's rate also swings +-30% with what it holds.
+        // zstd 1 pays.
         // The starving writer keeps starting trials of stored and the
         // swings win some trials of 3; a trial between 1 and 3 must not
         // bring back trials of stored at once.
