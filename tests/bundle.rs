@@ -282,7 +282,7 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
                 .unwrap()
                 .status
                 .success(),
-            "{tool} is not installed (.ci/run installs it: apt-get install pdsh jq)"
+            "{tool} is not installed: run scripts/setup (it installs pdsh and jq)"
         );
     }
     let tb = Testbed::new(3);
@@ -419,7 +419,7 @@ fn an_ansible_play_applies_in_batches_and_stops_at_a_failure() {
             .unwrap()
             .status
             .success(),
-        "ansible-playbook is not installed (.ci/run installs ansible-core)"
+        "ansible-playbook is not installed: run scripts/setup (it installs ansible-core)"
     );
     let tb = Testbed::new(3);
     tb.write_manifest(SETS);

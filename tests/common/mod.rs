@@ -336,7 +336,7 @@ impl Testbed {
             for tool in ["/usr/sbin/sshd", "/usr/bin/unshare"] {
                 assert!(
                     Path::new(tool).exists(),
-                    "SSH test hosts need {tool} (packages openssh-server, util-linux; see .ci/run)"
+                    "SSH test hosts need {tool} (packages openssh-server, util-linux; run scripts/setup)"
                 );
             }
         }

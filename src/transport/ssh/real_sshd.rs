@@ -107,7 +107,7 @@ fn expect_err(r: Result<AgentPipe>) -> Error {
 fn against_real_sshd() {
     assert!(
         Path::new("/usr/sbin/sshd").exists(),
-        "needs /usr/sbin/sshd (openssh-server; .ci/run installs it)"
+        "needs /usr/sbin/sshd (openssh-server; scripts/setup installs it)"
     );
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
