@@ -15,9 +15,11 @@
 //!   payload): `OVLBNDL1`, the BLAKE3 of every byte before it, and their
 //!   count (u64 little-endian).
 //!
-//! Deterministic: sorted order, every header with mtime 0, uid and gid 0,
-//! no user or group names, zstd level 3 on one thread, no timestamp of the
-//! run anywhere; the same staged files and index give the same bytes.
+//! Deterministic: sorted order, uid and gid 0, no user or group names,
+//! zstd level 3 on one thread, no timestamp of the run anywhere; a file's
+//! header carries the source file's mtime (whole seconds: a `.py` must keep
+//! the mtime its packed bytecode records), every other header mtime 0. The
+//! same source files and index give the same bytes.
 //!
 //! Reading trusts nothing: [`Bundle::open`] checks the trailer's length and
 //! hash over the whole file before it parses anything (a truncated or
@@ -145,12 +147,17 @@ pub fn write(stage: &Path, index: &BundleIndex, out: &Path) -> Result<Packed> {
                             io_cause(&err)
                         ))
                     })?;
+                    let mtime = f
+                        .metadata()
+                        .map(|m| std::os::unix::fs::MetadataExt::mtime(&m).max(0) as u64)
+                        .unwrap_or(0);
                     let mut reader = Checked {
                         inner: f.take(*size),
                         hasher: blake3::Hasher::new(),
                         count: 0,
                     };
                     let mut h = header(tar::EntryType::Regular, *mode, *size);
+                    h.set_mtime(mtime);
                     tar.append_data(&mut h, &name, &mut reader).map_err(io)?;
                     if reader.count != *size || reader.hasher.finalize().to_hex().as_str() != blake3
                     {
@@ -346,6 +353,7 @@ impl Bundle {
             }
             let ty = entry.header().entry_type();
             let size = entry.header().size().map_err(|e| self.bad(&e))?;
+            let mtime = entry.header().mtime().ok();
             if let Some((parent, _)) = e.path.rsplit_once('/') {
                 out.create_dir_all(parent, 0o755)
                     .map_err(|err| wr(parent, err))?;
@@ -405,6 +413,12 @@ impl Bundle {
                     // No setuid or setgid from a bundle (as from a stream).
                     f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))
                         .map_err(|err| wr(&e.path, err))?;
+                    // The source's mtime, which the local route carries on.
+                    if let Some(secs) = mtime.filter(|&s| s > 0) {
+                        let _ = f.set_modified(
+                            std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs),
+                        );
+                    }
                     if reader.count != size || reader.hasher.finalize().to_hex().as_str() != blake3
                     {
                         return Err(self.bad(&format!(

@@ -307,6 +307,12 @@ pub struct ApplyArgs {
     #[arg(long, requires = "verify", conflicts_with = "no_backup")]
     pub rollback_on_failure: bool,
 
+    /// Place no bytecode (as `pip install --no-compile`): the source's
+    /// `__pycache__` files of the `.py` files the plan carries stay behind,
+    /// and the target's old ones of those files are deleted as stale.
+    #[arg(long)]
+    pub no_compile: bool,
+
     /// A plan of several targets: how many to apply at once, sharing one
     /// read of the source (Ansible's default of 5 forks).
     #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]

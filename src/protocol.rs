@@ -629,6 +629,7 @@ mod tests {
                     resume: false,
                     same_owner: false,
                     versions: Vec::new(),
+                    shebang: None,
                 }));
                 let mut m = rmp_serde::to_vec_named(&req).unwrap();
                 for (at, b) in flips {

@@ -242,6 +242,7 @@ mod tests {
             resume: false,
             same_owner: false,
             versions: Vec::new(),
+            shebang: None,
         }
     }
 

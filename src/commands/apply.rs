@@ -75,6 +75,8 @@ fn options(global: &GlobalArgs, args: &ApplyArgs) -> ApplyOptions {
         compression: args.compress,
         verify: args.verify,
         rollback_on_failure: args.rollback_on_failure,
+        compile: !args.no_compile,
+        records: true,
     }
 }
 

@@ -69,6 +69,9 @@ pub struct Meta {
     /// writes below it). After the switch each is a directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub asides: Vec<usize>,
+    /// See [`crate::model::PrepareRequest::shebang`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shebang: Option<crate::model::ShebangRewrite>,
 }
 
 /// The content hash this version writes and checks.

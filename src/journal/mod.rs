@@ -51,6 +51,8 @@
 //!   since, checked before a rollback, and one dist-info per distribution
 //!   after a forced one.
 //! - `space.rs`: free space and disk usage.
+//! - `records.rs`: the staged RECORD rows of scripts whose shebang the
+//!   source rewrote, made to describe the scripts placed (as pip's do).
 //!
 //! This file holds [`State`] and the small helpers every step shares.
 
@@ -58,6 +60,7 @@ pub mod durable;
 mod format;
 mod guard;
 mod prepare;
+mod records;
 mod rollback;
 mod space;
 mod state;

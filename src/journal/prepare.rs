@@ -221,6 +221,7 @@ fn new_meta(req: &PrepareRequest, id: &str, created: u64, list: ChangeList) -> M
             })
             .collect(),
         asides: list.asides,
+        shebang: req.shebang.clone(),
     }
 }
 

@@ -142,6 +142,7 @@ pub(super) fn request(fx: &Fx, changes: Vec<GenChange>) -> PrepareRequest {
         resume: false,
         same_owner: false,
         versions: Vec::new(),
+        shebang: None,
     }
 }
 

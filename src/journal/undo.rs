@@ -29,14 +29,10 @@ impl State {
     /// Remove bytecode compiled from the generation's new `.py` files since
     /// the switch: it would be stale once the old ones are back (same size
     /// and mtime is possible); the backup brings back the old bytecode.
+    /// Bytecode the generation itself placed, replaced or deleted (carried
+    /// with its `.py`, or stale) is the journal's to undo, not removed here.
     fn remove_new_bytecode(&self, g: &Generation) {
-        let journalled: BTreeSet<&str> = g
-            .rels
-            .iter()
-            .zip(&g.meta.changes)
-            .filter(|(_, c)| c.bytecode)
-            .map(|(r, _)| r.as_str())
-            .collect();
+        let journalled: BTreeSet<&str> = g.rels.iter().map(|r| r.as_str()).collect();
         for (c, rel) in g.meta.changes.iter().zip(&g.rels) {
             if c.bytecode || !rel.ends_with(".py") {
                 continue;

@@ -96,6 +96,11 @@ pub struct PrepareRequest {
     /// recorded with the generation for `history`.
     #[serde(default)]
     pub versions: Vec<Transition>,
+    /// The source rewrote its scripts' shebangs from its venv to this one:
+    /// the target rewrites those scripts' RECORD rows to match
+    /// (`journal::records`), as pip records the script it wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shebang: Option<super::ShebangRewrite>,
 }
 
 /// What `overlay history` shows for a generation.

@@ -78,6 +78,13 @@ pub struct ApplyOptions {
     pub verify: bool,
     /// Roll back when that check fails.
     pub rollback_on_failure: bool,
+    /// Place the bytecode the plan carries with its `.py` files (off with
+    /// `--no-compile`).
+    pub compile: bool,
+    /// The target rewrites the RECORD rows of the scripts whose shebang the
+    /// source rewrote, as pip records the script it wrote (off only for
+    /// `pack`'s staging apply, which puts the scripts back).
+    pub records: bool,
 }
 
 /// What an apply did.
@@ -210,7 +217,10 @@ pub(super) struct Ready {
 /// Everything before the stream: load and check the plan, connect the
 /// target, choose the route, read the check, and open the generation.
 pub(super) fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
-    let plan = load_plan(&opts.plan)?;
+    let mut plan = load_plan(&opts.plan)?;
+    if !opts.compile {
+        plan.without_carried_bytecode();
+    }
     same_manifest(&plan, opts)?;
     if !opts.resume {
         super::bundle_source::check_cache(&plan, &opts.plan)?;
@@ -630,6 +640,10 @@ fn prepare(
         resume: false,
         same_owner: opts.same_owner,
         versions: versions(plan),
+        shebang: opts.records.then(|| ShebangRewrite {
+            from: plan.source.venv.clone(),
+            to: plan.target.venv.clone(),
+        }),
     };
     let prepared = dst.prepare(req);
     prepared.map_err(|e| fate(e, dst.lost(), Phase::Prepare, tname, ""))

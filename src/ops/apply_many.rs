@@ -194,7 +194,13 @@ fn run_batch(
     let loaded: Vec<(usize, Plan)> = plans
         .iter()
         .enumerate()
-        .filter_map(|(i, (_, file))| Some((i, load_plan(file).ok()?)))
+        .filter_map(|(i, (_, file))| {
+            let mut plan = load_plan(file).ok()?;
+            if !base.compile {
+                plan.without_carried_bytecode();
+            }
+            Some((i, plan))
+        })
         .filter(|(i, plan)| !base.resume && fanout::shareable(plan, &opts[*i]))
         .collect();
     let refs: Vec<&Plan> = loaded.iter().map(|(_, p)| p).collect();

@@ -171,6 +171,10 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
                 compression: Compression::Auto,
                 verify: false,
                 rollback_on_failure: false,
+                compile: true,
+                // The scripts are put back as the source has them (below),
+                // so their RECORD rows stay the source's too.
+                records: false,
             },
             obs,
         )?;
@@ -543,6 +547,8 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
             compression: Compression::Auto,
             verify: opts.verify,
             rollback_on_failure: opts.rollback_on_failure,
+            compile: true,
+            records: true,
         },
         obs,
     )

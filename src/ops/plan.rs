@@ -372,9 +372,30 @@ fn hash_phase(
     Ok(())
 }
 
+/// Phase 3: the bytecode that travels with the `.py` files that may
+/// change ([`plan::bytecode_to_stat`]): the source's, and the target's of
+/// the same names, stat'ed (not hashed: a carried file is hashed as it is
+/// sent, and the target checks what it wrote against that).
+pub(super) fn bytecode_phase(
+    (src_side, src): (&StatSide, &mut Client),
+    (dst_side, dst): (&StatSide, &mut Client),
+    src_entries: &mut plan::Entries,
+    dst_entries: &mut plan::Entries,
+) -> Result<()> {
+    let plan::BytecodeToStat { source, target } = plan::bytecode_to_stat(src_entries, dst_entries);
+    let (s, d) = both(
+        || src_side.stat(src, source, HashMode::None, &super::Silent),
+        || dst_side.stat(dst, target, HashMode::None, &super::Silent),
+    );
+    src_entries.extend(index(s?));
+    dst_entries.extend(index(d?));
+    Ok(())
+}
+
 /// The sides' stat requests. What differs between them: the source's
-/// `bin/` scripts are hashed as they would read on the target, and only
-/// the target's bytecode matters.
+/// `bin/` scripts are hashed as they would read on the target, and both
+/// sides list the bytecode beside their `.py` files (the source's travels
+/// with a changed `.py`; the target's is replaced or deleted as stale).
 pub(super) fn stat_sides<'a>(
     src_host: &'a Host,
     dst_host: &'a Host,
@@ -386,7 +407,7 @@ pub(super) fn stat_sides<'a>(
             from: src_host.venv.clone(),
             to: dst_host.venv.clone(),
         }),
-        pycache: false,
+        pycache: true,
     };
     let dst_side = StatSide {
         host: &dst_host.name,
@@ -442,6 +463,13 @@ fn make_plan(
         &clock,
         obs,
     )?;
+    bytecode_phase(
+        (&src_side, &mut src.client),
+        (&dst_side, &mut dst.client),
+        &mut stated.src_entries,
+        &mut stated.dst_entries,
+    )?;
+    clock.mark("bytecode of the .py files that may change");
     let Stated {
         src_members,
         dst_members,

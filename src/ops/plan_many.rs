@@ -34,7 +34,7 @@ use super::plan::{
     Closing, Preflighted, StatSide, both, connect_scan, globs_of, host_info, index, manifest_stamp,
     members_and_order, now, preflight, select_sets, shared_files,
 };
-use super::{Clock, Meter, Observer, Step};
+use super::{Clock, Meter, Observer, Silent, Step};
 
 /// What `overlay plan SRC TARGET...` is asked.
 #[derive(Debug, Clone)]
@@ -188,7 +188,7 @@ fn make_plans(
                 from: src_host.venv.clone(),
                 to: venv.to_string(),
             }),
-            pycache: false,
+            pycache: true,
         };
         let mine: Vec<&mut Target> = targets
             .iter_mut()
@@ -436,6 +436,48 @@ fn plan_for_venv(
     );
     src_entries.extend(index(s?));
     smeter.finish();
+    for (t, e) in targets.iter_mut().zip(d) {
+        t.entries.extend(index(e?));
+    }
+
+    // Phase 3: the bytecode of the `.py` files that may change (see
+    // `plan::bytecode_to_stat`): on the source the union, on each target
+    // its own.
+    let mut src_pyc: BTreeSet<String> = BTreeSet::new();
+    let mut dst_pyc: Vec<Vec<String>> = Vec::with_capacity(targets.len());
+    for t in &targets {
+        let plan::BytecodeToStat { source, target } =
+            plan::bytecode_to_stat(src_entries, &t.entries);
+        src_pyc.extend(source);
+        dst_pyc.push(target);
+    }
+    let (s, d) = both(
+        || src_side.stat(src, src_pyc.into_iter().collect(), HashMode::None, &Silent),
+        || {
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = targets
+                    .iter_mut()
+                    .zip(dst_pyc)
+                    .map(|(t, paths)| {
+                        sc.spawn(move || -> Result<Vec<crate::model::Entry>> {
+                            let side = StatSide {
+                                host: &t.host.name,
+                                venv: &t.host.venv,
+                                shebang: None,
+                                pycache: true,
+                            };
+                            side.stat(&mut t.client, paths, HashMode::None, &Silent)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("worker thread panicked"))
+                    .collect::<Vec<_>>()
+            })
+        },
+    );
+    src_entries.extend(index(s?));
     for (t, e) in targets.iter_mut().zip(d) {
         t.entries.extend(index(e?));
     }

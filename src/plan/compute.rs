@@ -3,8 +3,12 @@
 //! The steps, in order: check the sets' members ([`check_members`]), then
 //! per set ([`Planner::set_plan`]) decide each source path
 //! ([`Planner::source_path`]) and each path only the target set has
-//! ([`Planner::target_only_path`]), collecting the stale bytecode of
-//! changed `.py` files. The per-path rules are in [`super::paths`].
+//! ([`Planner::target_only_path`]). A changed `.py` takes its bytecode
+//! with it: the source's `__pycache__` files of it are carried (added, or
+//! replacing the target's of the same name), the target's others are
+//! deleted as stale ([`Planner::record`]; the controller stats both sides'
+//! bytecode first, [`bytecode_to_stat`]). The per-path rules are in
+//! [`super::paths`].
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -59,6 +63,60 @@ pub fn needs_hash<'a>(
         };
         needed.then_some((p.as_str(), s, d))
     })
+}
+
+/// The bytecode a plan stats after the hash phase, so that [`compute`]
+/// can carry it with the `.py` files that change.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct BytecodeToStat {
+    /// The source's `__pycache__` files of each source `.py` that may
+    /// change (sorted, site-packages-relative).
+    pub source: Vec<String>,
+    /// The target's files of the same names (those a carried file would
+    /// replace).
+    pub target: Vec<String>,
+}
+
+/// What [`BytecodeToStat`] asks of each side, from the stat and hash
+/// phases' entries (stat'ed with their bytecode listed). A `.py` may change
+/// unless both sides have it as a file of the same size, mode and hash.
+pub fn bytecode_to_stat(src: &Entries, dst: &Entries) -> BytecodeToStat {
+    let mut out = BytecodeToStat::default();
+    for (p, s) in src {
+        if !p.ends_with(".py") || s.pyc.is_empty() {
+            continue;
+        }
+        let d = dst.get(p);
+        let may_change = match (&s.kind, d.map(|d| &d.kind)) {
+            (
+                Kind::File {
+                    size: a,
+                    mode: ma,
+                    blake3: ha,
+                    ..
+                },
+                Some(Kind::File {
+                    size: b,
+                    mode: mb,
+                    blake3: hb,
+                    ..
+                }),
+            ) => a != b || ma != mb || ha.is_none() || ha != hb,
+            (Kind::File { .. }, _) => true,
+            _ => false,
+        };
+        if !may_change {
+            continue;
+        }
+        out.source.extend(s.pyc.iter().cloned());
+        if let Some(d) = d {
+            out.target
+                .extend(d.pyc.iter().filter(|t| s.pyc.contains(t)).cloned());
+        }
+    }
+    out.source.sort();
+    out.target.sort();
+    out
 }
 
 /// Decide the plan. `sets` are the manifest's sets to carry out, in order.
@@ -328,7 +386,12 @@ impl<'a, 's> Planner<'a, 's> {
             .collect()
     }
 
-    /// Add a change to the set; a changed `.py` takes its target bytecode with it.
+    /// Add a change to the set. A changed `.py` takes its bytecode with
+    /// it: a `.py` the source provides carries the source's bytecode of it
+    /// (as stat'ed, [`bytecode_to_stat`]: valid on the target, since the
+    /// `.py` keeps its mtime and the interpreters match), adding it or
+    /// replacing the target's file of the same name; the target's other
+    /// bytecode of the `.py` is deleted as stale.
     fn record(
         &self,
         work: &mut SetWork,
@@ -338,10 +401,48 @@ impl<'a, 's> Planner<'a, 's> {
         source: Option<&Kind>,
         target: Option<&Kind>,
     ) {
-        if path.ends_with(".py")
-            && let Some(e) = self.dst.entries.get(path)
-        {
-            work.stale.extend(e.pyc.iter().cloned());
+        if path.ends_with(".py") {
+            let carried: Vec<(&str, &Kind)> = match (source, self.src.entries.get(path)) {
+                (Some(_), Some(e)) => e
+                    .pyc
+                    .iter()
+                    .filter_map(|p| {
+                        let s = &self.src.entries.get(p.as_str())?.kind;
+                        let t = self.dst.entries.get(p.as_str()).map(|e| &e.kind);
+                        let fits = matches!(s, Kind::File { .. })
+                            && matches!(t, None | Some(Kind::File { .. } | Kind::Missing));
+                        fits.then_some((p.as_str(), s))
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if let Some(e) = self.dst.entries.get(path) {
+                work.stale.extend(
+                    e.pyc
+                        .iter()
+                        .filter(|p| !carried.iter().any(|(c, _)| c == p))
+                        .cloned(),
+                );
+            }
+            for (p, s) in carried {
+                let t = self
+                    .dst
+                    .entries
+                    .get(p)
+                    .map(|e| &e.kind)
+                    .filter(|k| k.exists());
+                work.plan.changes.push(Change {
+                    path: p.to_string(),
+                    action: if t.is_some() {
+                        Action::Replace
+                    } else {
+                        Action::Add
+                    },
+                    size: s.size(),
+                    source: Some(without_special_bits(s).unwrap_or_else(|| s.clone())),
+                    target: t.cloned(),
+                });
+            }
         }
         work.plan.changes.push(Change {
             path: path.to_string(),

@@ -36,7 +36,9 @@ mod members;
 mod paths;
 mod versions;
 
-pub use compute::{Computed, Entries, Side, compute, compute_with, needs_hash};
+pub use compute::{
+    BytecodeToStat, Computed, Entries, Side, bytecode_to_stat, compute, compute_with, needs_hash,
+};
 pub use members::{Members, members, members_of, order_check, sorted_difference, stat_order};
 
 /// Version of the saved plan format.
@@ -194,6 +196,26 @@ pub fn check_python(src: &HostInfo, dst: &HostInfo) -> Result<()> {
 }
 
 impl Plan {
+    /// `apply --no-compile` (as `pip install --no-compile`): the bytecode
+    /// the plan carries with its `.py` files stays behind; a target file it
+    /// would have replaced is deleted as stale instead, as before overlay
+    /// carried bytecode.
+    pub fn without_carried_bytecode(&mut self) {
+        for set in &mut self.sets {
+            let mut stale = Vec::new();
+            set.changes.retain(|c| {
+                let carried = c.action != Action::Delete && crate::model::in_pycache(&c.path);
+                if carried && c.action == Action::Replace {
+                    stale.push(c.path.clone());
+                }
+                !carried
+            });
+            set.stale_bytecode.extend(stale);
+            set.stale_bytecode.sort();
+            set.stale_bytecode.dedup();
+        }
+    }
+
     /// Predicted problems the overlay would cause (not those the target has
     /// already, nor those of optional plugins).
     pub fn new_problems(&self) -> usize {

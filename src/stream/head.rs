@@ -23,6 +23,9 @@ pub(super) struct EntryHead {
     pub size: u64,
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// The source file's modification time (whole seconds), which the
+    /// staged file takes: a `.py` keeps the mtime its bytecode records.
+    pub mtime: Option<u64>,
 }
 
 /// The size of a tar header and the unit entries are padded to.
@@ -101,6 +104,7 @@ pub(super) fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
         size,
         uid: id(h.uid()),
         gid: id(h.gid()),
+        mtime: h.mtime().ok(),
     }))
 }
 

@@ -61,7 +61,7 @@ use super::send::{
 };
 use super::write::{
     AlignedBuf, DIRECT_MIN, Finish, Owners, SyncSender, WRITE_BUFFERS, WRITE_CHUNK, WriteJob,
-    direct_io_fs, set_direct, stage_error, staged_durably, write_staged, writer_stopped,
+    direct_io_fs, set_direct, set_mtime, stage_error, staged_durably, write_staged, writer_stopped,
 };
 use crate::beneath::Beneath;
 use crate::err;
@@ -430,6 +430,7 @@ impl<'a> Copier<'a> {
         // Never a setuid, setgid or sticky bit, whatever the plan says.
         out.set_permissions(std::fs::Permissions::from_mode(mode & 0o777))
             .map_err(|e| self.error(name, e))?;
+        set_mtime(&out, file.mtime());
         let stamp = out.metadata().map_err(|e| self.error(name, e))?;
         let index: usize = name.parse().expect("an index");
         self.out.written.push(Written {
@@ -525,6 +526,7 @@ impl<'a> Copier<'a> {
                     digest,
                     mode,
                     owner,
+                    mtime: file.mtime(),
                 })
             } else {
                 None
@@ -806,6 +808,7 @@ mod tests {
                 resume: false,
                 same_owner: false,
                 versions: Vec::new(),
+                shebang: None,
             };
             let g = state.prepare(&req, &Counters::default()).unwrap();
             Pair {

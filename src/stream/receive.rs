@@ -27,7 +27,7 @@ use std::sync::{Arc, mpsc};
 use super::head::{EntryHead, TAR_BLOCK, parse_head};
 use super::write::{
     AlignedBuf, DIRECT_MIN, Finish, Owners, WRITE_BUFFERS, WRITE_CHUNK, WriteJob, direct_io_fs,
-    set_direct, stage_error, staged_durably, write_staged, writer_stopped,
+    mtime_of_secs, set_direct, stage_error, staged_durably, write_staged, writer_stopped,
 };
 use super::{TAG_STORED, TAG_ZSTD};
 use crate::beneath::Beneath;
@@ -331,6 +331,7 @@ impl<'a> Stager<'a> {
                         mode: *mode,
                         blake3: blake3.as_deref(),
                         owner,
+                        mtime: head.mtime,
                     };
                     self.file(input, i, c, &file)?;
                     count.bytes += want;
@@ -462,6 +463,7 @@ impl<'a> Stager<'a> {
             digest,
             mode: f.mode,
             owner: f.owner,
+            mtime: mtime_of_secs(f.mtime),
         };
         self.hand_over(i, &out, fill, Some(finish))
     }
@@ -494,6 +496,8 @@ struct PlannedFile<'a> {
     mode: u32,
     blake3: Option<&'a str>,
     owner: Option<(u32, u32)>,
+    /// The header's mtime, which the staged file takes.
+    mtime: Option<u64>,
 }
 
 /// The entry's size as the plan has it, when the header's type and size
@@ -856,6 +860,7 @@ mod tests {
             resume: false,
             same_owner: false,
             versions: Vec::new(),
+            shebang: None,
         };
         let g = state.prepare(&req, &counters).unwrap();
         let mut tar = tar::Builder::new(Vec::new());

@@ -622,6 +622,14 @@ pub(super) struct FileToSend<'a> {
 }
 
 impl FileToSend<'_> {
+    /// The source file's modification time, which its staged copy takes
+    /// (the local route; the stream carries it in the tar header).
+    pub(super) fn mtime(&self) -> Option<std::time::SystemTime> {
+        let secs = u64::try_from(self.meta.st_mtime).ok()?;
+        let nanos = u32::try_from(self.meta.st_mtime_nsec).ok()?;
+        Some(std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos))
+    }
+
     /// The file opened for reading, once its `lstat` says it is still the
     /// plan's: a regular file, and unhashed in the plan, the stamp the plan
     /// saw.

@@ -119,6 +119,7 @@ impl Intake {
             resume: false,
             same_owner,
             versions: Vec::new(),
+            shebang: None,
         };
         let g = state.prepare(&req, &Counters::default()).expect("prepare");
         let before = tree(dir.path(), &g.dir.join("staging"));

@@ -83,6 +83,23 @@ pub(super) struct Finish {
     pub(super) mode: u32,
     /// Owner to set (when running as root).
     pub(super) owner: Option<(u32, u32)>,
+    /// Modification time to set (the source's): bytecode carried with a
+    /// `.py` stays valid only if the `.py` keeps its mtime.
+    pub(super) mtime: Option<std::time::SystemTime>,
+}
+
+/// Give a staged file the source's modification time (rsync -t, tar x):
+/// best effort, as the owner is. Set last, after the writes, which move it.
+pub(super) fn set_mtime(out: &File, mtime: Option<std::time::SystemTime>) {
+    if let Some(t) = mtime {
+        let _ = out.set_modified(t);
+    }
+}
+
+/// A modification time in whole seconds since the epoch, as tar headers
+/// and the stat the source sends carry it.
+pub(super) fn mtime_of_secs(secs: Option<u64>) -> Option<std::time::SystemTime> {
+    secs.map(|s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s))
 }
 
 /// The writer thread: write each chunk, finish each file (owner, mode,
@@ -114,6 +131,7 @@ pub(super) fn write_staged(
             // (after the chown, which would clear them anyway).
             out.set_permissions(fs::Permissions::from_mode(fin.mode & 0o777))
                 .map_err(|e| stage_error(&dest(), e, host_dir, g))?;
+            set_mtime(out, fin.mtime);
             let stamp = out
                 .metadata()
                 .map_err(|e| stage_error(&dest(), e, host_dir, g))?;

@@ -9,7 +9,6 @@ use std::io::Read;
 
 use crate::agent::serve::{Next, Session};
 use crate::agent::stream_in::{StreamIn, drain, stream_in};
-use crate::journal::Record;
 use crate::model::{StageCount, StreamEntry, Unpacked};
 use crate::protocol::Response;
 
@@ -47,8 +46,7 @@ pub fn stage(session: &mut Session, input: &mut dyn Read, shared: Option<&[Strea
     // Files the plan had not hashed: what the target wrote must be what the source read.
     let result = result.and_then(|Unpacked { count, written }| {
         let (_, g) = session.opened()?;
-        g.record_hashes(&written, &source_hashes)?;
-        g.append(Record::Staged)?;
+        g.staged(&written, &source_hashes)?;
         Ok(count)
     });
     match result {

@@ -12,7 +12,6 @@ use std::sync::atomic::Ordering;
 use crate::agent::serve::{Session, with_progress};
 use crate::error::Result;
 use crate::inventory::Counters;
-use crate::journal::Record;
 use crate::model::ShebangRewrite;
 use crate::protocol::Response;
 use crate::stream;
@@ -34,8 +33,7 @@ pub fn stage_local(
         });
         // Files the plan had not hashed: what was staged is what was read.
         copied.and_then(|r| r).and_then(|c| {
-            g.record_hashes(&c.written, &c.hashes)?;
-            g.append(Record::Staged)?;
+            g.staged(&c.written, &c.hashes)?;
             Ok(c)
         })
     };

@@ -4,7 +4,6 @@
 
 use crate::agent::serve::Session;
 use crate::error::Result;
-use crate::journal::Record;
 use crate::model::{SourceHash, StageCount, Written};
 use crate::protocol::Response;
 use crate::stream;
@@ -16,8 +15,7 @@ pub fn staged_direct(
 ) -> Result<Response> {
     let (_, g) = session.opened()?;
     let r = stream::check_staged(g, written).and_then(|count| {
-        g.record_hashes(written, hashes)?;
-        g.append(Record::Staged)?;
+        g.staged(written, hashes)?;
         Ok(count)
     });
     match r {
