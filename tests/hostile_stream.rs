@@ -150,6 +150,7 @@ impl Target {
             resume: false,
             same_owner: false,
             versions: Vec::new(),
+            shebang: None,
         })));
         match agent.recv() {
             Some(Response::Prepared { .. }) => {}

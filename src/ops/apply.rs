@@ -640,8 +640,14 @@ fn prepare(
         resume: false,
         same_owner: opts.same_owner,
         versions: versions(plan),
+        // The scripts' RECORD rows describe them as the source venv had
+        // them: a bundle's, as the venv it was packed from.
         shebang: opts.records.then(|| ShebangRewrite {
-            from: plan.source.venv.clone(),
+            from: plan
+                .bundle
+                .as_ref()
+                .and_then(|b| b.source_venv.clone())
+                .unwrap_or_else(|| plan.source.venv.clone()),
             to: plan.target.venv.clone(),
         }),
     };

@@ -173,6 +173,7 @@ pub fn plan_from_bundle(opts: &BundlePlanOptions, obs: &dyn Observer) -> Result<
         file: shown.clone(),
         blake3: b.blake3.clone(),
         cache: cache.to_string_lossy().into_owned(),
+        source_venv: Some(b.index.source_venv.clone()),
     };
     let mark = |p: &mut Plan| {
         p.manifest = stamp.path.display().to_string();

@@ -83,6 +83,10 @@ pub struct PlanBundle {
     /// The folder it was unpacked to (absolute): the venv `venv/` and the
     /// bundle's own manifest `overlay.toml`.
     pub cache: String,
+    /// The venv the bundle was packed from, which its RECORDs' script rows
+    /// describe (the unpacked scripts name the folder instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_venv: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
