@@ -130,3 +130,52 @@ fn is_extension_name(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     name.ends_with(".so") && (name.contains(".cpython-") || name.ends_with(".abi3.so"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn not_found(file: &str, lib: &str) -> ElfFinding {
+        ElfFinding {
+            file: file.into(),
+            reason: format!("needs {lib}, which is not found (searched: ld.so cache)"),
+            cause: format!("needs {lib}, which is not found"),
+            missing_library: Some(lib.into()),
+            ..ElfFinding::default()
+        }
+    }
+
+    /// A system library no distribution ships, for one of several
+    /// extension modules: an optional backend. Not when a distribution
+    /// ships the library (the venv's own is missing), nor for the only
+    /// extension module of its distribution, nor with another problem.
+    #[test]
+    fn optional_backends_need_a_system_library_and_a_sibling_that_loads() {
+        let so = ".cpython-311-x86_64-linux-gnu.so";
+        let mut numba = Dist::for_test("numba", "0.61");
+        numba.files = vec![
+            format!("numba/np/ufunc/tbbpool{so}"),
+            format!("numba/np/ufunc/omppool{so}"),
+            format!("numba/np/ufunc/shipped{so}"),
+            format!("numba/np/ufunc/other{so}"),
+        ];
+        let mut pg = Dist::for_test("psycopg2", "2.9");
+        pg.files = vec![format!("psycopg2/_psycopg{so}")];
+        let mut tbb = Dist::for_test("tbb-libs", "1");
+        tbb.files = vec!["tbb_libs/libshipped.so.1".into()];
+        let mut other = not_found(&format!("numba/np/ufunc/other{so}"), "libtbb.so.12");
+        other.missing_library = None;
+        other.reason = "undefined symbol: x".into();
+        let elf = vec![
+            not_found(&format!("numba/np/ufunc/tbbpool{so}"), "libtbb.so.12"),
+            not_found(&format!("numba/np/ufunc/shipped{so}"), "libshipped.so.1"),
+            other,
+            not_found(&format!("psycopg2/_psycopg{so}"), "libpq.so.5"),
+        ];
+        let found = optional_backends(&elf, &[&numba, &pg, &tbb]);
+        assert_eq!(
+            found,
+            HashSet::from([format!("numba/np/ufunc/tbbpool{so}")])
+        );
+    }
+}

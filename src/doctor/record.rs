@@ -346,6 +346,35 @@ mod tests {
         );
     }
 
+    /// Code is what the interpreter or loader runs; the rest is data.
+    #[test]
+    fn code_and_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, body: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, body).unwrap();
+            std::fs::File::open(p).unwrap()
+        };
+        let text = file("t", b"-----BEGIN CERTIFICATE-----\n");
+        let script = file("s", b"#!/usr/bin/python\n");
+        let elf = file("e", b"\x7fELF\x02\x01");
+        for (path, mode, f, code) in [
+            ("certifi/cacert.pem", 0o644, &text, false),
+            ("pkg/data/table.json", 0o644, &text, false),
+            ("pkg/x.py", 0o644, &text, true),
+            ("pkg/__pycache__/x.cpython-311.pyc", 0o644, &text, true),
+            ("distutils-precedence.pth", 0o644, &text, true),
+            ("pkg/lib/libx.so.1", 0o644, &text, true),
+            ("pkg/tool", 0o644, &script, true),
+            ("pkg/blob", 0o644, &elf, true),
+            ("pkg/run.txt", 0o755, &text, true),
+            ("../../../bin/tool", 0o644, &text, true),
+            ("pkg-1.0.dist-info/entry_points.txt", 0o644, &text, true),
+        ] {
+            assert_eq!(is_code(path, mode, f), code, "{path}");
+        }
+    }
+
     #[test]
     fn sha256_is_spelled_as_record_spells_it() {
         let dir = tempfile::tempdir().unwrap();

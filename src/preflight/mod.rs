@@ -11,7 +11,11 @@
 //! ([`imported_first`]: their `_C` modules by name, their global deps);
 //! shared objects no extension module reaches are optional plugins, whose
 //! problems are marked `optional`; a staying root's problem that the venv
-//! as it is has already is marked `preexisting`. See docs/preflight.md.
+//! as it is has already is marked `preexisting`; a root whose only problems
+//! are undefined symbols that another package's shared objects define is
+//! imported after that package, and gets one finding marked
+//! `imported_first` instead, which `plan` does not predict and `doctor`
+//! notes. See docs/preflight.md.
 //!
 //! The checks read facts, they never run the loader or the interpreter.
 //! The ELF facts are read by [`facts`]: on the agents, on all cores, ahead
@@ -73,7 +77,9 @@ fn cudart_majors(info: &ElfInfo) -> BTreeSet<u32> {
 /// and plugins the overlay affects (placed, or whose closure holds a placed
 /// object or needs one it replaces or deletes), or all with `req.whole`.
 /// The problems of a root that stays are then looked for on the venv as it
-/// is: the same problem there is `preexisting`.
+/// is: the same problem there is `preexisting`. A root whose problems are
+/// all symbols other packages define gets one "needs X imported first"
+/// finding instead (`imported_first_note`).
 ///
 /// `listed`: the venv's shared objects and their facts as
 /// [`facts::prefetch_target`] read them ahead of the request, if it did;
