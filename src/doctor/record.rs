@@ -156,14 +156,10 @@ fn check_row(
     counters: &Counters,
     (hashed, cached): (&AtomicU64, &AtomicU64),
 ) -> Vec<Finding> {
-    let found = |kind, reason: String| {
-        vec![Finding::problem(
-            kind,
-            Some(dist.to_string()),
-            Some(row.path.clone()),
-            reason,
-        )]
+    let one = |kind, reason: String| {
+        Finding::problem(kind, Some(dist.to_string()), Some(row.path.clone()), reason)
     };
+    let found = |kind, reason: String| vec![one(kind, reason)];
     // The scan refuses a RECORD with paths outside the venv; not read here either.
     let Ok((abs, rel)) = venv.resolve(&row.path) else {
         return found(
@@ -174,8 +170,7 @@ fn check_row(
     let blocked = |b: Blocked| match b {
         // Python writes bytecode again at the next import; pip never fails on it.
         Blocked::Missing if is_bytecode(&row.path) => vec![
-            found(FindingKind::Missing, "listed in RECORD, not on disk".into())
-                .remove(0)
+            one(FindingKind::Missing, "listed in RECORD, not on disk".into())
                 .into_note(NoteKind::RegenerableBytecode),
         ],
         Blocked::Missing => found(FindingKind::Missing, "listed in RECORD, not on disk".into()),
@@ -220,7 +215,7 @@ fn check_row(
     let size = meta.len();
     // A file that is not code and differs from RECORD is a note: edited on purpose.
     let edited = |reason: String| {
-        let f = found(FindingKind::Changed, reason).remove(0);
+        let f = one(FindingKind::Changed, reason);
         if is_code(&row.path, meta.mode(), &file) {
             f
         } else {
