@@ -149,7 +149,10 @@ pub enum Command {
     /// Check a host's venv as it stands, without a source: files against
     /// their RECORD, damaged shared objects, extra files, duplicate
     /// dist-infos, stale bytecode, broken scripts, and the preflight's
-    /// requirement, CUDA and ELF checks. Exit 1 when it finds a problem.
+    /// requirement, CUDA and ELF checks. What a healthy venv shows too
+    /// (regenerable bytecode, edited data files, modules imported after
+    /// another package, optional backends without their system library)
+    /// is a note. Exit 1 when it finds a problem.
     #[command(after_help = DOCTOR_EXAMPLES)]
     Doctor(DoctorArgs),
 
@@ -355,13 +358,19 @@ pub struct DoctorArgs {
     /// The host whose venv to check (default: the target of the last plan).
     pub host: Option<String>,
 
-    /// Print the findings as JSON on stdout.
+    /// Print the findings (problems and notes) as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 
     /// The saved plan whose target is the default host.
     #[arg(long, default_value = ".overlay/plan.json", value_name = "FILE")]
     pub plan: PathBuf,
+
+    /// A venv on this machine instead of a manifest's host (no manifest,
+    /// no SSH), e.g. one that `overlay apply --bundle FILE --venv PATH`
+    /// changed.
+    #[arg(long, value_name = "PATH", conflicts_with = "host")]
+    pub venv: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -546,7 +555,9 @@ Examples:
   Check ct200's venv as it stands:
     overlay doctor ct200
   The same for the source, as JSON:
-    overlay doctor ct129 --json";
+    overlay doctor ct129 --json
+  A venv on this machine, no manifest:
+    overlay doctor --venv /root/venv";
 
 const COMPLETIONS_EXAMPLES: &str = "\
 Examples:
@@ -592,7 +603,10 @@ const VERBOSE_HELP: &[(&str, Option<&str>)] = &[
     ),
     ("prune", None),
     ("verify", None),
-    ("doctor", None),
+    (
+        "doctor",
+        Some("Show more: every note in full, not one line per kind of note"),
+    ),
     ("completions", None),
     ("man", None),
 ];

@@ -140,7 +140,8 @@ fn every_command_s_help_ends_with_examples_and_describes_its_own_flags() {
     assert!(!help("apply").contains("changed path"), "{}", help("apply"));
     assert!(help("rollback").contains("changed since the apply"));
     assert!(help("history").contains("one line per changed distribution"));
-    for c in ["prune", "verify", "doctor"] {
+    assert!(help("doctor").contains("every note in full"));
+    for c in ["prune", "verify"] {
         assert!(!help(c).contains("--verbose"), "{c}: {}", help(c));
     }
     for c in ["completions", "man"] {

@@ -1,7 +1,11 @@
 //! `overlay doctor HOST`: the host's venv checked as it stands, over real
-//! sshd test hosts (as root). The target venv of the fixture scenario is
-//! damaged by hand in each test, and doctor must name every kind of damage
-//! with its distribution and path; a clean venv is exit 0.
+//! sshd test hosts (as root) or the local transport. The target venv of the
+//! fixture scenario is damaged by hand in each test, and doctor must name
+//! every kind of damage with its distribution and path; a clean venv is
+//! exit 0. What a healthy venv shows too (tests/fixtures/doctor_notes.py's
+//! wheels: a module imported after its provider, an optional backend,
+//! regenerable bytecode, an edited data file) is notes, with exit 0; whole
+//! outputs are snapshots (`tests/snapshots/doctor__*.snap`).
 
 mod common;
 
@@ -344,4 +348,268 @@ fn doctor_runs_on_a_local_host() {
     // A host the manifest does not name is a usage error.
     let (code, _, stderr) = doctor(&tb, &["nowhere"]);
     assert_eq!(code, 2, "{stderr}");
+}
+
+/// Site-packages of host `i`, with the note fixtures of
+/// tests/fixtures/doctor_notes.py pip-installed (see its docstring): a
+/// module that needs another distribution's symbols, an optional backend
+/// whose system library is absent, bytecode and a data file.
+fn install_note_wheels(tb: &Testbed, i: usize) -> std::path::PathBuf {
+    let wheels = tb.dir().join(format!("note-wheels-{i}"));
+    common::run(
+        std::process::Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/doctor_notes.py"))
+            .arg(&wheels),
+    );
+    let mut pip = std::process::Command::new(tb.host_venv_dir(i).join("bin/python"));
+    pip.args(["-m", "pip", "install", "-q", "--no-index", "--no-deps"]);
+    for w in fs::read_dir(&wheels).unwrap() {
+        pip.arg(w.unwrap().path());
+    }
+    common::run(&mut pip);
+    tb.site_packages(i)
+}
+
+/// What a healthy server shows, made here: the bytecode pip wrote and
+/// RECORD lists, deleted; the CA bundle, edited by the site.
+fn healthy_with_notes(site: &Path) {
+    fs::remove_file(site.join("nsuser/__pycache__/util.cpython-311.pyc")).unwrap();
+    let pem = site.join("nsuser/cacert.pem");
+    let mut text = fs::read_to_string(&pem).unwrap();
+    text.push_str("-----BEGIN CERTIFICATE-----\nMIIBsiteCA\n-----END CERTIFICATE-----\n");
+    fs::write(&pem, text).unwrap();
+}
+
+/// The whole output of `overlay doctor ARGS` for a snapshot: the command,
+/// the exit code, stdout and stderr, with the testbed's directory replaced
+/// (the rest by [`snapshot`]'s filters).
+fn session(tb: &Testbed, args: &[&str]) -> (i32, String) {
+    let (code, stdout, stderr) = doctor(tb, args);
+    let dir = tb.dir().to_string_lossy().into_owned();
+    let text = format!(
+        "$ overlay doctor {}\nexit code: {code}\n----- stdout -----\n{stdout}----- stderr -----\n{stderr}",
+        args.join(" ")
+    )
+    .replace(&dir, "[TESTBED]");
+    (code, text)
+}
+
+/// Assert the snapshot `name` of `text`, with what varies replaced: what
+/// the hash cache vouched for (the venv's age), a pyc's recorded mtime,
+/// the sizes of gcc-built objects (as tests/sessions.rs does).
+fn snapshot(name: &str, text: &str) {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(
+        r"\(\d+ hashed, \d+ from the cache\)",
+        "([N] hashed, [N] from the cache)",
+    );
+    settings.add_filter(r"mtime \d+", "mtime [N]");
+    settings.add_filter(
+        r"(\.so: size|need) \d+(,| bytes,) (RECORD says|the file has) \d+",
+        "$1 [N]$2 $3 [N]",
+    );
+    settings.bind(|| insta::assert_snapshot!(name, text));
+}
+
+/// A healthy venv's findings are notes, one line per kind, exit 0: a module
+/// that needs another distribution imported first, an optional backend
+/// without its system library, regenerable bytecode, an edited data file.
+/// `-v` lists each; `--json` has them all, each with its class.
+#[test]
+fn what_a_healthy_venv_shows_is_notes() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(common::SCENARIO_SETS);
+    remove_target_stray(&tb.site_packages(1));
+    let site = install_note_wheels(&tb, 1);
+    healthy_with_notes(&site);
+
+    let (code, text) = session(&tb, &["dst"]);
+    assert_eq!(code, 0, "{text}");
+    snapshot("notes-healthy", &text);
+
+    let (code, stdout, _) = doctor(&tb, &["dst", "-v"]);
+    assert_eq!(code, 0, "{stdout}");
+    for line in [
+        "  needs another package imported first (1):",
+        "    nsuser nsuser/_bridge.cpython-311-x86_64-linux-gnu.so: needs nsprov imported first: its 1 undefined symbol (nsprov_api) is defined by nsprov/lib/libnsprov.so",
+        "  optional backend without its system library (1):",
+        "    nsuser nsuser/_tbbpool.cpython-311-x86_64-linux-gnu.so: needs libfoo_absent.so.1, which is not found (searched: ",
+        "    nsuser nsuser/__pycache__/util.cpython-311.pyc: listed in RECORD, not on disk",
+        "    nsuser nsuser/cacert.pem: size 137, RECORD says 72",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(line)),
+            "{line}\nnot in\n{stdout}"
+        );
+    }
+
+    let (code, json, _) = doctor(&tb, &["dst", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["ok"], true);
+    let findings = v["report"]["findings"].as_array().unwrap();
+    let notes: std::collections::BTreeMap<&str, &str> = findings
+        .iter()
+        .map(|f| {
+            assert_eq!(f["class"], "note", "{f}");
+            (f["path"].as_str().unwrap(), f["note"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            (
+                "nsuser/__pycache__/util.cpython-311.pyc",
+                "regenerable-bytecode"
+            ),
+            (
+                "nsuser/_bridge.cpython-311-x86_64-linux-gnu.so",
+                "imported-first"
+            ),
+            (
+                "nsuser/_tbbpool.cpython-311-x86_64-linux-gnu.so",
+                "optional-backend"
+            ),
+            ("nsuser/cacert.pem", "edited-data"),
+        ]
+        .into_iter()
+        .collect(),
+    );
+    let bridge = findings
+        .iter()
+        .find(|f| f["note"] == "imported-first")
+        .unwrap();
+    assert_eq!(bridge["imported_first"], serde_json::json!(["nsprov"]));
+    assert_eq!(bridge["kind"], "elf");
+}
+
+/// Real damage beside the notes stays a problem (exit 1): a library cut
+/// short (whose symbol the bridge module then finds nowhere: no longer a
+/// note), an edited `.py` (its bytecode goes stale with it).
+#[test]
+fn damage_beside_notes_is_a_problem() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(common::SCENARIO_SETS);
+    remove_target_stray(&tb.site_packages(1));
+    let site = install_note_wheels(&tb, 1);
+    healthy_with_notes(&site);
+    let lib = site.join("nsprov/lib/libnsprov.so");
+    let bytes = fs::read(&lib).unwrap();
+    fs::write(&lib, &bytes[..bytes.len() / 3]).unwrap();
+    let init = site.join("nsuser/__init__.py");
+    fs::write(&init, "raise ImportError('patched by hand')\n").unwrap();
+
+    let (code, text) = session(&tb, &["dst"]);
+    assert_eq!(code, 1, "{text}");
+    snapshot("notes-damaged", &text);
+    let (_, stdout, _) = doctor(&tb, &["dst"]);
+    assert!(
+        has(
+            &section(&stdout, "elf"),
+            "nsuser nsuser/_bridge.cpython-311-x86_64-linux-gnu.so: undefined symbol: nsprov_api"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        has(
+            &section(&stdout, "changed"),
+            "nsuser nsuser/__init__.py: size"
+        ),
+        "{stdout}"
+    );
+}
+
+/// `doctor --venv PATH`: a venv on this machine, without a manifest or a
+/// plan; the same findings as through the manifest's host.
+#[test]
+fn doctor_checks_a_local_venv_without_a_manifest() {
+    let tb = Testbed::local(2);
+    let site = tb.site_packages(1);
+    remove_target_stray(&site);
+    install_note_wheels(&tb, 1);
+    healthy_with_notes(&site);
+    let venv = tb.host_venv_dir(1).to_string_lossy().into_owned();
+    assert!(!tb.manifest_path().exists());
+    let (code, stdout, stderr) = doctor(&tb, &["--venv", &venv]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("no problems\nnotes: 1 extension needs nsprov imported first, "),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("Checking local ({venv})...")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("local: ") && stderr.contains(": no problems, 4 notes"),
+        "{stderr}"
+    );
+    fs::write(site.join("nsuser/util.py"), "x = 2\n").unwrap();
+    let (code, stdout, _) = doctor(&tb, &["--venv", &venv, "--json"]);
+    assert_eq!(code, 1, "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (v["host"].as_str(), v["ok"].as_bool()),
+        (Some("local"), Some(false))
+    );
+    // Not a venv: a usage error; a host and --venv together: refused.
+    let (code, _, stderr) = doctor(&tb, &["--venv", tb.dir().to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    let (code, _, stderr) = doctor(&tb, &["dst", "--venv", &venv]);
+    assert_eq!(code, 2, "{stderr}");
+}
+
+/// `plan` shares the load model: a module that needs another package
+/// imported first is no predicted problem, when the plan brings it; a real
+/// missing symbol still is.
+#[test]
+fn plan_does_not_warn_about_a_module_imported_after_its_provider() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(&format!(
+        "{}\n[sets.nsuser]\ndists = [\"nsuser\"]\n",
+        common::SCENARIO_SETS
+    ));
+    install_note_wheels(&tb, 0);
+    install_note_wheels(&tb, 1);
+    // dst has nsprov but not nsuser: the plan brings the bridge module.
+    common::run(
+        std::process::Command::new(tb.host_venv_dir(1).join("bin/python")).args([
+            "-m",
+            "pip",
+            "uninstall",
+            "-q",
+            "-y",
+            "nsuser",
+        ]),
+    );
+    let plan = |what: &str| {
+        let out = tb
+            .overlay(&["plan", "src", "dst", "--set", "nsuser", "--json"])
+            .output()
+            .unwrap();
+        let out = common::ok(out, what);
+        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (plan, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (p, stderr) = plan("plan");
+    assert!(
+        !stderr.contains("nsprov_api") && !p.to_string().contains("nsprov_api"),
+        "{stderr}\n{p}"
+    );
+    // Without nsprov the symbol is defined nowhere: a predicted problem.
+    common::run(
+        std::process::Command::new(tb.host_venv_dir(1).join("bin/python")).args([
+            "-m",
+            "pip",
+            "uninstall",
+            "-q",
+            "-y",
+            "nsprov",
+        ]),
+    );
+    let (p, stderr) = plan("plan without nsprov");
+    assert!(
+        stderr.contains("undefined symbol: nsprov_api"),
+        "{stderr}\n{p}"
+    );
 }

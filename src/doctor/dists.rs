@@ -22,18 +22,18 @@ pub fn duplicates(dists: &[&Dist]) -> Vec<Finding> {
                 .copied()
                 .filter(|i| *i != d.dist_info)
                 .collect();
-            out.push(Finding {
-                kind: FindingKind::DuplicateDistInfo,
-                dist: Some(d.name.clone()),
-                path: Some(d.dist_info.clone()),
-                reason: format!(
+            out.push(Finding::problem(
+                FindingKind::DuplicateDistInfo,
+                Some(d.name.clone()),
+                Some(d.dist_info.clone()),
+                format!(
                     "{} {} is installed {} times (also {}): pip sees only one of them",
                     d.name,
                     d.version,
                     same.len(),
                     others.join(", ")
                 ),
-            });
+            ));
         }
     }
     out

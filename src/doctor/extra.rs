@@ -70,12 +70,12 @@ pub fn walk(site: &Path, dists: &[&Dist]) -> Walked {
                 if in_pycache(&rel) {
                     w.pycache.push(rel);
                 } else if !listed.contains(rel.as_str()) {
-                    w.extras.push(Finding {
-                        kind: FindingKind::Extra,
-                        dist: Some(owner.name.clone()),
-                        path: Some(rel),
-                        reason: format!("in {top}/, listed in no RECORD"),
-                    });
+                    w.extras.push(Finding::problem(
+                        FindingKind::Extra,
+                        Some(owner.name.clone()),
+                        Some(rel),
+                        format!("in {top}/, listed in no RECORD"),
+                    ));
                 }
             }
             w

@@ -14,6 +14,13 @@
 //! - `checks`: the preflight's requirement, CUDA and ELF checks on the venv
 //!   as it is.
 //!
+//! Each finding is a problem or a note
+//! ([`FindingClass`](crate::model::FindingClass)): what a healthy
+//! venv shows too (regenerable bytecode and edited data files, from
+//! `record`; modules that need another package imported first and optional
+//! backends without their system library, from `checks`) is a note, and
+//! only problems make `doctor` fail.
+//!
 //! [`record_check`] is the RECORD part alone, for some distributions: the
 //! note `overlay plan` makes on the source's carried files.
 
@@ -58,12 +65,12 @@ pub fn run(req: &DoctorRequest, counters: &Counters) -> Result<DoctorReport> {
         if let Some(p) = &d.problem
             && !p.contains("/RECORD")
         {
-            findings.push(Finding {
-                kind: FindingKind::Changed,
-                dist: Some(d.name.clone()),
-                path: Some(d.dist_info.clone()),
-                reason: p.clone(),
-            });
+            findings.push(Finding::problem(
+                FindingKind::Changed,
+                Some(d.name.clone()),
+                Some(d.dist_info.clone()),
+                p.clone(),
+            ));
         }
     }
     let owners: HashMap<&str, &str> = dists

@@ -43,12 +43,12 @@ pub fn check(
         .filter_map(|pyc| {
             let source = source_of(pyc, &tag)?;
             let reason = stale(&site.join(pyc), &site.join(&source), &source)?;
-            Some(Finding {
-                kind: FindingKind::StaleBytecode,
-                dist: owner(&source),
-                path: Some(pyc.clone()),
+            Some(Finding::problem(
+                FindingKind::StaleBytecode,
+                owner(&source),
+                Some(pyc.clone()),
                 reason,
-            })
+            ))
         })
         .collect()
 }

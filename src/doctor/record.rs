@@ -6,6 +6,10 @@
 //! no hash. Files are checked on all cores; each sha256 is remembered in a
 //! [`StampCache`] (kind [`SHA256_CACHE`]) by the file's stamp, so a second
 //! run reads no unchanged file.
+//!
+//! Two of these findings are notes: RECORD-listed bytecode that is absent
+//! (Python writes it again), and a data file ([`is_code`] says it is not
+//! code) that differs from RECORD (a CA bundle the site edits).
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -21,7 +25,7 @@ use std::os::fd::AsFd;
 use crate::error::{Result, io_cause};
 use crate::hashcache::StampCache;
 use crate::inventory::{Blocked, Counters, Venv, Walker};
-use crate::model::{Dist, Finding, FindingKind};
+use crate::model::{Dist, Finding, FindingKind, NoteKind, in_pycache};
 
 /// The sha256 cache's kind (its folder under `~/.cache/overlay`); values
 /// are RECORD's spelling of the digest (urlsafe base64, no padding).
@@ -139,12 +143,7 @@ pub fn check(venv: &Venv, dists: &[&Dist], how: &Hashing, counters: &Counters) -
 }
 
 fn finding(kind: FindingKind, d: &Dist, path: &str, reason: String) -> Finding {
-    Finding {
-        kind,
-        dist: Some(d.name.clone()),
-        path: Some(path.to_string()),
-        reason,
-    }
+    Finding::problem(kind, Some(d.name.clone()), Some(path.to_string()), reason)
 }
 
 /// The findings of one RECORD row.
@@ -157,14 +156,10 @@ fn check_row(
     counters: &Counters,
     (hashed, cached): (&AtomicU64, &AtomicU64),
 ) -> Vec<Finding> {
-    let found = |kind, reason: String| {
-        vec![Finding {
-            kind,
-            dist: Some(dist.to_string()),
-            path: Some(row.path.clone()),
-            reason,
-        }]
+    let one = |kind, reason: String| {
+        Finding::problem(kind, Some(dist.to_string()), Some(row.path.clone()), reason)
     };
+    let found = |kind, reason: String| vec![one(kind, reason)];
     // The scan refuses a RECORD with paths outside the venv; not read here either.
     let Ok((abs, rel)) = venv.resolve(&row.path) else {
         return found(
@@ -173,6 +168,11 @@ fn check_row(
         );
     };
     let blocked = |b: Blocked| match b {
+        // Python writes bytecode again at the next import; pip never fails on it.
+        Blocked::Missing if is_bytecode(&row.path) => vec![
+            one(FindingKind::Missing, "listed in RECORD, not on disk".into())
+                .into_note(NoteKind::RegenerableBytecode),
+        ],
         Blocked::Missing => found(FindingKind::Missing, "listed in RECORD, not on disk".into()),
         Blocked::Link(l) => found(
             FindingKind::Changed,
@@ -207,20 +207,25 @@ fn check_row(
         }
     };
     let mut out = Vec::new();
-    let mut add = |kind, reason| out.extend(found(kind, reason));
     if (crate::preflight::looks_shared(&row.path) || meta.mode() & 0o111 != 0)
         && let Some(why) = super::elf::damage(&file)
     {
-        add(FindingKind::Damaged, why);
+        out.extend(found(FindingKind::Damaged, why));
     }
     let size = meta.len();
+    // A file that is not code and differs from RECORD is a note: edited on purpose.
+    let edited = |reason: String| {
+        let f = one(FindingKind::Changed, reason);
+        if is_code(&row.path, meta.mode(), &file) {
+            f
+        } else {
+            f.into_note(NoteKind::EditedData)
+        }
+    };
     if let Some(want) = row.size
         && want != size
     {
-        add(
-            FindingKind::Changed,
-            format!("size {size}, RECORD says {want}"),
-        );
+        out.push(edited(format!("size {size}, RECORD says {want}")));
         return out;
     }
     let Some(want) = &row.sha256 else {
@@ -234,37 +239,63 @@ fn check_row(
             cached.fetch_add(1, Ordering::Relaxed);
             h
         }
-        None => match sha256_of(file, counters) {
+        None => match sha256_of(&file, counters) {
             Ok(h) => {
                 hashed.fetch_add(1, Ordering::Relaxed);
                 how.cache.put(&abs, &meta, &h);
                 h
             }
             Err(e) => {
-                add(
+                out.extend(found(
                     FindingKind::Changed,
                     format!("cannot be read: {}", io_cause(&e)),
-                );
+                ));
                 return out;
             }
         },
     };
     if have != *want {
-        add(
-            FindingKind::Changed,
-            format!("sha256 differs from RECORD (size {size})"),
-        );
+        out.push(edited(format!("sha256 differs from RECORD (size {size})")));
     }
     out
 }
 
+/// Is this RECORD path compiled bytecode (`__pycache__/*.pyc`)?
+fn is_bytecode(path: &str) -> bool {
+    in_pycache(path) && path.ends_with(".pyc")
+}
+
+/// File name endings of what the interpreter or the loader runs.
+const CODE_SUFFIXES: &[&str] = &[".py", ".pyc", ".pyo", ".pth", ".so", ".pyd"];
+
+/// Is the file at RECORD path `path` (`mode`, open as `file`) code: Python
+/// source or bytecode, a `.pth` file (run at startup), a shared object (by
+/// name or ELF by content), a script (`#!`, or anything executable, or in
+/// `bin/`), or metadata in a dist-info directory? What is not (`.pem`,
+/// `.txt`, `.json`, `.cfg`, ...) is data.
+pub fn is_code(path: &str, mode: u32, file: &std::fs::File) -> bool {
+    use std::os::unix::fs::FileExt;
+    let name = path.rsplit('/').next().unwrap_or(path);
+    if CODE_SUFFIXES.iter().any(|s| name.ends_with(s))
+        || crate::preflight::looks_shared(path)
+        || mode & 0o111 != 0
+        || path.starts_with("../") && path.contains("/bin/")
+        || path.split('/').any(|c| c.ends_with(".dist-info"))
+    {
+        return true;
+    }
+    let mut head = [0u8; 4];
+    let n = file.read_at(&mut head, 0).unwrap_or(0);
+    head[..n].starts_with(b"#!") || &head[..n] == b"\x7fELF"
+}
+
 /// A file's sha256 as RECORD writes it (urlsafe base64, no padding).
 pub fn sha256_file(path: &Path, counters: &Counters) -> std::io::Result<String> {
-    sha256_of(std::fs::File::open(path)?, counters)
+    sha256_of(&std::fs::File::open(path)?, counters)
 }
 
 /// [`sha256_file`] of a file already open.
-fn sha256_of(mut f: std::fs::File, counters: &Counters) -> std::io::Result<String> {
+fn sha256_of(mut f: &std::fs::File, counters: &Counters) -> std::io::Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -308,6 +339,35 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// Code is what the interpreter or loader runs; the rest is data.
+    #[test]
+    fn code_and_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, body: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, body).unwrap();
+            std::fs::File::open(p).unwrap()
+        };
+        let text = file("t", b"-----BEGIN CERTIFICATE-----\n");
+        let script = file("s", b"#!/usr/bin/python\n");
+        let elf = file("e", b"\x7fELF\x02\x01");
+        for (path, mode, f, code) in [
+            ("certifi/cacert.pem", 0o644, &text, false),
+            ("pkg/data/table.json", 0o644, &text, false),
+            ("pkg/x.py", 0o644, &text, true),
+            ("pkg/__pycache__/x.cpython-311.pyc", 0o644, &text, true),
+            ("distutils-precedence.pth", 0o644, &text, true),
+            ("pkg/lib/libx.so.1", 0o644, &text, true),
+            ("pkg/tool", 0o644, &script, true),
+            ("pkg/blob", 0o644, &elf, true),
+            ("pkg/run.txt", 0o755, &text, true),
+            ("../../../bin/tool", 0o644, &text, true),
+            ("pkg-1.0.dist-info/entry_points.txt", 0o644, &text, true),
+        ] {
+            assert_eq!(is_code(path, mode, f), code, "{path}");
+        }
     }
 
     #[test]

@@ -45,12 +45,12 @@ pub fn check(
             continue;
         };
         let path = format!("{record_prefix}{name}");
-        out.push(Finding {
-            kind: FindingKind::BrokenShebang,
-            dist: owner(&path),
-            path: Some(path),
+        out.push(Finding::problem(
+            FindingKind::BrokenShebang,
+            owner(&path),
+            Some(path),
             reason,
-        });
+        ));
     }
     out.sort();
     out

@@ -1,7 +1,8 @@
 //! `overlay doctor`: what is asked of a host's venv ([`DoctorRequest`]),
-//! what is found ([`Finding`], one of a [`FindingKind`]) and the whole
-//! answer ([`DoctorReport`]); and the source's own-RECORD check that `plan`
-//! notes ([`RecordCheckRequest`]).
+//! what is found ([`Finding`], one of a [`FindingKind`], a problem or a
+//! note of a [`NoteKind`]: [`FindingClass`]) and the whole answer
+//! ([`DoctorReport`]); and the source's own-RECORD check that `plan` notes
+//! ([`RecordCheckRequest`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -101,7 +102,87 @@ impl FindingKind {
     }
 }
 
-/// One problem found in the venv.
+/// Whether a finding is damage (exit 1) or what a healthy venv shows too.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum FindingClass {
+    /// Something that breaks, or that neither pip nor overlay did.
+    #[default]
+    Problem,
+    /// Works as designed; shown, counted, and never a failure.
+    Note,
+}
+
+/// What a note is (docs/doctor.md, "Problems and notes"), in the report's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NoteKind {
+    /// An extension module whose undefined symbols another package's
+    /// shared objects define: it is imported after that package.
+    ImportedFirst,
+    /// An extension module that needs a system library no distribution
+    /// ships and the host lacks, while its distribution's other extension
+    /// modules load: an optional backend the package falls back from.
+    OptionalBackend,
+    /// Bytecode RECORD lists that is not on disk: Python writes it again.
+    RegenerableBytecode,
+    /// A data file (not code) that differs from RECORD: a CA bundle or a
+    /// config the site edits on purpose.
+    EditedData,
+}
+
+impl NoteKind {
+    pub const ALL: [NoteKind; 4] = [
+        NoteKind::ImportedFirst,
+        NoteKind::OptionalBackend,
+        NoteKind::RegenerableBytecode,
+        NoteKind::EditedData,
+    ];
+
+    /// The summary's words for `n` notes of this kind ("2 data files
+    /// edited"); `first`: the packages imported-first notes name.
+    pub fn counted(self, n: usize, first: &str) -> String {
+        let one = n == 1;
+        let pick = |a: &'static str, b: &'static str| if one { a } else { b };
+        match self {
+            NoteKind::ImportedFirst => format!(
+                "{n} {} {} imported first",
+                pick("extension needs", "extensions need"),
+                if first.is_empty() {
+                    "another package"
+                } else {
+                    first
+                }
+            ),
+            NoteKind::OptionalBackend => format!(
+                "{n} {}",
+                pick(
+                    "optional backend without its system library",
+                    "optional backends without their system library"
+                )
+            ),
+            NoteKind::RegenerableBytecode => format!(
+                "{n} {} regenerable",
+                pick("bytecode file", "bytecode files")
+            ),
+            NoteKind::EditedData => format!("{n} {} edited", pick("data file", "data files")),
+        }
+    }
+
+    /// The heading of this kind's notes in the full (`-v`) listing.
+    pub fn heading(self) -> &'static str {
+        match self {
+            NoteKind::ImportedFirst => "needs another package imported first",
+            NoteKind::OptionalBackend => "optional backend without its system library",
+            NoteKind::RegenerableBytecode => "regenerable bytecode (listed in RECORD, absent)",
+            NoteKind::EditedData => "edited data file (differs from RECORD, not code)",
+        }
+    }
+}
+
+/// One thing found in the venv: a problem, or a note.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Finding {
     pub kind: FindingKind,
@@ -111,6 +192,49 @@ pub struct Finding {
     /// for scripts), if any.
     pub path: Option<String>,
     pub reason: String,
+    /// A problem (the default; what an older agent sends) or a note.
+    #[serde(default)]
+    pub class: FindingClass,
+    /// What kind of note, for a note.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<NoteKind>,
+    /// For an [`NoteKind::ImportedFirst`] note: the packages (top-level
+    /// import names) to be imported first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub imported_first: Vec<String>,
+}
+
+impl Finding {
+    /// A problem of `kind`.
+    pub fn problem(
+        kind: FindingKind,
+        dist: Option<String>,
+        path: Option<String>,
+        reason: String,
+    ) -> Self {
+        Finding {
+            kind,
+            dist,
+            path,
+            reason,
+            class: FindingClass::Problem,
+            note: None,
+            imported_first: Vec::new(),
+        }
+    }
+
+    /// This finding, as a note of `note`.
+    pub fn into_note(self, note: NoteKind) -> Self {
+        Finding {
+            class: FindingClass::Note,
+            note: Some(note),
+            ..self
+        }
+    }
+
+    pub fn is_problem(&self) -> bool {
+        self.class == FindingClass::Problem
+    }
 }
 
 /// The answer to a [`DoctorRequest`].
@@ -127,6 +251,19 @@ pub struct DoctorReport {
     pub cached: u64,
     /// Shared objects whose loading was checked (the preflight's ELF check).
     pub elf_checked: u64,
-    /// Sorted by kind, distribution, path.
+    /// Problems and notes ([`Finding::class`]), sorted by kind,
+    /// distribution, path.
     pub findings: Vec<Finding>,
+}
+
+impl DoctorReport {
+    /// The findings that are problems (what makes `doctor` exit 1).
+    pub fn problems(&self) -> impl Iterator<Item = &Finding> {
+        self.findings.iter().filter(|f| f.is_problem())
+    }
+
+    /// The findings that are notes.
+    pub fn notes(&self) -> impl Iterator<Item = &Finding> {
+        self.findings.iter().filter(|f| !f.is_problem())
+    }
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 /// One undefined dynamic symbol (a reference); definitions are kept as
 /// hashes ([`ElfInfo::defined`]).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Hash)]
 pub struct Symbol {
     pub name: String,
     /// The version required.

@@ -99,6 +99,20 @@ pub struct ElfFinding {
     /// The venv as it is has this very problem already.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preexisting: bool,
+    /// The load model's "needs PACKAGE imported first": every problem of
+    /// `file` is an undefined symbol, and each of them is defined by a
+    /// shared object under another top-level package directory of the
+    /// venv (these, sorted; see docs/preflight.md). Then this is the
+    /// root's one finding, and not a problem: the module is imported only
+    /// after those packages (cuda-core's torch bridge needs torch's
+    /// `aoti_torch_*`). Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub imported_first: Vec<String>,
+    /// The library not found, when that is the problem (`needs X, which
+    /// is not found`): `overlay doctor` tells a system library that no
+    /// distribution ships from a venv's own missing one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_library: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]

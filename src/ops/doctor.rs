@@ -1,6 +1,7 @@
 //! Doctor: check one host's venv as it stands, without a source. The work
-//! runs in that host's agent ([`crate::doctor`]); this side picks the host,
-//! passes the manifest's preflight settings and hands back the report.
+//! runs in that host's agent ([`crate::doctor`]); this side picks the host
+//! (or a local venv, [`HostChoice::venv`], with no manifest), passes the
+//! manifest's preflight settings and hands back the report.
 
 use crate::error::Result;
 use crate::manifest::Manifest;
@@ -27,8 +28,9 @@ pub struct Doctored {
 /// Check the chosen host's venv.
 pub fn doctor(opts: &DoctorOptions, obs: &dyn Observer) -> Result<Doctored> {
     let host = resolve(&opts.host)?;
-    // The manifest's `[preflight]` and `[verify] env` settings, when there is one.
-    let manifest = if opts.host.manifest.exists() {
+    // The manifest's `[preflight]` and `[verify] env` settings, when there
+    // is one and a host of it is checked (not a `--venv PATH`).
+    let manifest = if opts.host.venv.is_none() && opts.host.manifest.exists() {
         Some(Manifest::load(&opts.host.manifest)?)
     } else {
         None

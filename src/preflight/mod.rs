@@ -11,7 +11,11 @@
 //! ([`imported_first`]: their `_C` modules by name, their global deps);
 //! shared objects no extension module reaches are optional plugins, whose
 //! problems are marked `optional`; a staying root's problem that the venv
-//! as it is has already is marked `preexisting`. See docs/preflight.md.
+//! as it is has already is marked `preexisting`; a root whose only problems
+//! are undefined symbols that another package's shared objects define is
+//! imported after that package, and gets one finding marked
+//! `imported_first` instead, which `plan` does not predict and `doctor`
+//! notes. See docs/preflight.md.
 //!
 //! The checks read facts, they never run the loader or the interpreter.
 //! The ELF facts are read by [`facts`]: on the agents, on all cores, ahead
@@ -73,7 +77,9 @@ fn cudart_majors(info: &ElfInfo) -> BTreeSet<u32> {
 /// and plugins the overlay affects (placed, or whose closure holds a placed
 /// object or needs one it replaces or deletes), or all with `req.whole`.
 /// The problems of a root that stays are then looked for on the venv as it
-/// is: the same problem there is `preexisting`.
+/// is: the same problem there is `preexisting`. A root whose problems are
+/// all symbols other packages define gets one "needs X imported first"
+/// finding instead (`imported_first_note`).
 ///
 /// `listed`: the venv's shared objects and their facts as
 /// [`facts::prefetch_target`] read them ahead of the request, if it did;
@@ -144,6 +150,15 @@ pub fn run_on_target(
                 .into_iter()
                 .collect()
         };
+        if let Some(first) = imported_first_note(&o.rel, &found, &after) {
+            report.problems.push(ElfFinding {
+                file: o.rel.clone(),
+                optional: root.optional,
+                preexisting: found.iter().all(|f| was.contains(f)),
+                ..first
+            });
+            continue;
+        }
         for f in found {
             let preexisting = was.contains(&f);
             report.problems.push(ElfFinding {
@@ -152,6 +167,11 @@ pub fn run_on_target(
                 cause: f.cause,
                 optional: root.optional,
                 preexisting,
+                imported_first: Vec::new(),
+                missing_library: match f.unmet {
+                    elf::Unmet::Library(name) => Some(name),
+                    _ => None,
+                },
             });
         }
     }
@@ -362,6 +382,83 @@ struct Found {
     reason: String,
     /// The grouping key ([`elf::cause_of`]).
     cause: String,
+    unmet: elf::Unmet,
+}
+
+/// How many symbol names a "needs X imported first" reason shows.
+const SYMBOLS_SHOWN: usize = 3;
+
+/// The load model's last rule: a root whose every problem is an undefined
+/// symbol, each defined (exported in the dynamic symbol table) by a shared
+/// object under another top-level package directory of the venv after the
+/// overlay, is a module that is imported only after that package (it
+/// loads those libraries, `RTLD_GLOBAL` or through its own modules):
+/// "needs torch imported first". Its one finding (`file` left empty), or
+/// `None` when any problem is of another kind or any symbol is defined
+/// nowhere else (a real missing symbol). The root's own package directory
+/// does not count (its own library that nothing loads is a real problem);
+/// a wheel's vendored `<pkg>.libs` counts as `<pkg>`.
+fn imported_first_note(rel: &str, found: &[Found], after: &[Object]) -> Option<ElfFinding> {
+    let package = |r: &str| {
+        let top = r.split('/').next().unwrap_or(r);
+        top.strip_suffix(".libs").unwrap_or(top).to_owned()
+    };
+    let own = package(rel);
+    let mut symbols: Vec<&crate::model::Symbol> = Vec::new();
+    for f in found {
+        match &f.unmet {
+            elf::Unmet::Symbols(s) => symbols.extend(s),
+            _ => return None,
+        }
+    }
+    if symbols.is_empty() {
+        return None;
+    }
+    let mut packages: BTreeSet<String> = BTreeSet::new();
+    let mut definers: BTreeSet<&str> = BTreeSet::new();
+    for u in &symbols {
+        let keys = crate::model::reference_keys(&u.name, u.version.as_deref());
+        let by = after.iter().find(|o| {
+            !o.rel.starts_with("..")
+                && !o.rel.starts_with('/')
+                && package(&o.rel) != own
+                && o.info.defines_any(&keys)
+        })?;
+        packages.insert(package(&by.rel));
+        definers.insert(&by.rel);
+    }
+    let packages: Vec<String> = packages.into_iter().collect();
+    let mut names: Vec<&str> = symbols.iter().map(|u| u.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let shown = names
+        .iter()
+        .take(SYMBOLS_SHOWN)
+        .copied()
+        .collect::<Vec<_>>();
+    let more = if names.len() > SYMBOLS_SHOWN {
+        ", …"
+    } else {
+        ""
+    };
+    let cause = format!("needs {} imported first", packages.join(", "));
+    let definers: Vec<&str> = definers.into_iter().collect();
+    Some(ElfFinding {
+        file: String::new(),
+        reason: format!(
+            "{cause}: its {} undefined symbol{} ({}{more}) {} defined by {}",
+            names.len(),
+            if names.len() == 1 { "" } else { "s" },
+            shown.join(", "),
+            if names.len() == 1 { "is" } else { "are" },
+            definers.join(", ")
+        ),
+        cause,
+        optional: false,
+        preexisting: false,
+        imported_first: packages,
+        missing_library: None,
+    })
 }
 
 /// One shared object of the venv as the load model sees it.
@@ -545,7 +642,11 @@ fn root_problems(
         } else {
             format!("{shown} (loaded by {rel}): {}", p.reason)
         };
-        out.push(Found { reason, cause });
+        out.push(Found {
+            reason,
+            cause,
+            unmet: p.unmet,
+        });
     }
     out
 }
@@ -813,5 +914,102 @@ mod tests {
         let f = &report.problems[0];
         assert_eq!(f.file, "pkg/_ext.cpython-311-x86_64-linux-gnu.so");
         assert!(f.preexisting && !f.optional, "{f:#?}");
+    }
+
+    /// The load model's last rule: an extension module whose undefined
+    /// symbols are all defined by another package's library needs that
+    /// package imported first (one finding, marked so); one symbol defined
+    /// nowhere, or a symbol only its own package's unloaded library
+    /// defines, leaves real problems.
+    #[test]
+    fn symbols_another_package_defines_need_it_imported_first() {
+        let t = tempfile::tempdir().unwrap();
+        let venv = t.path().join("venv");
+        let site = venv.join("lib/python3.11/site-packages");
+        std::fs::create_dir_all(&site).unwrap();
+        std::fs::write(venv.join("pyvenv.cfg"), "version = 3.11.4\n").unwrap();
+        let so = ".cpython-311-x86_64-linux-gnu.so";
+        cc(
+            &site,
+            "prov/lib/libprov.so",
+            "int prov_a(void) { return 1; }\nint prov_b(void) { return 2; }\n",
+            false,
+            &[],
+        );
+        cc(
+            &site,
+            &format!("user/_bridge{so}"),
+            "extern int prov_a(void);\nextern int prov_b(void);\n\
+             int PyInit__bridge(void) { return prov_a() + prov_b(); }\n",
+            false,
+            &[],
+        );
+        cc(
+            &site,
+            &format!("user/_gone{so}"),
+            "extern int prov_a(void);\nextern int gone_api(void);\n\
+             int PyInit__gone(void) { return prov_a() + gone_api(); }\n",
+            false,
+            &[],
+        );
+        cc(
+            &site,
+            "user/lib/libown.so",
+            "int own_api(void) { return 1; }\n",
+            false,
+            &[],
+        );
+        cc(
+            &site,
+            &format!("user/_own{so}"),
+            "extern int own_api(void);\nint PyInit__own(void) { return own_api(); }\n",
+            false,
+            &[],
+        );
+        let report = run_on_target(&request(&venv), None).unwrap();
+        let got: Vec<(&str, &str, &[String])> = report
+            .problems
+            .iter()
+            .filter(|f| !f.optional)
+            .map(|f| {
+                (
+                    f.file.as_str(),
+                    f.cause.as_str(),
+                    f.imported_first.as_slice(),
+                )
+            })
+            .collect();
+        let first = ["prov".to_string()];
+        assert_eq!(
+            got,
+            vec![
+                (
+                    format!("user/_bridge{so}").as_str(),
+                    "needs prov imported first",
+                    &first[..]
+                ),
+                (
+                    format!("user/_gone{so}").as_str(),
+                    "undefined symbol: gone_api",
+                    &[][..]
+                ),
+                (
+                    format!("user/_gone{so}").as_str(),
+                    "undefined symbol: prov_a",
+                    &[][..]
+                ),
+                (
+                    format!("user/_own{so}").as_str(),
+                    "undefined symbol: own_api",
+                    &[][..]
+                ),
+            ],
+            "{:#?}",
+            report.problems
+        );
+        assert_eq!(
+            report.problems[0].reason,
+            "needs prov imported first: its 2 undefined symbols (prov_a, prov_b) are defined by prov/lib/libprov.so"
+        );
     }
 }

@@ -9,7 +9,7 @@ use super::config::LoaderConfig;
 use super::search::Session;
 use super::symbols::{check_undefined_symbols, check_version_needs};
 use super::view::{LoaderView, normalize};
-use crate::model::{Check, Problem};
+use crate::model::{Check, Problem, Symbol};
 
 /// One predicted load failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +17,22 @@ pub struct ElfProblem {
     /// The object that cannot be loaded (the one with the unmet need).
     pub file: PathBuf,
     pub reason: String,
+    /// What is unmet, as data (the reason words it).
+    pub unmet: Unmet,
+}
+
+/// What an [`ElfProblem`] lacks: what the load model's later rules (a
+/// library no distribution ships, symbols another package defines) look at.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Unmet {
+    /// A `DT_NEEDED` name that is not found.
+    Library(String),
+    /// A needed symbol version.
+    Version,
+    /// Undefined symbols (one, or for "… and N more" the rest of them).
+    Symbols(Vec<Symbol>),
+    /// The object itself is missing or not a 64-bit little-endian ELF file.
+    Unreadable,
 }
 
 impl ElfProblem {
@@ -60,6 +76,7 @@ pub fn check_object(root: &Path, view: &mut dyn LoaderView, cfg: &LoaderConfig) 
         return vec![ElfProblem {
             file: root,
             reason: "is missing or is not a 64-bit little-endian ELF object".to_owned(),
+            unmet: Unmet::Unreadable,
         }];
     };
     let r = s.add(root, info, None, true);

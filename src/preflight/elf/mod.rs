@@ -68,7 +68,7 @@ mod view;
 pub(crate) mod testutil;
 
 pub use crate::model::{ElfInfo, Symbol};
-pub use check::{Closure, ElfProblem, cause_of, check_object, closure_of};
+pub use check::{Closure, ElfProblem, Unmet, cause_of, check_object, closure_of};
 pub use config::{LoaderConfig, parse_ldconfig};
 pub use read::read_elf;
 pub use view::{LoaderView, OverlayView};

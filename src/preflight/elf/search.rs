@@ -246,6 +246,7 @@ impl Session<'_> {
                                     "needs {name}, which is not found (searched: {})",
                                     searched.join(", ")
                                 ),
+                                unmet: super::check::Unmet::Library(name.clone()),
                             });
                         }
                         None

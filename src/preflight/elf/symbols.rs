@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::Symbol;
-use super::check::ElfProblem;
+use super::check::{ElfProblem, Unmet};
 use super::search::Session;
 
 /// At most this many undefined symbols are listed per object; the rest are
@@ -49,6 +49,7 @@ pub(super) fn check_version_needs<'a>(
                     s.objs[p].path.display(),
                     defines_summary(version, defs)
                 ),
+                unmet: Unmet::Version,
             });
         }
     }
@@ -86,13 +87,15 @@ pub(super) fn check_undefined_symbols(
             problems.push(ElfProblem {
                 file: o.path.clone(),
                 reason: format!("undefined symbol: {}", describe_symbol(u)),
+                unmet: Unmet::Symbols(vec![u.clone()]),
             });
         }
-        let more = missing.count();
-        if more > 0 {
+        let more: Vec<Symbol> = missing.cloned().collect();
+        if !more.is_empty() {
             problems.push(ElfProblem {
                 file: o.path.clone(),
-                reason: format!("… and {more} more undefined symbols"),
+                reason: format!("… and {} more undefined symbols", more.len()),
+                unmet: Unmet::Symbols(more),
             });
         }
     }
