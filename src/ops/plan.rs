@@ -507,6 +507,13 @@ fn make_plan(
         &clock,
     )?;
     clock.mark("preflight, and the source's carried files against their RECORD");
+    let mut set_plans = set_plans;
+    {
+        let vouched = super::record_note::bytecode_vouched(record.as_ref(), &src.scan);
+        for s in &mut set_plans {
+            s.keep_carried_bytecode(&vouched);
+        }
+    }
     if let Some(answer) = record {
         warnings.extend(super::record_note::record_note(
             answer,

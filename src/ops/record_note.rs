@@ -59,6 +59,32 @@ pub fn record_request(
     })
 }
 
+/// Which carried `.py` files may take the source's bytecode with them
+/// (`plan::SetPlan::keep_carried_bytecode`): those a source RECORD lists
+/// and the source's check against RECORD (`answer`) found as pip installed
+/// them. pip compiled those; a `.py` changed since (a hand patch) may have
+/// a `.pyc` whose header still matches (same size and mtime) but whose code
+/// is the old one, so its bytecode stays behind and the target's is
+/// deleted as stale, for Python to compile on import. A failed check
+/// vouches for nothing.
+pub fn bytecode_vouched<'a>(
+    answer: Option<&Result<Vec<Finding>>>,
+    scan: &'a ScanReport,
+) -> impl Fn(&str) -> bool + 'a {
+    let changed: std::collections::HashSet<String> = match answer {
+        Some(Ok(findings)) => findings.iter().filter_map(|f| f.path.clone()).collect(),
+        _ => std::collections::HashSet::new(),
+    };
+    let checked = matches!(answer, Some(Ok(_)));
+    let listed: std::collections::HashSet<&'a str> = scan
+        .dists
+        .iter()
+        .flat_map(|d| d.files.iter().map(String::as_str))
+        .filter(|f| f.ends_with(".py"))
+        .collect();
+    move |py: &str| checked && listed.contains(py) && !changed.contains(py)
+}
+
 /// Each placed path, with the set that places it.
 fn placed_sets(set_plans: &[SetPlan]) -> BTreeMap<&str, &str> {
     set_plans

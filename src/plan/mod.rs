@@ -132,6 +132,41 @@ pub struct SetPlan {
     pub from: Option<HostInfo>,
 }
 
+impl SetPlan {
+    /// Keep the bytecode carried with a `.py` only where `keep(py)` (the
+    /// `.py`'s path): the rest stays behind, and a target file it would
+    /// have replaced is deleted as stale instead.
+    pub fn keep_carried_bytecode(&mut self, keep: impl Fn(&str) -> bool) {
+        let mut stale = Vec::new();
+        self.changes.retain(|c| {
+            let carried = c.action != Action::Delete && crate::model::in_pycache(&c.path);
+            if !carried || source_of_bytecode(&c.path).is_some_and(|py| keep(&py)) {
+                return true;
+            }
+            if c.action == Action::Replace {
+                stale.push(c.path.clone());
+            }
+            false
+        });
+        self.stale_bytecode.extend(stale);
+        self.stale_bytecode.sort();
+        self.stale_bytecode.dedup();
+    }
+}
+
+/// The `.py` a `__pycache__/STEM.TAG[.opt-N].pyc` was compiled from.
+pub fn source_of_bytecode(pyc: &str) -> Option<String> {
+    let (dir, name) = pyc
+        .rsplit_once("/__pycache__/")
+        .map_or_else(|| pyc.strip_prefix("__pycache__/").map(|n| ("", n)), Some)?;
+    let stem = name.strip_suffix(".pyc")?.split('.').next()?;
+    Some(if dir.is_empty() {
+        format!("{stem}.py")
+    } else {
+        format!("{dir}/{stem}.py")
+    })
+}
+
 /// A distribution's version before and after (in `model`: generations record them too).
 pub use crate::model::Transition;
 
@@ -206,17 +241,7 @@ impl Plan {
     /// carried bytecode.
     pub fn without_carried_bytecode(&mut self) {
         for set in &mut self.sets {
-            let mut stale = Vec::new();
-            set.changes.retain(|c| {
-                let carried = c.action != Action::Delete && crate::model::in_pycache(&c.path);
-                if carried && c.action == Action::Replace {
-                    stale.push(c.path.clone());
-                }
-                !carried
-            });
-            set.stale_bytecode.extend(stale);
-            set.stale_bytecode.sort();
-            set.stale_bytecode.dedup();
+            set.keep_carried_bytecode(|_| false);
         }
     }
 
@@ -235,6 +260,19 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn bytecode_names_its_source() {
+        assert_eq!(
+            super::source_of_bytecode("a/b/__pycache__/m.cpython-311.opt-1.pyc").as_deref(),
+            Some("a/b/m.py")
+        );
+        assert_eq!(
+            super::source_of_bytecode("__pycache__/m.cpython-311.pyc").as_deref(),
+            Some("m.py")
+        );
+        assert_eq!(super::source_of_bytecode("a/m.pyc"), None);
+    }
+
     use super::*;
 
     /// Plans saved before the manifest's hash was recorded still load.
