@@ -272,6 +272,17 @@ fn set_text(out: &mut String, set: &SetPlan, paint: Paint) {
         files(set.unchanged),
         HumanBytes(set.unchanged_bytes).to_string()
     );
+    let carried = set
+        .changes
+        .iter()
+        .filter(|c| c.action != Action::Delete && crate::model::in_pycache(&c.path))
+        .count();
+    if carried > 0 {
+        let _ = writeln!(
+            out,
+            "  bytecode carried with its .py (in the counts above): {carried} .pyc"
+        );
+    }
     if !set.stale_bytecode.is_empty() {
         let _ = writeln!(
             out,

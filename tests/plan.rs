@@ -54,8 +54,28 @@ fn plan_over_ssh_matches_an_independent_computation_from_record_files() {
     assert_eq!(plan["source"], "src");
     assert_eq!(plan["target"], "dst");
     for set in ["torch", "torchvision", "nvidia-cu13", "sglang-patches"] {
-        let (ours, unchanged) = changes_of(&plan, set, false);
+        let (mut ours, unchanged) = changes_of(&plan, set, false);
         let (theirs, ref_unchanged) = changes_of(&reference, set, true);
+        // The reference decides RECORD members; overlay also carries the
+        // source's bytecode of each .py it carries as pip installed it
+        // (tests/bytecode.rs): each such .pyc belongs to a carried .py.
+        let carried_py: Vec<String> = ours
+            .iter()
+            .filter(|(p, (a, _))| p.ends_with(".py") && a != "delete")
+            .map(|(p, _)| p.clone())
+            .collect();
+        ours.retain(|p, (a, _)| {
+            if !p.contains("/__pycache__/") || a == "delete" {
+                return true;
+            }
+            let (dir, name) = p.rsplit_once("/__pycache__/").unwrap();
+            let py = format!("{dir}/{}.py", name.split('.').next().unwrap());
+            assert!(
+                carried_py.contains(&py),
+                "{p}: bytecode of a .py the plan does not carry"
+            );
+            false
+        });
         assert_eq!(
             ours, theirs,
             "set {set}: overlay's plan differs from the RECORD-based reference"
