@@ -17,8 +17,8 @@ venv by the local route, then measure, untimed but for the import:
 - RECORD: the rows with a sha256 of the applied distributions whose file
   does not match, on the source and on the target;
 - `import torch` with PYTHONDONTWRITEBYTECODE=1 (nobody may write the
-  cache, as for a root-owned venv run by a service), median of N warm runs,
-  source and target;
+  cache, as for a root-owned venv run by a service), median of N warm runs
+  (after one untimed import each), source and target interleaved;
 - apply's wall time;
 - rollback: every `.pyc` under the target's site-packages afterwards is the
   one that was there before the apply, byte for byte.
@@ -92,16 +92,23 @@ def check(venv, req_file):
     return json.loads(out.stdout)
 
 
-def import_time(venv, reps):
+def import_times(venvs, reps):
+    """`import torch` in each venv, interleaved, `reps` times: the median
+    and the runs of each."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    times = []
+    times = [[] for _ in venvs]
+    # One untimed import each first: the apply wrote the big libraries past
+    # the page cache, and the comparison is of warm starts.
+    for venv in venvs:
+        in_ns(venv, ["/root/venv/bin/python", "-c", "import torch"], env)
     for _ in range(reps):
-        t = time.monotonic()
-        out = in_ns(venv, ["/root/venv/bin/python", "-c", "import torch"], env)
-        if out.returncode != 0:
-            return None, out.stderr.strip().splitlines()[-1:]
-        times.append(time.monotonic() - t)
-    return statistics.median(times), times
+        for i, venv in enumerate(venvs):
+            t = time.monotonic()
+            out = in_ns(venv, ["/root/venv/bin/python", "-c", "import torch"], env)
+            if out.returncode != 0:
+                sys.exit(f"import torch in {venv}: {out.stderr.strip().splitlines()[-1:]}")
+            times[i].append(round(time.monotonic() - t, 2))
+    return [(statistics.median(t), t) for t in times]
 
 
 def pycs(venv):
@@ -161,8 +168,8 @@ def run_mode(a, mode, extra):
         "source": check(src, req),
         "target": check(dst, req),
     }
-    r["import_source_s"], r["import_source_runs"] = import_time(src, a.reps)
-    r["import_target_s"], r["import_target_runs"] = import_time(dst, a.reps)
+    (r["import_source_s"], r["import_source_runs"]), (r["import_target_s"], r["import_target_runs"]) = \
+        import_times([src, dst], a.reps)
     for side in ("source", "target"):
         r[side]["bad_rows"] = len(r[side].pop("bad"))
     rb = subprocess.run(ov + ["rollback", "dst"], capture_output=True, text=True, cwd=work)

@@ -656,10 +656,16 @@ fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply(
         "plan --bundle dst",
     );
     let cache = tb.work.join(".overlay/bundles");
+    // A .py the bundle carries (its index lists it), in a stable order.
     let victim = walkdir::WalkDir::new(&cache)
+        .sort_by_file_name()
         .into_iter()
         .map(|e| e.unwrap().into_path())
-        .find(|p| p.extension().is_some_and(|x| x == "py"))
+        .find(|p| {
+            p.extension().is_some_and(|x| x == "py")
+                && p.to_string_lossy()
+                    .contains(&format!("/venv/{}/minitorch/", common::SITE))
+        })
         .unwrap();
     fs::write(&victim, "x = 'not from the bundle'\n").unwrap();
     let out = tb.overlay(&["apply"]).output().unwrap();

@@ -72,7 +72,6 @@ print(json.dumps({"valid": valid, "invalid": invalid, "patched": patched, "rows"
 
 struct Checked {
     valid: Vec<String>,
-    invalid: Vec<String>,
     /// `.py` files that differ from their RECORD (hand patches).
     patched: Vec<String>,
     rows: u64,
@@ -109,7 +108,6 @@ fn check(tb: &Testbed, host: usize, py: &[String], dist_infos: &[String]) -> Che
     };
     Checked {
         valid: list("valid"),
-        invalid: list("invalid"),
         patched: list("patched"),
         rows: v["rows"].as_u64().unwrap(),
         bad_rows: list("bad_rows"),

@@ -81,16 +81,23 @@ fn report_lines(r: &DoctorReport, verbose: bool) -> Vec<String> {
             out.extend(of.iter().map(|f| format!("    {}", finding_line(f))));
             continue;
         }
-        let shown: Vec<String> = of
+        // A module missing two libraries is one optional backend: each
+        // path once.
+        let mut paths: Vec<&str> = of
+            .iter()
+            .map(|f| f.path.as_deref().or(f.dist.as_deref()).unwrap_or("?"))
+            .collect();
+        paths.dedup();
+        let shown: Vec<String> = paths
             .iter()
             .take(EXAMPLES)
-            .map(|f| escape(f.path.as_deref().or(f.dist.as_deref()).unwrap_or("?")).into_owned())
+            .map(|p| escape(p).into_owned())
             .collect();
-        let more = of.len().saturating_sub(EXAMPLES);
+        let more = paths.len().saturating_sub(EXAMPLES);
         out.push(format!(
             "  {} ({}): {}{}",
             kind.heading(),
-            of.len(),
+            paths.len(),
             shown.join(", "),
             if more > 0 {
                 format!(", and {more} more (-v lists them)")
@@ -123,7 +130,10 @@ fn note_counts(notes: &[&Finding]) -> Vec<String> {
                 .collect();
             first.sort_unstable();
             first.dedup();
-            (!of.is_empty()).then(|| k.counted(of.len(), &first.join(", ")))
+            let mut paths: Vec<Option<&str>> = of.iter().map(|f| f.path.as_deref()).collect();
+            paths.sort_unstable();
+            paths.dedup();
+            (!of.is_empty()).then(|| k.counted(paths.len(), &first.join(", ")))
         })
         .collect()
 }

@@ -307,6 +307,13 @@ fn index_of(
                 let bytes = std::fs::read(e.path()).map_err(|err| fail(e.path(), &err))?;
                 if let Some(orig) = rewrite_shebang(&bytes, back) {
                     std::fs::write(e.path(), orig).map_err(|err| fail(e.path(), &err))?;
+                    // The source's mtime back too: the bundle carries it.
+                    if let Ok(t) = meta.modified() {
+                        let _ = std::fs::File::options()
+                            .write(true)
+                            .open(e.path())
+                            .and_then(|f| f.set_modified(t));
+                    }
                 }
             }
             let h = inventory::hash_file(e.path(), None, &Default::default())
