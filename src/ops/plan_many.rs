@@ -412,34 +412,7 @@ fn plan_for_venv(
     let smeter = obs.step(Step::Hash, src_side.host);
     let (s, d) = both(
         || src_side.stat(src, src_hash.into_iter().collect(), HashMode::All, &*smeter),
-        || {
-            std::thread::scope(|sc| {
-                let handles: Vec<_> = targets
-                    .iter_mut()
-                    .zip(dst_hash)
-                    .map(|(t, paths)| {
-                        sc.spawn(move || -> Result<Vec<crate::model::Entry>> {
-                            let meter = obs.step(Step::Hash, &t.host.name);
-                            let side = StatSide {
-                                host: &t.host.name,
-                                venv: &t.host.venv,
-                                shebang: None,
-                                pycache: true,
-                            };
-                            let r = side.stat(&mut t.client, paths, HashMode::All, &*meter);
-                            if r.is_ok() {
-                                meter.finish();
-                            }
-                            r
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("worker thread panicked"))
-                    .collect::<Vec<_>>()
-            })
-        },
+        || stat_each_target(&mut targets, dst_hash, HashMode::All, obs),
     );
     src_entries.extend(index(s?));
     smeter.finish();
@@ -460,35 +433,49 @@ fn plan_for_venv(
     }
     let (s, d) = both(
         || src_side.stat(src, src_pyc.into_iter().collect(), HashMode::None, &Silent),
-        || {
-            std::thread::scope(|sc| {
-                let handles: Vec<_> = targets
-                    .iter_mut()
-                    .zip(dst_pyc)
-                    .map(|(t, paths)| {
-                        sc.spawn(move || -> Result<Vec<crate::model::Entry>> {
-                            let side = StatSide {
-                                host: &t.host.name,
-                                venv: &t.host.venv,
-                                shebang: None,
-                                pycache: true,
-                            };
-                            side.stat(&mut t.client, paths, HashMode::None, &Silent)
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("worker thread panicked"))
-                    .collect::<Vec<_>>()
-            })
-        },
+        || stat_each_target(&mut targets, dst_pyc, HashMode::None, &Silent),
     );
     src_entries.extend(index(s?));
     for (t, e) in targets.iter_mut().zip(d) {
         t.entries.extend(index(e?));
     }
     Ok(n_src)
+}
+
+/// Stat each target's own `paths` (in `targets` order) at the same time,
+/// each with its progress meter on `obs`.
+fn stat_each_target(
+    targets: &mut [&mut Target],
+    paths: Vec<Vec<String>>,
+    mode: HashMode,
+    obs: &dyn Observer,
+) -> Vec<Result<Vec<crate::model::Entry>>> {
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = targets
+            .iter_mut()
+            .zip(paths)
+            .map(|(t, paths)| {
+                sc.spawn(move || -> Result<Vec<crate::model::Entry>> {
+                    let meter = obs.step(Step::Hash, &t.host.name);
+                    let side = StatSide {
+                        host: &t.host.name,
+                        venv: &t.host.venv,
+                        shebang: None,
+                        pycache: true,
+                    };
+                    let r = side.stat(&mut t.client, paths, mode, &*meter);
+                    if r.is_ok() {
+                        meter.finish();
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("worker thread panicked"))
+            .collect()
+    })
 }
 
 /// The saved form of a plan of many targets: at `--out`, the list of the
