@@ -74,14 +74,7 @@ fn assert_carried(
             continue;
         }
         if moved && rel.ends_with(".dist-info/RECORD") {
-            let rows = |i: usize| -> Vec<String> {
-                fs::read_to_string(tb.host_venv_dir(i).join(&rel))
-                    .unwrap()
-                    .lines()
-                    .filter(|l| !l.contains("/bin/"))
-                    .map(String::from)
-                    .collect()
-            };
+            let rows = |i: usize| common::rows_but_scripts(&tb.host_venv_dir(i).join(&rel));
             assert_eq!(rows(1), rows(0), "{rel} {what}: rows other than scripts'");
             continue;
         }

@@ -99,14 +99,7 @@ fn the_local_route_copies_checks_and_rolls_back() {
             // The rows of the scripts whose shebang was rewritten describe
             // the target's scripts (tests/bytecode.rs checks them); the rest
             // are the source's.
-            let rows = |i: usize| -> Vec<String> {
-                fs::read_to_string(tb.host_venv_dir(i).join(&rel))
-                    .unwrap()
-                    .lines()
-                    .filter(|l| !l.contains("/bin/"))
-                    .map(String::from)
-                    .collect()
-            };
+            let rows = |i: usize| common::rows_but_scripts(&tb.host_venv_dir(i).join(&rel));
             assert_eq!(rows(1), rows(0), "{rel}: rows other than scripts'");
             continue;
         }
