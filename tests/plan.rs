@@ -409,3 +409,83 @@ fn control_characters_are_escaped_for_people_and_exact_in_json() {
     assert!(!stderr.contains('\x1b'), "{stderr:?}");
     assert!(stderr.contains(r"\033[31mred\nline.py"), "{stderr}");
 }
+
+/// The plan warns of what only the new generation's backup would keep: a
+/// target file edited by hand that the overlay replaces, named with its
+/// distribution; and a distribution with two dist-infos on the target,
+/// both named, whose files the overlay removes. An untouched target warns
+/// of neither. (The real-wheel version of these traps: benches/traps.py.)
+#[test]
+fn plan_warns_of_an_edited_target_file_and_a_second_dist_info() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SETS);
+    let plan = |tb: &Testbed| {
+        let out = common::ok(
+            tb.overlay(&["plan", "src", "dst", "--set", "torch", "--json"])
+                .output()
+                .unwrap(),
+            "plan",
+        );
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (doc, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (doc, stderr) = plan(&tb);
+    assert_eq!(doc["warnings"], serde_json::json!([]), "{stderr}");
+    // A `.py` of the target's minitorch that the overlay replaces.
+    let (changes, _) = changes_of(&doc, "torch", true);
+    let victim = changes
+        .iter()
+        .find(|(p, (a, _))| a == "replace" && p.ends_with(".py") && !p.contains("__pycache__"))
+        .map(|(p, _)| p.clone())
+        .expect("the torch set replaces a .py file");
+    let site = tb.site_packages(1);
+    let mut text = fs::read(site.join(&victim)).unwrap();
+    text.extend_from_slice(b"# edited on dst by hand\n");
+    fs::write(site.join(&victim), text).unwrap();
+
+    // A leftover dist-info of an older minitorch beside the current one.
+    let current = common::file_starting_with(&site, "minitorch-").unwrap();
+    let current_name = current.file_name().unwrap().to_str().unwrap().to_string();
+    let leftover = site.join("minitorch-0.0.1.dist-info");
+    fs::create_dir(&leftover).unwrap();
+    for f in ["METADATA", "RECORD"] {
+        fs::copy(current.join(f), leftover.join(f)).unwrap();
+    }
+
+    let (doc, stderr) = plan(&tb);
+    let warnings: Vec<String> = doc["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["message"].as_str().unwrap().to_string())
+        .collect();
+    let edited = format!(
+        "1 file of minitorch on dst differs from its RECORD, changed since pip installed it: {victim} (size "
+    );
+    assert!(
+        warnings.iter().any(|w| w.starts_with(&edited)
+            && w.contains(
+                "the overlay replaces it, so the new generation's backup will hold the only copy"
+            )),
+        "{warnings:#?}"
+    );
+    let edited_json = doc["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["message"].as_str().unwrap().starts_with(&edited))
+        .unwrap();
+    assert_eq!(
+        (&edited_json["path"], &edited_json["set"]),
+        (&serde_json::json!(victim), &serde_json::json!("torch"))
+    );
+    let second = format!(
+        "dst has 2 dist-infos of minitorch (minitorch-0.0.1.dist-info, {current_name}): pip sees only one of them; \
+         the overlay removes every file their RECORDs list and brings src's minitorch in their place"
+    );
+    assert!(warnings.contains(&second), "{warnings:#?}");
+    assert!(
+        stderr.contains(&format!("warning: [torch] {second}\n")),
+        "{stderr}"
+    );
+}

@@ -497,7 +497,7 @@ fn make_plan(
         dst_members,
     )?;
     clock.mark("decide");
-    let Preflighted { problems, record } = preflight(
+    let preflighted = preflight(
         manifest,
         sets,
         (&mut src.client, &src.scan, &src_host.venv),
@@ -506,22 +506,15 @@ fn make_plan(
         None,
         &clock,
     )?;
-    clock.mark("preflight, and the source's carried files against their RECORD");
+    clock.mark("preflight, and the carried and replaced files against their RECORD");
     let mut set_plans = set_plans;
-    {
-        let vouched = super::record_note::bytecode_vouched(record.as_ref(), &src.scan);
-        for s in &mut set_plans {
-            s.keep_carried_bytecode(&vouched);
-        }
-    }
-    if let Some(answer) = record {
-        warnings.extend(super::record_note::record_note(
-            answer,
-            (&src_host.name, &src.scan),
-            &set_plans,
-            obs,
-        ));
-    }
+    let problems = preflighted.settle(
+        (&src_host.name, &src.scan),
+        (&dst_host.name, &dst.scan),
+        &mut set_plans,
+        &mut warnings,
+        obs,
+    );
     let (src_client, dst_client) = (src.client, dst.client);
     let closing = std::thread::spawn(move || {
         let _ = both(|| src_client.close(), || dst_client.close());
@@ -823,6 +816,46 @@ fn ld_library_path(manifest: &Manifest, dst_scan: &ScanReport, dst_venv: &str) -
 pub(super) struct Preflighted {
     pub(super) problems: Vec<Problem>,
     pub(super) record: Option<Result<Vec<crate::model::Finding>>>,
+    /// The target's answer to its RECORD check of the files the plan
+    /// replaces or deletes ([`super::record_note::target_record_request`]).
+    pub(super) target_record: Option<Result<Vec<crate::model::Finding>>>,
+}
+
+impl Preflighted {
+    /// The plan's problems, after the RECORD answers of both sides have
+    /// been folded into `set_plans` (which carried bytecode the source
+    /// vouches for) and into `warnings` (the source's notes, the target's
+    /// edited files).
+    pub(super) fn settle(
+        self,
+        (src_host, src_scan): (&str, &ScanReport),
+        (dst_host, dst_scan): (&str, &ScanReport),
+        set_plans: &mut [SetPlan],
+        warnings: &mut Vec<crate::plan::Warning>,
+        obs: &dyn Observer,
+    ) -> Vec<Problem> {
+        let vouched = super::record_note::bytecode_vouched(self.record.as_ref(), src_scan);
+        for s in set_plans.iter_mut() {
+            s.keep_carried_bytecode(&vouched);
+        }
+        if let Some(answer) = self.record {
+            warnings.extend(super::record_note::record_note(
+                answer,
+                (src_host, src_scan),
+                set_plans,
+                obs,
+            ));
+        }
+        if let Some(answer) = self.target_record {
+            warnings.extend(super::record_note::target_record_note(
+                answer,
+                (dst_host, dst_scan),
+                set_plans,
+                obs,
+            ));
+        }
+        self.problems
+    }
 }
 
 /// Predict what would fail after the overlay: requirements, CUDA majors, ELF
@@ -884,11 +917,15 @@ pub(super) fn preflight(
         whole: false,
     };
     let record = super::record_note::record_request(src_venv, src_scan, set_plans);
+    let target_record = super::record_note::target_record_request(dst_venv, dst_scan, set_plans);
     let (record, report) = both(
         || record.map(|r| src.record_check(r)),
-        || dst.preflight(req),
+        || {
+            let report = dst.preflight(req)?;
+            Ok((report, target_record.map(|r| dst.record_check(r))))
+        },
     );
-    let report = report?;
+    let (report, target_record) = report?;
     // A module that needs another package imported first (the load
     // model's last rule, docs/preflight.md) is no predicted failure.
     for f in report
@@ -915,7 +952,11 @@ pub(super) fn preflight(
     ));
     problems.sort();
     problems.dedup();
-    Ok(Preflighted { problems, record })
+    Ok(Preflighted {
+        problems,
+        record,
+        target_record,
+    })
 }
 
 /// Write the plan atomically (temp file, then rename).

@@ -31,7 +31,7 @@ use crate::plan::{self, PLAN_FORMAT, Plan, Side};
 use crate::transport::ConnectOptions;
 
 use super::plan::{
-    Closing, Preflighted, StatSide, both, connect_scan, globs_of, host_info, index, manifest_stamp,
+    Closing, StatSide, both, connect_scan, globs_of, host_info, index, manifest_stamp,
     members_and_order, now, preflight, select_sets, shared_files,
 };
 use super::{Clock, Meter, Observer, Silent, Step};
@@ -267,7 +267,8 @@ fn make_plans(
             sets: set_plans,
             mut warnings,
         } = c;
-        let Preflighted { problems, record } = preflight(
+        let mut set_plans = set_plans;
+        let problems = preflight(
             manifest,
             sets,
             (&mut src.client, &src.scan, &src_host.venv),
@@ -275,22 +276,14 @@ fn make_plans(
             &set_plans,
             Some(&known),
             &clock,
-        )?;
-        let mut set_plans = set_plans;
-        {
-            let vouched = super::record_note::bytecode_vouched(record.as_ref(), &src.scan);
-            for s in &mut set_plans {
-                s.keep_carried_bytecode(&vouched);
-            }
-        }
-        if let Some(answer) = record {
-            warnings.extend(super::record_note::record_note(
-                answer,
-                (&src_host.name, &src.scan),
-                &set_plans,
-                &once,
-            ));
-        }
+        )?
+        .settle(
+            (&src_host.name, &src.scan),
+            (&t.host.name, &t.scan),
+            &mut set_plans,
+            &mut warnings,
+            &once,
+        );
         plans.push(Plan {
             format: PLAN_FORMAT,
             created: now(),

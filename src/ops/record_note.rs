@@ -7,6 +7,12 @@
 //! sha256 cache, so a warm plan reads none of them again). The source's
 //! agent answers [`record_request`] while the target runs its loader check
 //! (see `plan::preflight`), so the note costs a warm plan nothing extra.
+//!
+//! The target's side of the same question ([`target_record_request`],
+//! [`target_record_note`]): the files the plan replaces or deletes that
+//! differ from the target's own RECORD were changed after pip installed
+//! them (a hand edit, a site's CA bundle, an earlier transplant). The
+//! overlay's backup of them will be their only copy, and the plan says so.
 
 use std::collections::BTreeMap;
 
@@ -83,6 +89,130 @@ pub fn bytecode_vouched<'a>(
         .filter(|f| f.ends_with(".py"))
         .collect();
     move |py: &str| checked && listed.contains(py) && !changed.contains(py)
+}
+
+/// What to ask the target's agent (`venv`, its `scan`): the RECORD rows of
+/// the files the plan replaces or deletes, bytecode aside (Python rewrites
+/// it, so a `.pyc` that differs from RECORD is no edit); `None` when no
+/// such file is listed in a RECORD.
+pub fn target_record_request(
+    venv: &str,
+    scan: &ScanReport,
+    set_plans: &[SetPlan],
+) -> Option<RecordCheckRequest> {
+    let gone: std::collections::BTreeSet<&str> = set_plans
+        .iter()
+        .flat_map(|s| s.changes.iter())
+        .filter(|c| c.action != Action::Add)
+        .map(|c| c.path.as_str())
+        .filter(|p| !p.ends_with(".pyc") && !p.contains("__pycache__/"))
+        .collect();
+    let dist_infos: Vec<String> = scan
+        .dists
+        .iter()
+        .filter(|d| d.files.iter().any(|f| gone.contains(f.as_str())))
+        .map(|d| d.dist_info.clone())
+        .collect();
+    if dist_infos.is_empty() {
+        return None;
+    }
+    Some(RecordCheckRequest {
+        venv: venv.to_string(),
+        dist_infos,
+        paths: gone.iter().map(|p| p.to_string()).collect(),
+        max_hash_bytes: Some(MAX_HASH_BYTES),
+    })
+}
+
+/// The target's answer to [`target_record_request`] (`host`, its `scan`)
+/// as warnings, one per distribution: its files that differ from their
+/// RECORD, which the overlay replaces or deletes, so that the new
+/// generation's backup holds their only copy. A check that failed is a
+/// note to `obs`: it never fails the plan.
+pub fn target_record_note(
+    answer: Result<Vec<Finding>>,
+    (host, scan): (&str, &ScanReport),
+    set_plans: &[SetPlan],
+    obs: &dyn Observer,
+) -> Vec<Warning> {
+    let findings = match answer {
+        Ok(f) => f,
+        Err(e) => {
+            obs.status(&format!(
+                "note: the files the plan replaces on {host} were not checked against their RECORD: {e}"
+            ));
+            return Vec::new();
+        }
+    };
+    let sets: BTreeMap<&str, (&str, Action)> = set_plans
+        .iter()
+        .flat_map(|s| {
+            s.changes
+                .iter()
+                .map(|c| (c.path.as_str(), (s.name.as_str(), c.action)))
+        })
+        .collect();
+    let names: BTreeMap<&str, &str> = scan
+        .dists
+        .iter()
+        .map(|d| (d.dist_info.as_str(), d.name.as_str()))
+        .collect();
+    let mut by_dist: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for f in findings {
+        if f.kind == FindingKind::Missing {
+            continue;
+        }
+        let Some(path) = f.path else { continue };
+        let dist = f.dist.unwrap_or_default();
+        let dist = names
+            .get(dist.as_str())
+            .map_or(dist.clone(), |n| n.to_string());
+        by_dist.entry(dist).or_default().push((path, f.reason));
+    }
+    by_dist
+        .into_iter()
+        .map(|(dist, mut files)| {
+            files.sort();
+            files.dedup_by(|a, b| a.0 == b.0);
+            let n = files.len();
+            let first = files[0].0.clone();
+            let named = if n == 1 {
+                format!("{first} ({})", files[0].1)
+            } else {
+                let mut named = files[..n.min(NAMED)]
+                    .iter()
+                    .map(|f| f.0.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                if n > NAMED {
+                    named.push_str(&format!(", and {} more", n - NAMED));
+                }
+                named
+            };
+            let actions: std::collections::BTreeSet<Action> = files
+                .iter()
+                .filter_map(|f| sets.get(f.0.as_str()).map(|s| s.1))
+                .collect();
+            let verb = match actions.iter().collect::<Vec<_>>()[..] {
+                [Action::Delete] => "deletes",
+                [Action::Replace] => "replaces",
+                _ => "replaces or deletes",
+            };
+            Warning {
+                set: sets.get(first.as_str()).map(|s| s.0.to_string()),
+                message: format!(
+                    "{n} file{s} of {dist} on {host} differ{v} from {its} RECORD, changed since pip installed {them}: {named}; \
+                     the overlay {verb} {them}, so the new generation's backup will hold the only copy \
+                     (`overlay rollback {host}` brings {them} back; keep that generation until the change is saved elsewhere)",
+                    s = if n == 1 { "" } else { "s" },
+                    v = if n == 1 { "s" } else { "" },
+                    its = if n == 1 { "its" } else { "their" },
+                    them = if n == 1 { "it" } else { "them" },
+                ),
+                path: (n == 1).then_some(first),
+            }
+        })
+        .collect()
 }
 
 /// Each placed path, with the set that places it.

@@ -200,6 +200,60 @@ fn check_members(
     Ok(())
 }
 
+/// A distribution with two or more dist-infos in a set, on either side: a
+/// broken install (an older transplant that left the old dist-info, a
+/// failed uninstall) where pip and `importlib.metadata` see only one of
+/// them. On the target the overlay deletes the files of them all and the
+/// source's arrive; on the source every one of them would be carried.
+fn duplicate_dist_infos(
+    set: &Set,
+    (src_host, sm): (&str, &Members),
+    (dst_host, dm): (&str, &Members),
+) -> Vec<Warning> {
+    let groups = |m: &Members| {
+        let mut by: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for d in &m.dists {
+            by.entry(d.normalized.clone())
+                .or_default()
+                .push(d.dist_info.clone());
+        }
+        by.retain(|_, v| v.len() > 1);
+        by
+    };
+    let arriving: BTreeSet<&str> = sm.dists.iter().map(|d| d.normalized.as_str()).collect();
+    let mut out = Vec::new();
+    for (name, infos) in groups(dm) {
+        let after = if arriving.contains(name.as_str()) {
+            format!(
+                "the overlay removes every file their RECORDs list and brings {src_host}'s {name} in their place"
+            )
+        } else {
+            "the overlay removes every file their RECORDs list".to_string()
+        };
+        out.push(Warning {
+            set: Some(set.name.clone()),
+            path: None,
+            message: format!(
+                "{dst_host} has {} dist-infos of {name} ({}): pip sees only one of them; {after}",
+                infos.len(),
+                infos.join(", "),
+            ),
+        });
+    }
+    for (name, infos) in groups(sm) {
+        out.push(Warning {
+            set: Some(set.name.clone()),
+            path: None,
+            message: format!(
+                "{src_host} has {} dist-infos of {name} ({}): all would be carried, and pip on the target would see only one; remove the stale one on {src_host} (`overlay doctor` names it)",
+                infos.len(),
+                infos.join(", "),
+            ),
+        });
+    }
+    out
+}
+
 /// Who owns each path on the target.
 fn owners(scan: &ScanReport) -> FxHashMap<&str, Vec<&Dist>> {
     let mut owners: FxHashMap<&str, Vec<&Dist>> = Default::default();
@@ -265,6 +319,11 @@ impl<'a, 's> Planner<'a, 's> {
             special: Vec::new(),
             in_set: dm.dists.iter().map(|d| d.normalized.as_str()).collect(),
         };
+        self.warnings.extend(duplicate_dist_infos(
+            set,
+            (self.src.host, sm),
+            (self.dst.host, dm),
+        ));
         for &path in &sm.paths {
             self.source_path(&mut work, set, sm, path);
         }
