@@ -174,7 +174,8 @@ def confirm(a, work, src, dst, plan_file):
     pc = in_ns(dst, ["/root/venv/bin/python", "-m", "pip", "check", "--disable-pip-version-check"], env)
     out["pip_check"] = "clean" if pc.returncode == 0 else pc.stdout.strip().splitlines()
     im = in_ns(dst, ["/root/venv/bin/python", "-c", "import torch, torchvision; print(torch.__version__)"], env)
-    out["import"] = "ok " + im.stdout.strip() if im.returncode == 0 else im.stderr.strip().splitlines()[-1:]
+    out["import"] = ("ok " + im.stdout.strip() if im.returncode == 0
+                     else im.stderr.strip().splitlines()[-1:] or [f"died with exit {im.returncode}"])
     after, err = doctor_problems(a.overlay, dst)
     if after is None:
         out["doctor"] = err
