@@ -4,7 +4,7 @@
 //! through three processes' pipes.
 //!
 //! The source venv is opened once and every file is reached from its fd
-//! without following a symlink, with the sender's own checks (`send`'s
+//! without following a symlink, with the sender's own checks (`source_file`'s
 //! [`Source`] and [`FileToSend`]: type, size, symlink target, hash or
 //! stamp since the plan); a file that changed stops the copy with the
 //! stream's error (plan again), and nothing is switched. The list of files
@@ -32,7 +32,7 @@
 //!   rewritten for the target (read, rewritten, written), as the stream does.
 //!
 //! The source's disk is kept busy ahead of the copy with the stream's own
-//! read-ahead (`send`'s [`read_ahead`]: `posix_fadvise(WILLNEED)` of the
+//! read-ahead (`read_ahead`'s [`read_ahead`]: `posix_fadvise(WILLNEED)` of the
 //! files the copy comes to next, at most 64 MiB past it): a source venv
 //! that is not in the page cache is read with many requests in flight, not
 //! one file at a time.
@@ -56,9 +56,8 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 
-use super::send::{
-    ADVICE, FileToSend, READ_AHEAD, ReadAhead, ReaderDone, Source, advise_willneed, read_ahead,
-};
+use super::read_ahead::{ADVICE, READ_AHEAD, ReadAhead, ReaderDone, advise_willneed, read_ahead};
+use super::source_file::{FileToSend, Source};
 use super::write::{
     AlignedBuf, DIRECT_MIN, Finish, Owners, SyncSender, WRITE_BUFFERS, WRITE_CHUNK, WriteJob,
     direct_io_fs, set_direct, set_mtime, stage_error, staged_durably, write_staged, writer_stopped,
