@@ -1,7 +1,7 @@
 //! The unpacking thread of [`unpack`](super::unpack): [`Stager`] reads
 //! each entry's header, maps it onto the generation's changes (through
 //! the list of a shared stream, whose other targets' entries it reads and
-//! drops), checks its type and size against the plan
+//! drops: [`SharedEntries`]), checks its type and size against the plan
 //! ([`planned_size`]) before anything is created, and stages it: a symlink
 //! whose target must be the plan's, or a regular file hashed into chunk
 //! buffers for the writer thread, the last chunk handed over once the hash
@@ -96,7 +96,7 @@ impl<'a> Stager<'a> {
     ) -> Result<StageCount> {
         let input: &mut dyn Read = &mut input;
         let mut seen = vec![false; self.g.meta.changes.len()];
-        let mut seen_shared = vec![false; shared.map_or(0, <[_]>::len)];
+        let mut shared = shared.map(SharedEntries::new);
         let mut count = StageCount::default();
         let mut block = [0u8; TAR_BLOCK];
         loop {
@@ -113,31 +113,12 @@ impl<'a> Stager<'a> {
             let Some(head) = parse_head(&block)? else {
                 continue;
             };
-            let i = match shared {
+            let i = match &mut shared {
                 None => head.index,
-                Some(map) => {
-                    let entry = map.get(head.index).ok_or_else(|| {
-                        err!(
-                            kind = Protocol,
-                            "unexpected entry {} in the shared stream",
-                            head.index
-                        )
-                    })?;
-                    if std::mem::replace(&mut seen_shared[head.index], true) {
-                        return Err(err!(
-                            kind = Protocol,
-                            "entry {} appears twice in the shared stream",
-                            head.index
-                        ));
-                    }
-                    match *entry {
-                        StreamEntry::Take(i) => i,
-                        StreamEntry::Skip { size } => {
-                            skip_entry(input, &head, size)?;
-                            continue;
-                        }
-                    }
-                }
+                Some(map) => match map.take(input, &head)? {
+                    Some(i) => i,
+                    None => continue,
+                },
             };
             let c = self
                 .g
@@ -180,6 +161,12 @@ impl<'a> Stager<'a> {
             self.counters.files.fetch_add(1, Ordering::Relaxed);
             die_hook(count.files);
         }
+        self.check_none_missing(&seen)?;
+        Ok(count)
+    }
+
+    /// Every entry of the plan arrived (`seen`).
+    fn check_none_missing(&self, seen: &[bool]) -> Result<()> {
         let missing: Vec<&str> = self
             .g
             .meta
@@ -197,7 +184,7 @@ impl<'a> Stager<'a> {
                 missing[0]
             ));
         }
-        Ok(count)
+        Ok(())
     }
 
     /// Stage symlink `i`: its target is the entry's data, and must be the plan's.
@@ -322,6 +309,48 @@ impl<'a> Stager<'a> {
             last,
         };
         self.jobs.send(job).map_err(|_| writer_stopped())
+    }
+}
+
+/// The list of a stream several targets take: which of its entries are
+/// this generation's changes, and which were seen.
+struct SharedEntries<'a> {
+    entries: &'a [StreamEntry],
+    seen: Vec<bool>,
+}
+
+impl<'a> SharedEntries<'a> {
+    fn new(entries: &'a [StreamEntry]) -> SharedEntries<'a> {
+        SharedEntries {
+            entries,
+            seen: vec![false; entries.len()],
+        }
+    }
+
+    /// The change the entry `head` announces, or `None` when it is another
+    /// target's, read and dropped here.
+    fn take(&mut self, input: &mut dyn Read, head: &EntryHead) -> Result<Option<usize>> {
+        let entry = self.entries.get(head.index).ok_or_else(|| {
+            err!(
+                kind = Protocol,
+                "unexpected entry {} in the shared stream",
+                head.index
+            )
+        })?;
+        if std::mem::replace(&mut self.seen[head.index], true) {
+            return Err(err!(
+                kind = Protocol,
+                "entry {} appears twice in the shared stream",
+                head.index
+            ));
+        }
+        match *entry {
+            StreamEntry::Take(i) => Ok(Some(i)),
+            StreamEntry::Skip { size } => {
+                skip_entry(input, head, size)?;
+                Ok(None)
+            }
+        }
     }
 }
 
