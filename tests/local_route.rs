@@ -1,6 +1,6 @@
 //! The local route: both hosts on this machine (no `ssh` for either), so
 //! the target's agent copies the files from the source venv itself with the
-//! kernel's copy, checked against the plan (src/stream/local.rs). Plan,
+//! kernel's copy, checked against the plan (src/stream/local/). Plan,
 //! apply and rollback are exact; a symlink in the source that points out
 //! of the venv is copied as a symlink, never followed; a source file
 //! changed after the plan is refused and the target is unchanged.

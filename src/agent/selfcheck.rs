@@ -81,7 +81,6 @@ pub fn check_file(
     home: &Path,
     uids: &[u32],
 ) -> Result<(), Unsafe> {
-    let uid = uids.first().copied().unwrap_or(0);
     let (Ok(home), Ok(real)) = (std::fs::canonicalize(home), std::fs::canonicalize(exe)) else {
         return Ok(());
     };
@@ -96,7 +95,6 @@ pub fn check_file(
     if !in_cache(&real) && !started.is_some_and(in_cache) {
         return Ok(());
     }
-    let show = |p: &Path| crate::text::escape(&p.to_string_lossy()).into_owned();
     let refuse = |message: String, hint: String| Err(Unsafe { message, hint });
     let Ok(running) = std::fs::metadata(exe) else {
         return Ok(());
@@ -121,14 +119,13 @@ pub fn check_file(
             }
         }
     }
-    let owner_ok = |m: &std::fs::Metadata| uids.contains(&m.uid()) || m.uid() == 0;
     let path = started.map_or(real.clone(), Path::to_path_buf);
-    if !owner_ok(&running) || running.mode() & 0o022 != 0 {
+    if !owner_ok(&running, uids) || running.mode() & 0o022 != 0 {
         return refuse(
             format!(
                 "{} {} (mode {:04o}, owner uid {}), so another user may have replaced it",
                 show(&path),
-                if owner_ok(&running) {
+                if owner_ok(&running, uids) {
                     "is writable by its group or others"
                 } else {
                     "belongs to another user"
@@ -142,22 +139,31 @@ pub fn check_file(
             ),
         );
     }
+    check_folders(&real, &home, &cache, uids)
+}
+
+/// Every folder from the real executable's up to `home` (up to `/` when
+/// it is not under `home`) belongs to one of `uids` or root and is not
+/// writable by group or others.
+fn check_folders(real: &Path, home: &Path, cache: &Path, uids: &[u32]) -> Result<(), Unsafe> {
+    let uid = uids.first().copied().unwrap_or(0);
+    let refuse = |message: String, hint: String| Err(Unsafe { message, hint });
     for dir in real.ancestors().skip(1) {
         let Ok(m) = std::fs::metadata(dir) else {
             return Ok(());
         };
-        if !owner_ok(&m) {
+        if !owner_ok(&m, uids) {
             return refuse(
                 format!(
                     "{} belongs to uid {}, neither this user (uid {uid}) nor root, so another user may replace the agent in {}",
                     show(dir),
                     m.uid(),
-                    show(&cache)
+                    show(cache)
                 ),
                 format!(
                     "on that host, give {} to this user (chown) or remove {}",
                     show(dir),
-                    show(&cache)
+                    show(cache)
                 ),
             );
         }
@@ -167,7 +173,7 @@ pub fn check_file(
                     "{} is writable by its group or others (mode {:04o}), so another user may replace the agent in {}",
                     show(dir),
                     m.mode() & 0o7777,
-                    show(&cache)
+                    show(cache)
                 ),
                 format!(
                     "on that host, run `chmod go-w {}` (as OpenSSH's StrictModes wants for ~/.ssh)",
@@ -180,6 +186,16 @@ pub fn check_file(
         }
     }
     Ok(())
+}
+
+/// A path for a message, terminal-safe.
+fn show(p: &Path) -> String {
+    crate::text::escape(&p.to_string_lossy()).into_owned()
+}
+
+/// Whether `m` belongs to one of `uids` or root.
+fn owner_ok(m: &std::fs::Metadata, uids: &[u32]) -> bool {
+    uids.contains(&m.uid()) || m.uid() == 0
 }
 
 #[cfg(test)]

@@ -156,33 +156,20 @@ fn check_row(
     counters: &Counters,
     (hashed, cached): (&AtomicU64, &AtomicU64),
 ) -> Vec<Finding> {
-    let one = |kind, reason: String| {
-        Finding::problem(kind, Some(dist.to_string()), Some(row.path.clone()), reason)
+    let r = RowFindings {
+        dist,
+        path: &row.path,
     };
-    let found = |kind, reason: String| vec![one(kind, reason)];
     // The scan refuses a RECORD with paths outside the venv; not read here either.
     let Ok((abs, rel)) = venv.resolve(&row.path) else {
-        return found(
+        return r.found(
             FindingKind::Changed,
             "RECORD names a path outside the venv".into(),
         );
     };
-    let blocked = |b: Blocked| match b {
-        // Python writes bytecode again at the next import; pip never fails on it.
-        Blocked::Missing if is_bytecode(&row.path) => vec![
-            one(FindingKind::Missing, "listed in RECORD, not on disk".into())
-                .into_note(NoteKind::RegenerableBytecode),
-        ],
-        Blocked::Missing => found(FindingKind::Missing, "listed in RECORD, not on disk".into()),
-        Blocked::Link(l) => found(
-            FindingKind::Changed,
-            format!("lies behind the symlink {l}: not read"),
-        ),
-        Blocked::Error(e) => found(FindingKind::Changed, format!("cannot be read: {e}")),
-    };
     match w.lstat(&rel) {
-        Ok(None) => return blocked(Blocked::Missing),
-        Err(b) => return blocked(b),
+        Ok(None) => return r.blocked(Blocked::Missing),
+        Err(b) => return r.blocked(b),
         // A symlink or directory where RECORD lists a file: pip records
         // neither, so only its absence would matter.
         Ok(Some(st))
@@ -195,12 +182,12 @@ fn check_row(
     }
     let file = match w.open(&rel) {
         Ok(f) => f,
-        Err(b) => return blocked(b),
+        Err(b) => return r.blocked(b),
     };
     let meta = match file.metadata() {
         Ok(m) => m,
         Err(e) => {
-            return found(
+            return r.found(
                 FindingKind::Changed,
                 format!("cannot be read: {}", io_cause(&e)),
             );
@@ -210,12 +197,12 @@ fn check_row(
     if (crate::preflight::looks_shared(&row.path) || meta.mode() & 0o111 != 0)
         && let Some(why) = super::elf::damage(&file)
     {
-        out.extend(found(FindingKind::Damaged, why));
+        out.extend(r.found(FindingKind::Damaged, why));
     }
     let size = meta.len();
     // A file that is not code and differs from RECORD is a note: edited on purpose.
     let edited = |reason: String| {
-        let f = one(FindingKind::Changed, reason);
+        let f = r.one(FindingKind::Changed, reason);
         if is_code(&row.path, meta.mode(), &file) {
             f
         } else {
@@ -234,30 +221,80 @@ fn check_row(
     if how.max_bytes.is_some_and(|max| size > max) {
         return out;
     }
-    let have = match how.cache.get(&abs, &meta) {
-        Some(h) => {
-            cached.fetch_add(1, Ordering::Relaxed);
-            h
+    let have = match sha256_cached(&abs, &file, &meta, how, counters, (hashed, cached)) {
+        Ok(h) => h,
+        Err(e) => {
+            out.extend(r.found(
+                FindingKind::Changed,
+                format!("cannot be read: {}", io_cause(&e)),
+            ));
+            return out;
         }
-        None => match sha256_of(&file, counters) {
-            Ok(h) => {
-                hashed.fetch_add(1, Ordering::Relaxed);
-                how.cache.put(&abs, &meta, &h);
-                h
-            }
-            Err(e) => {
-                out.extend(found(
-                    FindingKind::Changed,
-                    format!("cannot be read: {}", io_cause(&e)),
-                ));
-                return out;
-            }
-        },
     };
     if have != *want {
         out.push(edited(format!("sha256 differs from RECORD (size {size})")));
     }
     out
+}
+
+/// The file's sha256 from the hash cache by its stamp, or read (and then
+/// cached); `hashed` or `cached` counts which.
+fn sha256_cached(
+    abs: &Path,
+    file: &std::fs::File,
+    meta: &std::fs::Metadata,
+    how: &Hashing,
+    counters: &Counters,
+    (hashed, cached): (&AtomicU64, &AtomicU64),
+) -> std::io::Result<String> {
+    if let Some(h) = how.cache.get(abs, meta) {
+        cached.fetch_add(1, Ordering::Relaxed);
+        return Ok(h);
+    }
+    let h = sha256_of(file, counters)?;
+    hashed.fetch_add(1, Ordering::Relaxed);
+    how.cache.put(abs, meta, &h);
+    Ok(h)
+}
+
+/// The findings of one RECORD row, worded for its distribution and path.
+struct RowFindings<'a> {
+    dist: &'a str,
+    path: &'a str,
+}
+
+impl RowFindings<'_> {
+    fn one(&self, kind: FindingKind, reason: String) -> Finding {
+        Finding::problem(
+            kind,
+            Some(self.dist.to_string()),
+            Some(self.path.to_string()),
+            reason,
+        )
+    }
+
+    fn found(&self, kind: FindingKind, reason: String) -> Vec<Finding> {
+        vec![self.one(kind, reason)]
+    }
+
+    /// The row's file could not be reached.
+    fn blocked(&self, b: Blocked) -> Vec<Finding> {
+        match b {
+            // Python writes bytecode again at the next import; pip never fails on it.
+            Blocked::Missing if is_bytecode(self.path) => vec![
+                self.one(FindingKind::Missing, "listed in RECORD, not on disk".into())
+                    .into_note(NoteKind::RegenerableBytecode),
+            ],
+            Blocked::Missing => {
+                self.found(FindingKind::Missing, "listed in RECORD, not on disk".into())
+            }
+            Blocked::Link(l) => self.found(
+                FindingKind::Changed,
+                format!("lies behind the symlink {l}: not read"),
+            ),
+            Blocked::Error(e) => self.found(FindingKind::Changed, format!("cannot be read: {e}")),
+        }
+    }
 }
 
 /// Is this RECORD path compiled bytecode (`__pycache__/*.pyc`)?

@@ -139,6 +139,47 @@ impl State {
             report.recovered = Some(msg);
             return Ok(report);
         }
+        let mut gens = self.to_roll_back(to)?;
+        let later = self.later_changes(&gens, counters)?;
+        let forced = match later {
+            Some((l, after)) if !l.is_empty() => {
+                report.later = Some(l);
+                if !force {
+                    report.refused = true;
+                    report.generations = gens.iter().map(|g| g.meta.id.clone()).collect();
+                    return Ok(report);
+                }
+                Some(after)
+            }
+            _ => None,
+        };
+        for g in &mut gens {
+            let undone = self.undo_with(g, forced.is_some())?;
+            report.restored += undone.restored;
+            report.removed += undone.removed;
+            report.verified += self.finish_undo(g, &undone, counters)?;
+            if !undone.edited.is_empty() {
+                report.kept_edited.push(format!(
+                    "{} (changed since the apply; kept in {})",
+                    undone.edited.join(", "),
+                    g.dir.join("undone").display()
+                ));
+            }
+            report.generations.push(g.meta.id.clone());
+        }
+        if let Some(after) = forced {
+            let r = self.reconcile(&gens, &after);
+            report.displaced = r.displaced;
+            report.displaced_to = r.to;
+            report.inconsistent = r.problems;
+        }
+        Ok(report)
+    }
+
+    /// The complete generations to undo, newest first, down to and
+    /// including `to` (default: the newest); an error when `to` is not one
+    /// of them, or one on the way is damaged or kept no backup.
+    fn to_roll_back(&self, to: Option<&str>) -> Result<Vec<Generation>> {
         // Complete generations, newest last; a damaged one (whose journal
         // says complete) is kept in the list so that rollback stops at it.
         let live: Vec<(String, Option<Error>)> =
@@ -199,39 +240,6 @@ impl State {
                 break;
             }
         }
-        let later = self.later_changes(&gens, counters)?;
-        let forced = match later {
-            Some((l, after)) if !l.is_empty() => {
-                report.later = Some(l);
-                if !force {
-                    report.refused = true;
-                    report.generations = gens.iter().map(|g| g.meta.id.clone()).collect();
-                    return Ok(report);
-                }
-                Some(after)
-            }
-            _ => None,
-        };
-        for g in &mut gens {
-            let undone = self.undo_with(g, forced.is_some())?;
-            report.restored += undone.restored;
-            report.removed += undone.removed;
-            report.verified += self.finish_undo(g, &undone, counters)?;
-            if !undone.edited.is_empty() {
-                report.kept_edited.push(format!(
-                    "{} (changed since the apply; kept in {})",
-                    undone.edited.join(", "),
-                    g.dir.join("undone").display()
-                ));
-            }
-            report.generations.push(g.meta.id.clone());
-        }
-        if let Some(after) = forced {
-            let r = self.reconcile(&gens, &after);
-            report.displaced = r.displaced;
-            report.displaced_to = r.to;
-            report.inconsistent = r.problems;
-        }
-        Ok(report)
+        Ok(gens)
     }
 }

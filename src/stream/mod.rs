@@ -22,6 +22,10 @@
 //! - [`send`] (source): read, check and hash the files into the tar
 //!   stream, pack its blocks on every core, and hand them to the sink in
 //!   order;
+//! - `source_file`: a source file reached without a symlink and checked
+//!   against the plan (the sender's and the local copy's);
+//! - `read_ahead`: the page-cache read-ahead of the files the source's
+//!   reader comes to next;
 //! - `tune`: with [`Compression::Auto`](crate::model::Compression) the zstd
 //!   level for the link, picked as the stream goes;
 //! - [`unpack`] (target): parse the stream's headers (`head`), check every
@@ -46,8 +50,10 @@
 
 mod head;
 mod local;
+mod read_ahead;
 mod receive;
 mod send;
+mod source_file;
 pub mod testing;
 mod tune;
 mod write;

@@ -241,3 +241,35 @@ pub fn staged_names(staging: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// A file of the plan to send: `content` at `path` (under site-packages),
+/// hashed in the plan.
+#[cfg(test)]
+pub(crate) fn send_file(index: usize, path: &str, content: &[u8]) -> crate::model::SendFile {
+    use crate::inventory::{ContentHasher, content_hex};
+    crate::model::SendFile {
+        index,
+        path: path.to_string(),
+        kind: Kind::File {
+            size: content.len() as u64,
+            mode: 0o644,
+            blake3: Some(content_hex(ContentHasher::new().update(content))),
+            stamp: None,
+        },
+    }
+}
+
+/// A venv with these files under site-packages; returns its folder.
+#[cfg(test)]
+pub(crate) fn venv_with(files: &[(&str, &[u8])]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let site = dir.path().join("lib/python3.11/site-packages");
+    fs::create_dir_all(&site).unwrap();
+    fs::write(dir.path().join("pyvenv.cfg"), "version = 3.11.2\n").unwrap();
+    for (path, content) in files {
+        let p = site.join(path);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, content).unwrap();
+    }
+    dir
+}

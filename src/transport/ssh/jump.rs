@@ -35,6 +35,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
+use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -266,98 +267,23 @@ fn pump(session: Session, mut channel: Channel, local: UnixStream, jump_fd: RawF
         return;
     }
     let mut buf = vec![0u8; PUMP_BUF];
-    // Bytes read from one side and not yet written to the other.
-    let mut up: Vec<u8> = Vec::new();
-    let mut up_at = 0;
-    let mut down: Vec<u8> = Vec::new();
-    let mut down_at = 0;
-    // The target's session closed its end: nothing more to carry.
-    let mut local_eof = false;
-    let mut eof_sent = false;
-    // The channel's far end closed: our end's writing side is shut.
-    let mut remote_eof = false;
-    loop {
-        let mut moved = false;
-        // Our socket -> channel.
-        if up_at == up.len() && !local_eof {
-            match (&local).read(&mut buf) {
-                Ok(0) => {
-                    local_eof = true;
-                    moved = true;
-                }
-                Ok(n) => {
-                    up.clear();
-                    up.extend_from_slice(&buf[..n]);
-                    up_at = 0;
-                    moved = true;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => moved = true,
-                Err(_) => break,
-            }
-        }
-        if up_at < up.len() {
-            // After a would-block libssh2 wants the same data again: `up`
-            // is not touched until it is all written.
-            match channel.write(&up[up_at..]) {
-                Ok(n) => {
-                    up_at += n;
-                    moved |= n > 0;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => break,
-            }
-        }
-        if local_eof && up_at == up.len() && !eof_sent {
-            match channel.send_eof() {
-                Ok(()) => eof_sent = true,
-                Err(e) if e.code() == ErrorCode::Session(codes::EAGAIN) => {}
-                Err(_) => break,
-            }
-        }
-        if eof_sent {
+    let mut p = Pumped::default();
+    while let ControlFlow::Continue(up_moved) = p.up(&local, &mut channel, &mut buf) {
+        if p.eof_sent {
             break;
         }
-        // Channel -> our socket.
-        if down_at == down.len() && !remote_eof {
-            match channel.read(&mut buf) {
-                Ok(0) => {
-                    if channel.eof() {
-                        remote_eof = true;
-                        let _ = local.shutdown(Shutdown::Write);
-                        moved = true;
-                    }
-                }
-                Ok(n) => {
-                    down.clear();
-                    down.extend_from_slice(&buf[..n]);
-                    down_at = 0;
-                    moved = true;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => break,
-            }
-        }
-        if down_at < down.len() {
-            match (&local).write(&down[down_at..]) {
-                Ok(n) => {
-                    down_at += n;
-                    moved |= n > 0;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => moved = true,
-                Err(_) => break,
-            }
-        }
-        if moved {
+        let ControlFlow::Continue(down_moved) = p.down(&local, &mut channel, &mut buf) else {
+            break;
+        };
+        if up_moved || down_moved {
             continue;
         }
         wait_either(
             &session,
             jump_fd,
             &local,
-            up_at == up.len() && !local_eof,
-            down_at < down.len(),
+            p.up_at == p.up.len() && !p.local_eof,
+            p.down_at < p.down.len(),
         );
         quick_ack(jump_fd);
     }
@@ -370,6 +296,113 @@ fn pump(session: Session, mut channel: Channel, local: UnixStream, jump_fd: RawF
     let _ = channel.close();
     drop(channel);
     let _ = session.disconnect(None, "overlay done", None);
+}
+
+/// Where [`pump`] is in each direction. Each step returns whether it moved
+/// anything, or `Break` when the pump must stop.
+#[derive(Default)]
+struct Pumped {
+    /// Bytes read from one side and not yet written to the other.
+    up: Vec<u8>,
+    up_at: usize,
+    down: Vec<u8>,
+    down_at: usize,
+    /// The target's session closed its end: nothing more to carry.
+    local_eof: bool,
+    eof_sent: bool,
+    /// The channel's far end closed: our end's writing side is shut.
+    remote_eof: bool,
+}
+
+impl Pumped {
+    /// Our socket -> channel, and the channel's EOF once our end closed.
+    fn up(
+        &mut self,
+        mut local: &UnixStream,
+        channel: &mut Channel,
+        buf: &mut [u8],
+    ) -> ControlFlow<(), bool> {
+        let mut moved = false;
+        if self.up_at == self.up.len() && !self.local_eof {
+            match local.read(buf) {
+                Ok(0) => {
+                    self.local_eof = true;
+                    moved = true;
+                }
+                Ok(n) => {
+                    self.up.clear();
+                    self.up.extend_from_slice(&buf[..n]);
+                    self.up_at = 0;
+                    moved = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => moved = true,
+                Err(_) => return ControlFlow::Break(()),
+            }
+        }
+        if self.up_at < self.up.len() {
+            // After a would-block libssh2 wants the same data again: `up`
+            // is not touched until it is all written.
+            match channel.write(&self.up[self.up_at..]) {
+                Ok(n) => {
+                    self.up_at += n;
+                    moved |= n > 0;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return ControlFlow::Break(()),
+            }
+        }
+        if self.local_eof && self.up_at == self.up.len() && !self.eof_sent {
+            match channel.send_eof() {
+                Ok(()) => self.eof_sent = true,
+                Err(e) if e.code() == ErrorCode::Session(codes::EAGAIN) => {}
+                Err(_) => return ControlFlow::Break(()),
+            }
+        }
+        ControlFlow::Continue(moved)
+    }
+
+    /// Channel -> our socket, and our socket's writing side shut once the
+    /// channel's far end closed.
+    fn down(
+        &mut self,
+        mut local: &UnixStream,
+        channel: &mut Channel,
+        buf: &mut [u8],
+    ) -> ControlFlow<(), bool> {
+        let mut moved = false;
+        if self.down_at == self.down.len() && !self.remote_eof {
+            match channel.read(buf) {
+                Ok(0) => {
+                    if channel.eof() {
+                        self.remote_eof = true;
+                        let _ = local.shutdown(Shutdown::Write);
+                        moved = true;
+                    }
+                }
+                Ok(n) => {
+                    self.down.clear();
+                    self.down.extend_from_slice(&buf[..n]);
+                    self.down_at = 0;
+                    moved = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return ControlFlow::Break(()),
+            }
+        }
+        if self.down_at < self.down.len() {
+            match local.write(&self.down[self.down_at..]) {
+                Ok(n) => {
+                    self.down_at += n;
+                    moved |= n > 0;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => moved = true,
+                Err(_) => return ControlFlow::Break(()),
+            }
+        }
+        ControlFlow::Continue(moved)
+    }
 }
 
 /// Sleep until the jump host's socket or ours has something for the pump
