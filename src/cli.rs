@@ -84,9 +84,9 @@ impl GlobalArgs {
         names: &[String],
         plan: &std::path::Path,
     ) -> overlay::error::Result<Option<Vec<String>>> {
-        use overlay::ops::plan_many;
+        use overlay::fleet::plan_many;
         if names.is_empty() {
-            return Ok(plan_many::load_fleet(plan)
+            return Ok(overlay::plan::load_fleet(plan)
                 .map(|(f, _)| f.targets.into_iter().map(|t| t.name).collect()));
         }
         // One name that is not a group: the one-host form, which also

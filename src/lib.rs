@@ -29,7 +29,8 @@
 //! | transport | [`transport`] | starting an agent: local child, SSH (libssh2), OpenSSH |
 //! | client | [`client`] | a typed client of one agent |
 //! | agent, operations | [`agent`] | the agent: serve loop and one handler per request |
-//! | | [`ops`] | the controller's workflows: plan, apply, rollback, history, verify; plan and apply of many targets |
+//! | | [`ops`] | the controller's operations on one target: plan, apply, rollback, history, prune, verify, doctor, pack |
+//! | fleet | [`fleet`] | many targets at once: plans of many, rollouts (canary, max-fail), the fan-out of one read of the source, plans from a bundle |
 //!
 //! The binary adds `cli` (arguments), `progress` (bars and status on
 //! stderr) and `commands` (one thin file per command family).
@@ -40,6 +41,7 @@ pub mod bundle;
 pub mod client;
 pub mod doctor;
 pub mod error;
+pub mod fleet;
 pub mod hashcache;
 pub mod interrupt;
 pub mod inventory;

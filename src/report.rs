@@ -64,14 +64,19 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
         quote(&plan.target.venv),
         quote(&plan.target.python)
     );
+    sets_and_summary(&mut out, plan, verbose, paint);
+    out
+}
+
+/// A plan's sets (with `verbose`, every changed path) and its summary line.
+fn sets_and_summary(out: &mut String, plan: &Plan, verbose: bool, paint: Paint) {
     for set in &plan.sets {
-        set_text(&mut out, set, paint);
+        set_text(out, set, paint);
         if verbose {
-            set_paths_text(&mut out, set, paint);
+            set_paths_text(out, set, paint);
         }
     }
-    summary_text(&mut out, plan);
-    out
+    summary_text(out, plan);
 }
 
 /// The `--json` document of `overlay plan SRC T1 T2 ...`: every target's
@@ -184,13 +189,7 @@ pub fn fleet_text(plans: &[Plan], verbose: bool, color: bool) -> String {
             quote(&plan.target.venv),
             quote(&plan.target.python)
         );
-        for set in &plan.sets {
-            set_text(&mut out, set, paint);
-            if verbose {
-                set_paths_text(&mut out, set, paint);
-            }
-        }
-        summary_text(&mut out, plan);
+        sets_and_summary(&mut out, plan, verbose, paint);
     }
     let total: usize = plans
         .iter()

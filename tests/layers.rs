@@ -36,6 +36,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("client", &["client"]),
     ("agent and operations", &["agent", "ops"]),
+    ("fleet", &["fleet"]),
     (
         "binary",
         &["main", "cli", "progress", "commands", "musl_memcmp"],
@@ -270,12 +271,124 @@ fn violations(refs: &[Reference]) -> Vec<String> {
     out
 }
 
+/// The file-level node of `file`: its module path under `src/`, two
+/// levels deep at most (`src/ops/apply.rs` is `ops::apply`,
+/// `src/plan/compute/tests.rs` is `plan::compute`, `src/ops/mod.rs` is
+/// `ops`).
+fn node_of(file: &str) -> Vec<String> {
+    let rel = file.trim_start_matches("src/").trim_end_matches(".rs");
+    let mut parts: Vec<String> = rel.split('/').map(str::to_string).collect();
+    if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The node a module path names, as far as files exist for it: `ops::apply`
+/// when `src/ops/apply.rs` (or `src/ops/apply/`) is there, else `ops`.
+fn existing_node(path: &[String], exists: &dyn Fn(&str) -> bool) -> String {
+    let mut node: Vec<&str> = Vec::new();
+    for part in path.iter().take(2) {
+        let candidate = [node.as_slice(), &[part.as_str()]].concat().join("/");
+        if exists(&format!("src/{candidate}.rs")) || exists(&format!("src/{candidate}")) {
+            node.push(part);
+        } else {
+            break;
+        }
+    }
+    node.join("::")
+}
+
+/// Every reference from one file-level node to another (see [`node_of`]):
+/// `crate::a::b` and `super::b` paths, outside the file's test module. A `mod.rs` naming its own
+/// submodules by bare name is not read, so a parent never forms a cycle
+/// with its children; the cycles this finds run between siblings or
+/// across modules.
+fn file_references(file: &str, text: &str, exists: &dyn Fn(&str) -> bool) -> Vec<(String, String)> {
+    let here = node_of(file);
+    let from = existing_node(&here, exists);
+    // `super` of a file module is its parent; of a `mod.rs`, its parent's.
+    let mut parent = here.clone();
+    parent.pop();
+    let mut out = BTreeSet::new();
+    let lines: Vec<&str> = text.lines().collect();
+    for (n, raw) in lines.iter().enumerate() {
+        // A file's test module (`#[cfg(test)]` then `mod ...`) ends what is
+        // read: a test may drive its module through the serve loop above it.
+        if raw.trim() == "#[cfg(test)]"
+            && lines
+                .get(n + 1)
+                .is_some_and(|l| l.trim_start().starts_with("mod "))
+        {
+            break;
+        }
+        let code = code_of(raw);
+        for (pat, base) in [("crate::", Vec::new()), ("super::", parent.clone())] {
+            let mut rest = code.as_str();
+            while let Some(i) = rest.find(pat) {
+                let before = rest[..i].chars().last();
+                let after = &rest[i + pat.len()..];
+                rest = after;
+                if before.is_some_and(|c| {
+                    c.is_alphanumeric() || c == '_' || (c == ':' && pat == "crate::")
+                }) {
+                    continue;
+                }
+                let mut targets: Vec<Vec<String>> = Vec::new();
+                let word = |s: &str| -> Vec<String> {
+                    s.split("::")
+                        .map(|p| {
+                            p.chars()
+                                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                                .collect::<String>()
+                        })
+                        .take_while(|p| !p.is_empty())
+                        .collect()
+                };
+                // `a::b::{c, d::e}` (one line): the prefix, then each item.
+                match after.find('{') {
+                    Some(open) if open == 0 || after[..open].ends_with("::") => {
+                        let prefix = word(&after[..open]);
+                        for item in after[open + 1..].split('}').next().unwrap_or("").split(',') {
+                            let item = word(item.trim());
+                            let item = if item.first().is_some_and(|i| i == "self") {
+                                Vec::new()
+                            } else {
+                                item
+                            };
+                            targets.push(prefix.iter().cloned().chain(item).collect());
+                        }
+                    }
+                    _ => targets.push(word(after)),
+                }
+                for t in targets {
+                    let path: Vec<String> = base.iter().cloned().chain(t).collect();
+                    let to = existing_node(&path, exists);
+                    if !to.is_empty() && to != from {
+                        out.insert((from.clone(), to));
+                    }
+                }
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
 /// Cycles among the library's modules, each as `a -> b -> a`.
 fn cycles(refs: &[Reference]) -> Vec<String> {
+    let edges: Vec<(&str, &str)> = refs
+        .iter()
+        .map(|r| (r.from.as_str(), r.to.as_str()))
+        .collect();
+    cycles_of(&edges)
+}
+
+/// Cycles in a graph given by its edges, each named once as `a -> b -> a`.
+fn cycles_of(edges: &[(&str, &str)]) -> Vec<String> {
     let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for r in refs {
-        if r.from != r.to {
-            graph.entry(&r.from).or_default().insert(&r.to);
+    for &(from, to) in edges {
+        if from != to {
+            graph.entry(from).or_default().insert(to);
         }
     }
     let mut found = BTreeSet::new();
@@ -333,6 +446,22 @@ fn every_module_uses_only_the_layers_below_it() {
             .into_iter()
             .map(|c| format!("import cycle: {c}")),
     );
+    // The same among the files of the modules (`ops::apply`, ...).
+    let exists = |p: &str| Path::new(p).exists();
+    let mut edges = vec![];
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        edges.extend(file_references(f, &text, &exists));
+    }
+    let edges: Vec<(&str, &str)> = edges
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    problems.extend(
+        cycles_of(&edges)
+            .into_iter()
+            .map(|c| format!("import cycle between files: {c}")),
+    );
     assert!(
         problems.is_empty(),
         "{} layering problems (the table is in tests/layers.rs and docs/design.md#layout):\n{}",
@@ -379,4 +508,35 @@ fn the_check_catches_a_lower_layer_using_a_higher_one() {
         "{v:#?}"
     );
     assert_eq!(cycles(&refs), ["plan -> report -> plan"]);
+}
+
+#[test]
+fn the_check_catches_fleet_below_ops_and_a_cycle_between_files() {
+    // An operation of one target reaching up into the fleet.
+    let refs = references("src/ops/apply.rs", "use crate::fleet::fanout;\n");
+    assert_eq!(
+        violations(&refs),
+        [
+            "src/ops/apply.rs:1: ops uses fleet: layer \"agent and operations\" may not use layer \"fleet\" above it"
+        ]
+    );
+    // apply -> pack -> apply, by `super::` and by `crate::` paths.
+    let files = [
+        "src/ops/apply.rs",
+        "src/ops/pack.rs",
+        "src/ops/mod.rs",
+        "src/ops",
+    ];
+    let exists = |p: &str| files.contains(&p);
+    let mut edges = file_references("src/ops/apply.rs", "use super::pack::Named;\n", &exists);
+    edges.extend(file_references(
+        "src/ops/pack.rs",
+        "use crate::ops::{Observer, apply::apply};\n",
+        &exists,
+    ));
+    let edges: Vec<(&str, &str)> = edges
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    assert_eq!(cycles_of(&edges), ["ops::apply -> ops::pack -> ops::apply"]);
 }

@@ -34,7 +34,10 @@ pub mod direct;
 mod handlers;
 pub mod selfcheck;
 mod serve;
+mod session;
 mod stream_in;
+#[cfg(test)]
+mod testing;
 
 use std::os::fd::AsFd;
 

@@ -1,20 +1,21 @@
 //! `overlay apply [PLAN]`: carry out a saved plan on its target (see
 //! `overlay::ops::apply`), then say what was done: status on stderr, and
 //! with `--json` one document on stdout. A plan of several targets is
-//! rolled out by `overlay::ops::apply_many`: a table (or with `--json` one
+//! rolled out by `overlay::fleet::apply_many`: a table (or with `--json` one
 //! document) of every target's result on stdout. `--bundle FILE TARGET...`
-//! plans the targets from the bundle (`overlay::ops::bundle_source`) into
+//! plans the targets from the bundle (`overlay::fleet::bundle_plan`) into
 //! the default plan file, then applies that; `--bundle FILE --venv PATH`
 //! applies a bundle to a venv on this host (`overlay::ops::pack`).
 
 use indicatif::HumanBytes;
 use overlay::err;
 use overlay::error::{EXIT_OK, ErrorKind, Result};
+use overlay::fleet::apply_many::{Rolled, Rollout, apply_many};
+use overlay::fleet::bundle_plan::{BundlePlanOptions, BundlePlanned, plan_from_bundle};
+use overlay::fleet::plan_many;
 use overlay::ops::Observer;
 use overlay::ops::apply::{Applied, ApplyOptions, ApplyReport, apply};
-use overlay::ops::apply_many::{Rolled, Rollout, apply_many};
-use overlay::ops::bundle_source::{self, BundlePlanOptions, BundlePlanned};
-use overlay::ops::plan_many;
+use overlay::ops::bundle_cache;
 use overlay::text;
 
 use crate::cli::{ApplyArgs, DEFAULT_PLAN, GlobalArgs};
@@ -45,7 +46,7 @@ pub fn run(global: &GlobalArgs, args: &ApplyArgs) -> Result<u8> {
         };
     }
     let opts = options(global, args);
-    if let Some((fleet, files)) = plan_many::load_fleet(&args.plan) {
+    if let Some((fleet, files)) = overlay::plan::load_fleet(&args.plan) {
         let plans: Vec<(String, std::path::PathBuf)> = fleet
             .targets
             .into_iter()
@@ -91,7 +92,7 @@ fn run_from_bundle(
 ) -> Result<u8> {
     let out = std::path::PathBuf::from(DEFAULT_PLAN);
     let console = Console::new(global);
-    let planned = bundle_source::plan_from_bundle(
+    let planned = plan_from_bundle(
         &BundlePlanOptions {
             manifest: global.manifest.clone(),
             bundle: bundle.to_path_buf(),
@@ -99,7 +100,7 @@ fn run_from_bundle(
             sets: Vec::new(),
             strict: false,
             connect: global.connect_options(),
-            cache_root: bundle_source::cache_root(&out),
+            cache_root: bundle_cache::cache_root(&out),
         },
         &console,
     )?;

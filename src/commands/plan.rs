@@ -1,16 +1,17 @@
 //! `overlay plan SRC DST`: scan and hash both live hosts, decide the plan,
 //! print it and save it. Never writes to either venv. With several
 //! targets (or a `[groups.NAME]`), one plan per target against one scan of
-//! the source (`overlay::ops::plan_many`), shown grouped. With `--bundle
+//! the source (`overlay::fleet::plan_many`), shown grouped. With `--bundle
 //! FILE` instead of SOURCE, the bundle is the source
-//! (`overlay::ops::bundle_source`); with `--bundle FILE --venv PATH`, the
+//! (`overlay::fleet::bundle_plan`); with `--bundle FILE --venv PATH`, the
 //! plan of a venv on this host, shown and not saved.
 
 use overlay::err;
 use overlay::error::{EXIT_CHANGES, EXIT_OK, Result};
-use overlay::ops::bundle_source::{self, BundlePlanOptions, BundlePlanned};
+use overlay::fleet::bundle_plan::{BundlePlanOptions, BundlePlanned, plan_from_bundle};
+use overlay::fleet::plan_many::{self, PlanManyOptions, PlannedMany};
+use overlay::ops::bundle_cache;
 use overlay::ops::plan::{PlanOptions, Planned, plan, save};
-use overlay::ops::plan_many::{self, PlanManyOptions, PlannedMany};
 use overlay::plan::Plan;
 use overlay::report;
 use overlay::text;
@@ -69,26 +70,32 @@ fn run_from_bundle(
         sets: args.sets.clone(),
         strict: args.strict,
         connect: global.connect_options(),
-        cache_root: bundle_source::cache_root(&args.out),
+        cache_root: bundle_cache::cache_root(&args.out),
     };
-    match bundle_source::plan_from_bundle(&opts, &Console::new(global))? {
+    match plan_from_bundle(&opts, &Console::new(global))? {
         BundlePlanned::One(planned) => show_one(global, args, *planned),
         BundlePlanned::Many(planned) => show_many(global, args, planned),
     }
 }
 
-/// Show and save the plan of one target.
-fn show_one(global: &GlobalArgs, args: &PlanArgs, planned: Planned) -> Result<u8> {
-    let plan = planned.plan;
+/// The plan on stdout (text or `--json`), its warnings and problems on
+/// stderr.
+fn print_plan(global: &GlobalArgs, args: &PlanArgs, plan: &Plan) {
     if args.json {
-        print!("{}", report::plan_json(&plan));
+        print!("{}", report::plan_json(plan));
     } else {
         print!(
             "{}",
-            report::plan_text(&plan, global.verbose > 0, progress::color_stdout())
+            report::plan_text(plan, global.verbose > 0, progress::color_stdout())
         );
     }
-    print_findings(&plan, global.verbose > 0);
+    print_findings(plan, global.verbose > 0);
+}
+
+/// Show and save the plan of one target.
+fn show_one(global: &GlobalArgs, args: &PlanArgs, planned: Planned) -> Result<u8> {
+    let plan = planned.plan;
+    print_plan(global, args, &plan);
     save(&plan, &args.out)?;
     // The agents have answered everything; their goodbyes ran beside the
     // printing and saving.
@@ -130,15 +137,7 @@ fn run_bundle(
     venv: &str,
 ) -> Result<u8> {
     let plan = overlay::ops::pack::plan_bundle(bundle, venv, &Console::new(global))?;
-    if args.json {
-        print!("{}", report::plan_json(&plan));
-    } else {
-        print!(
-            "{}",
-            report::plan_text(&plan, global.verbose > 0, progress::color_stdout())
-        );
-    }
-    print_findings(&plan, global.verbose > 0);
+    print_plan(global, args, &plan);
     if !global.quiet {
         eprintln!(
             "Run `overlay apply --bundle {} --venv {}` to carry it out.",

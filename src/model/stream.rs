@@ -84,7 +84,7 @@ pub struct ShebangRewrite {
 pub const BLOCK: usize = 1 << 20;
 
 /// One entry of a stream that several targets share (one read of the
-/// source fanned out to them, `ops::fanout`), as one target takes it: the
+/// source fanned out to them, `fleet::fanout`), as one target takes it: the
 /// stream's entry `i` is the `i`th of the list the target was given.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StreamEntry {

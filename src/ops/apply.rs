@@ -194,21 +194,21 @@ pub fn apply(opts: &ApplyOptions, obs: &dyn Observer) -> Result<ApplyReport> {
 }
 
 /// What [`begin`] left: a target ready for its files, or the whole report.
-pub(super) enum Began {
+pub enum Began {
     Ready(Box<Ready>),
     /// `--resume`, or a plan with nothing to change.
     Done(ApplyReport),
 }
 
 /// A target ready for its files: connected, checked, its generation open.
-pub(super) struct Ready {
-    pub(super) opts: ApplyOptions,
-    pub(super) plan: Plan,
-    pub(super) dst: Client,
-    pub(super) changes: Vec<GenChange>,
-    pub(super) generation: String,
-    pub(super) recovered: Option<String>,
-    pub(super) chosen: ChosenRoute,
+pub struct Ready {
+    pub opts: ApplyOptions,
+    pub plan: Plan,
+    pub dst: Client,
+    pub changes: Vec<GenChange>,
+    pub generation: String,
+    pub recovered: Option<String>,
+    pub chosen: ChosenRoute,
     check: Option<VerifyRequest>,
     /// Ctrl-C stops cleanly while this lives.
     _cleanly: interrupt::Cleanly,
@@ -216,14 +216,14 @@ pub(super) struct Ready {
 
 /// Everything before the stream: load and check the plan, connect the
 /// target, choose the route, read the check, and open the generation.
-pub(super) fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
+pub fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
     let mut plan = load_plan(&opts.plan)?;
     if !opts.compile {
         plan.without_carried_bytecode();
     }
     same_manifest(&plan, opts)?;
     if !opts.resume {
-        super::bundle_source::check_cache(&plan, &opts.plan)?;
+        super::bundle_cache::check_cache(&plan, &opts.plan)?;
     }
     let tname = plan.target.name.clone();
     if !opts.resume && plan.has_changes() {
@@ -284,7 +284,7 @@ pub(super) fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
 
 /// Everything after the stream: switch and commit, say so, run the check
 /// (rolling back when it fails and that was asked), and close.
-pub(super) fn finish(
+pub fn finish(
     ready: Box<Ready>,
     sent: Transferred,
     clock: &Clock,
@@ -452,7 +452,7 @@ pub fn choose_route(plan: &Plan, opts: &ApplyOptions, obs: &dyn Observer) -> Res
 
 /// Why the direct route cannot be taken to the plan's target at all, if
 /// it cannot: its agent runs through `sudo`, or it is this machine.
-pub(super) fn direct_obstacle(plan: &Plan) -> Option<String> {
+pub fn direct_obstacle(plan: &Plan) -> Option<String> {
     let tname = &plan.target.name;
     if let Some(user) = &plan.target.sudo {
         return Some(format!(
@@ -669,27 +669,27 @@ fn versions(plan: &Plan) -> Vec<crate::model::Transition> {
 
 /// What [`transfer`] did: the bytes, and the route they took.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Transferred {
-    pub(super) moved: Moved,
+pub struct Transferred {
+    pub moved: Moved,
     /// The direct route's destination, if the files took it.
-    pub(super) direct: Option<String>,
+    pub direct: Option<String>,
     /// The direct route fell back to the relay: ssh's reason.
-    pub(super) fell_back_from_direct: Option<String>,
+    pub fell_back_from_direct: Option<String>,
     /// Targets that took the same stream of the source (one read fanned
-    /// out to them, see [`super::fanout`]); 0 or 1: this target alone.
-    pub(super) shared: usize,
+    /// out to them, see `crate::fleet::fanout`); 0 or 1: this target alone.
+    pub shared: usize,
 }
 
 /// Bytes a stream carried.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Moved {
+pub struct Moved {
     /// Bytes of files.
-    pub(super) raw: u64,
+    pub raw: u64,
     /// Bytes on the wire.
-    pub(super) sent: u64,
+    pub sent: u64,
     /// The target copied the files itself (the local route): none went
     /// on a wire.
-    pub(super) local: bool,
+    pub local: bool,
 }
 
 /// Stream the added and replaced files from the source into the target's
@@ -778,7 +778,7 @@ fn transfer(
 /// The error of a stream that failed, once the target has discarded what
 /// it staged if it still can (Ctrl-C, or the source failed or died); told
 /// with where the target stands when an agent died.
-pub(super) fn stream_failed(
+pub fn stream_failed(
     dst: &mut Client,
     failure: StreamFailure,
     tname: &str,
@@ -833,7 +833,7 @@ fn fallback_warning(plan: &Plan, dest: &str, why: &str) -> String {
 /// for either), not `--direct`, and the target's agent reads the source
 /// venv as the source's agent would (the same `sudo`, or the target's
 /// agent runs as root). The target's agent then copies the files itself.
-pub(super) fn local_copy(plan: &Plan, direct: Option<&str>) -> bool {
+pub fn local_copy(plan: &Plan, direct: Option<&str>) -> bool {
     let local = plan.source.ssh.is_none() && plan.target.ssh.is_none();
     let reads_alike = plan.source.sudo == plan.target.sudo
         || plan.target.sudo.as_deref() == Some("root")
@@ -927,7 +927,7 @@ fn copy_here(
 /// local transport) sends the files as they are: the stream then runs
 /// through pipes, where compressing costs CPU and saves nothing. A fixed
 /// `--compress LEVEL` is kept.
-pub(super) fn route_compression(asked: Compression, plan: &Plan) -> Compression {
+pub fn route_compression(asked: Compression, plan: &Plan) -> Compression {
     let local = plan.source.ssh.is_none() && plan.target.ssh.is_none();
     match asked {
         Compression::Auto if local => Compression::None,
@@ -1135,7 +1135,7 @@ fn interrupted(left: Left<'_>, tname: &str, plan: &std::path::Path) -> Error {
 /// A test hook: with `OVERLAY_TEST_PAUSE_AT=stream`, the stream waits at
 /// its first event until Ctrl-C (at most two minutes), having created the
 /// file `OVERLAY_TEST_PAUSE_MARK` to say it waits (tests/interrupt.rs).
-pub(super) fn pause_hook(point: &str) {
+pub fn pause_hook(point: &str) {
     if std::env::var("OVERLAY_TEST_PAUSE_AT").ok().as_deref() != Some(point) {
         return;
     }
@@ -1153,13 +1153,13 @@ const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A stream that failed, and whether an agent (or its connection) died:
 /// the source's (then named in the error) or the target's (then `dst.lost()`).
-pub(super) struct StreamFailure {
+pub struct StreamFailure {
     error: Error,
     died: bool,
 }
 
 impl StreamFailure {
-    pub(super) fn new(error: Error, died: bool) -> Self {
+    pub fn new(error: Error, died: bool) -> Self {
         StreamFailure { error, died }
     }
 }
@@ -1407,7 +1407,7 @@ fn stream_parts(
 }
 
 /// For `-vv`: the levels `--compress auto` measured, window by window.
-pub(super) fn show_windows(obs: &dyn Observer, windows: &[LevelWindow]) {
+pub fn show_windows(obs: &dyn Observer, windows: &[LevelWindow]) {
     if !windows.is_empty() {
         let w: Vec<String> = windows
             .iter()

@@ -1,6 +1,7 @@
-//! The controller's operations: plan, apply, rollback, history, prune,
-//! verify and doctor, plan and apply of many targets (`plan_many`,
-//! `apply_many`), and plans from a bundle (`bundle_source`), each as one function that takes an options struct (plain data)
+//! The controller's operations on one target: plan, apply, rollback,
+//! history, prune, verify and doctor, and `pack` (a source written into a
+//! bundle, and a bundle applied on this host), each as one function that
+//! takes an options struct (plain data)
 //! and an [`Observer`], talks to the hosts' agents through the
 //! [`Client`], and returns a typed report. The binary's commands parse
 //! arguments into the options, call one operation and print its report.
@@ -17,16 +18,13 @@
 //! ([`load_plan`]) and connecting ([`connect`]).
 
 pub mod apply;
-pub mod apply_many;
-pub mod bundle_source;
+pub mod bundle_cache;
 pub mod doctor;
-mod fanout;
 pub mod history;
 pub mod pack;
 pub mod plan;
-pub mod plan_many;
 mod record_note;
-mod relay;
+pub mod relay;
 pub mod rollback;
 pub mod verify;
 
@@ -108,7 +106,7 @@ impl Meter for Silent {
 }
 
 /// `-vv` timings: how long into the operation each step was done.
-pub(crate) struct Clock<'a> {
+pub struct Clock<'a> {
     started: Instant,
     obs: &'a dyn Observer,
 }
@@ -219,7 +217,7 @@ pub fn load_plan(path: &Path) -> Result<Plan> {
             crate::error::io_cause(&e)
         )
     })?;
-    if let Some((fleet, files)) = plan_many::load_fleet(path) {
+    if let Some((fleet, files)) = crate::plan::load_fleet(path) {
         let first = files
             .first()
             .map_or_else(String::new, |f| f.display().to_string());

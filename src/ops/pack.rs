@@ -461,9 +461,9 @@ pub struct BundleApply {
 
 /// An observer that names the bundle where the plan and apply would name
 /// the files in the unpack folder (gone when the command ends).
-pub(super) struct Named<'a> {
-    pub(super) inner: &'a dyn Observer,
-    pub(super) names: Vec<(String, String)>,
+pub struct Named<'a> {
+    pub inner: &'a dyn Observer,
+    pub names: Vec<(String, String)>,
 }
 
 impl Named<'_> {
@@ -475,7 +475,7 @@ impl Named<'_> {
         out
     }
 
-    pub(super) fn fix_error(&self, mut e: crate::error::Error) -> crate::error::Error {
+    pub fn fix_error(&self, mut e: crate::error::Error) -> crate::error::Error {
         e.message = self.fix(&e.message);
         e.hint = e.hint.map(|h| self.fix(&h));
         if e.message.ends_with("has no [verify] check") {

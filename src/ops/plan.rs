@@ -48,7 +48,7 @@ pub struct Planned {
 
 /// The goodbyes of a plan's agents, running on their own threads (one
 /// per source the plan read: the source host, and each set's `from`).
-pub struct Closing(pub(super) Vec<std::thread::JoinHandle<()>>);
+pub struct Closing(pub Vec<std::thread::JoinHandle<()>>);
 
 impl Closing {
     /// Wait for the agents to exit.
@@ -102,18 +102,18 @@ pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
 }
 
 /// One side of the plan's stat rounds.
-pub(super) struct StatSide<'a> {
-    pub(super) host: &'a str,
-    pub(super) venv: &'a str,
-    pub(super) shebang: Option<ShebangRewrite>,
-    pub(super) pycache: bool,
+pub struct StatSide<'a> {
+    pub host: &'a str,
+    pub venv: &'a str,
+    pub shebang: Option<ShebangRewrite>,
+    pub pycache: bool,
 }
 
 impl StatSide<'_> {
     /// Stat the members of `sets` on this side's host, plus `extra` paths,
     /// with the hashes its cache still vouches for; the answer is for
     /// `order` ([`plan::stat_order`] of the same).
-    pub(super) fn stat_members(
+    pub fn stat_members(
         &self,
         client: &mut Client,
         sets: &[Set],
@@ -140,7 +140,7 @@ impl StatSide<'_> {
 
     /// Stat `paths` on this side's host (hashing them with `HashMode::All`,
     /// with progress on `meter`). An empty list costs no round trip.
-    pub(super) fn stat(
+    pub fn stat(
         &self,
         client: &mut Client,
         paths: Vec<String>,
@@ -167,7 +167,7 @@ impl StatSide<'_> {
 }
 
 /// The sets' members on one host and the order of their stat.
-pub(super) fn members_and_order<'a>(
+pub fn members_and_order<'a>(
     sets: &[Set],
     scan: &'a ScanReport,
     globs: &[String],
@@ -179,7 +179,7 @@ pub(super) fn members_and_order<'a>(
 
 /// Stat entries by path. (The path moves into the key; the entry's own
 /// `path` is left empty.)
-pub(super) fn index(v: Vec<Entry>) -> plan::Entries {
+pub fn index(v: Vec<Entry>) -> plan::Entries {
     let mut map = plan::Entries::with_capacity_and_hasher(v.len(), Default::default());
     for mut e in v {
         map.insert(std::mem::take(&mut e.path), e);
@@ -188,7 +188,7 @@ pub(super) fn index(v: Vec<Entry>) -> plan::Entries {
 }
 
 /// Run `f` for the source and the target at the same time.
-pub(super) fn both<A: Send, B: Send>(
+pub fn both<A: Send, B: Send>(
     a: impl FnOnce() -> A + Send,
     b: impl FnOnce() -> B + Send,
 ) -> (A, B) {
@@ -231,7 +231,7 @@ pub fn select_sets(manifest: &Manifest, names: &[String]) -> Result<Vec<Set>> {
 }
 
 /// The sets' file globs, each once.
-pub(super) fn globs_of(sets: &[Set]) -> Vec<String> {
+pub fn globs_of(sets: &[Set]) -> Vec<String> {
     let mut seen = BTreeSet::new();
     sets.iter()
         .flat_map(|s| s.files.iter())
@@ -241,15 +241,15 @@ pub(super) fn globs_of(sets: &[Set]) -> Vec<String> {
 }
 
 /// A host connected and scanned.
-pub(super) struct Scanned {
-    pub(super) client: Client,
-    pub(super) scan: ScanReport,
+pub struct Scanned {
+    pub client: Client,
+    pub scan: ScanReport,
     /// The scan step's meter, finished once the members are stated too.
-    pub(super) scanning: Box<dyn Meter>,
+    pub scanning: Box<dyn Meter>,
 }
 
 /// Connect to `host` and scan its venv for the sets' `globs`.
-pub(super) fn connect_scan(
+pub fn connect_scan(
     host: &Host,
     globs: &[String],
     opts: &ConnectOptions,
@@ -376,7 +376,7 @@ fn hash_phase(
 /// change ([`plan::bytecode_to_stat`]): the source's, and the target's of
 /// the same names, stat'ed (not hashed: a carried file is hashed as it is
 /// sent, and the target checks what it wrote against that).
-pub(super) fn bytecode_phase(
+pub fn bytecode_phase(
     (src_side, src): (&StatSide, &mut Client),
     (dst_side, dst): (&StatSide, &mut Client),
     src_entries: &mut plan::Entries,
@@ -396,10 +396,7 @@ pub(super) fn bytecode_phase(
 /// `bin/` scripts are hashed as they would read on the target, and both
 /// sides list the bytecode beside their `.py` files (the source's travels
 /// with a changed `.py`; the target's is replaced or deleted as stale).
-pub(super) fn stat_sides<'a>(
-    src_host: &'a Host,
-    dst_host: &'a Host,
-) -> (StatSide<'a>, StatSide<'a>) {
+pub fn stat_sides<'a>(src_host: &'a Host, dst_host: &'a Host) -> (StatSide<'a>, StatSide<'a>) {
     let src_side = StatSide {
         host: &src_host.name,
         venv: &src_host.venv,
@@ -733,7 +730,7 @@ fn merge_plans(plans: Vec<Plan>, order: &[Set]) -> Result<Plan> {
 }
 
 /// The regular files among `entries` that look like shared objects, sorted.
-pub(super) fn shared_files(entries: &plan::Entries) -> Vec<String> {
+pub fn shared_files(entries: &plan::Entries) -> Vec<String> {
     let mut out: Vec<String> = entries
         .iter()
         .filter(|(p, e)| matches!(e.kind, Kind::File { .. }) && crate::preflight::looks_shared(p))
@@ -744,14 +741,14 @@ pub(super) fn shared_files(entries: &plan::Entries) -> Vec<String> {
 }
 
 /// Seconds since the epoch.
-pub(super) fn now() -> u64 {
+pub fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// The paths the plan deletes, and those it places (adds or replaces).
-pub(super) fn deleted_and_placed(set_plans: &[SetPlan]) -> (HashSet<&str>, Vec<&str>) {
+pub fn deleted_and_placed(set_plans: &[SetPlan]) -> (HashSet<&str>, Vec<&str>) {
     let mut deleted: HashSet<&str> = HashSet::new();
     let mut placed: Vec<&str> = Vec::new();
     for s in set_plans {
@@ -813,12 +810,12 @@ fn ld_library_path(manifest: &Manifest, dst_scan: &ScanReport, dst_venv: &str) -
 
 /// The predicted problems, and the source's answer to the RECORD check
 /// that ran beside the target's loader check.
-pub(super) struct Preflighted {
-    pub(super) problems: Vec<Problem>,
-    pub(super) record: Option<Result<Vec<crate::model::Finding>>>,
+pub struct Preflighted {
+    pub problems: Vec<Problem>,
+    pub record: Option<Result<Vec<crate::model::Finding>>>,
     /// The target's answer to its RECORD check of the files the plan
     /// replaces or deletes ([`super::record_note::target_record_request`]).
-    pub(super) target_record: Option<Result<Vec<crate::model::Finding>>>,
+    pub target_record: Option<Result<Vec<crate::model::Finding>>>,
 }
 
 impl Preflighted {
@@ -826,7 +823,7 @@ impl Preflighted {
     /// been folded into `set_plans` (which carried bytecode the source
     /// vouches for) and into `warnings` (the source's notes, the target's
     /// edited files).
-    pub(super) fn settle(
+    pub fn settle(
         self,
         (src_host, src_scan): (&str, &ScanReport),
         (dst_host, dst_scan): (&str, &ScanReport),
@@ -864,7 +861,7 @@ impl Preflighted {
 /// ([`super::record_note::record_request`]). `known`: ELF facts of the
 /// source's shared objects already read (a plan of many targets reads
 /// them once for all); those it lacks are asked of the source.
-pub(super) fn preflight(
+pub fn preflight(
     manifest: &Manifest,
     sets: &[Set],
     (src, src_scan, src_venv): (&mut Client, &ScanReport, &str),
@@ -961,6 +958,21 @@ pub(super) fn preflight(
 
 /// Write the plan atomically (temp file, then rename).
 pub fn save(plan: &Plan, out: &Path) -> Result<()> {
+    write_atomic(out, |w| {
+        // One buffered write: a plan of 35,000 paths is ~10 MB of JSON.
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, w);
+        serde_json::to_writer_pretty(&mut w, plan).map_err(std::io::Error::other)?;
+        std::io::Write::flush(&mut w)
+    })
+}
+
+/// Write a plan file at `out` atomically: `write` fills a temp file
+/// (created 0600, whatever the umask) in the same folder (made 0700 if it
+/// is missing), which is then renamed over `out`.
+pub fn write_atomic(
+    out: &Path,
+    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<()> {
     let fail = |e: std::io::Error| {
         err!(
             kind = Host,
@@ -977,13 +989,8 @@ pub fn save(plan: &Plan, out: &Path) -> Result<()> {
     std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
         .create(dir)
         .map_err(fail)?;
-    // Created 0600 (NamedTempFile's mode), whatever the umask.
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
-    // One buffered write: a plan of 35,000 paths is ~10 MB of JSON.
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut tmp);
-    serde_json::to_writer_pretty(&mut w, plan).map_err(|e| fail(std::io::Error::other(e)))?;
-    std::io::Write::flush(&mut w).map_err(fail)?;
-    drop(w);
+    write(tmp.as_file_mut()).map_err(fail)?;
     tmp.persist(out).map_err(|e| fail(e.error))?;
     Ok(())
 }

@@ -39,19 +39,30 @@ pub fn record_request(
 ) -> Option<RecordCheckRequest> {
     let mut placed = placed_sets(set_plans);
     // A bundle unpacked on the controller has its scripts name the folder
-    // (`super::bundle_source`), so they differ from the RECORD of the
+    // (`super::bundle_cache`), so they differ from the RECORD of the
     // source they were packed from by that alone: the bundle's own hash
     // vouched for them.
-    if super::bundle_source::is_cache_venv(venv) {
+    if super::bundle_cache::is_cache_venv(venv) {
         placed.retain(|p, _| {
             !crate::model::venv_relative(&scan.site_packages, p)
                 .is_some_and(|r| r.starts_with("bin/"))
         });
     }
+    check_of(venv, scan, placed.keys().copied())
+}
+
+/// The RECORD check of `paths` in the dist-infos of `scan` that list them;
+/// `None` when no RECORD lists any.
+fn check_of<'p>(
+    venv: &str,
+    scan: &ScanReport,
+    paths: impl Iterator<Item = &'p str>,
+) -> Option<RecordCheckRequest> {
+    let paths: std::collections::BTreeSet<&str> = paths.collect();
     let dist_infos: Vec<String> = scan
         .dists
         .iter()
-        .filter(|d| d.files.iter().any(|f| placed.contains_key(f.as_str())))
+        .filter(|d| d.files.iter().any(|f| paths.contains(f.as_str())))
         .map(|d| d.dist_info.clone())
         .collect();
     if dist_infos.is_empty() {
@@ -60,7 +71,7 @@ pub fn record_request(
     Some(RecordCheckRequest {
         venv: venv.to_string(),
         dist_infos,
-        paths: placed.keys().map(|p| p.to_string()).collect(),
+        paths: paths.iter().map(|p| p.to_string()).collect(),
         max_hash_bytes: Some(MAX_HASH_BYTES),
     })
 }
@@ -100,28 +111,13 @@ pub fn target_record_request(
     scan: &ScanReport,
     set_plans: &[SetPlan],
 ) -> Option<RecordCheckRequest> {
-    let gone: std::collections::BTreeSet<&str> = set_plans
+    let gone = set_plans
         .iter()
         .flat_map(|s| s.changes.iter())
         .filter(|c| c.action != Action::Add)
         .map(|c| c.path.as_str())
-        .filter(|p| !p.ends_with(".pyc") && !p.contains("__pycache__/"))
-        .collect();
-    let dist_infos: Vec<String> = scan
-        .dists
-        .iter()
-        .filter(|d| d.files.iter().any(|f| gone.contains(f.as_str())))
-        .map(|d| d.dist_info.clone())
-        .collect();
-    if dist_infos.is_empty() {
-        return None;
-    }
-    Some(RecordCheckRequest {
-        venv: venv.to_string(),
-        dist_infos,
-        paths: gone.iter().map(|p| p.to_string()).collect(),
-        max_hash_bytes: Some(MAX_HASH_BYTES),
-    })
+        .filter(|p| !p.ends_with(".pyc") && !p.contains("__pycache__/"));
+    check_of(venv, scan, gone)
 }
 
 /// The target's answer to [`target_record_request`] (`host`, its `scan`)

@@ -22,7 +22,7 @@
 //! an error.
 //!
 //! [`fan_out`] passes one source's frames on to several targets (one read
-//! of the source for all, see `super::fanout`): a writer thread per target,
+//! of the source for all, see `crate::fleet::fanout`): a writer thread per target,
 //! each frame shared between them; a target whose write fails is dropped
 //! and the others go on; the slowest target sets the pace.
 
@@ -37,17 +37,17 @@ use crate::model::{Progress, Sent, Written};
 
 /// Data frames in flight between the two threads at most (each up to
 /// 1 MiB, see [`crate::protocol::MAX_DATA`]).
-pub(super) const BUFFERS: usize = 8;
+pub const BUFFERS: usize = 8;
 
 /// The end of a stream: what the source sent, and on the direct route what
 /// the target wrote.
-pub(super) struct Ended {
+pub struct Ended {
     pub sent: Sent,
     pub written: Vec<Written>,
 }
 
 /// What the caller hears of the stream while it runs.
-pub(super) struct Listener<'a> {
+pub struct Listener<'a> {
     /// Called once, after the first event (the tests' pause point).
     pub first: &'a mut dyn FnMut(),
     pub progress: &'a mut dyn FnMut(&Progress),
@@ -56,11 +56,7 @@ pub(super) struct Listener<'a> {
 /// Follow the source's stream to its end, passing its data frames on to
 /// `dst` (relayed) or refusing any (`None`: the direct route). Checks for
 /// Ctrl-C before each event.
-pub(super) fn follow(
-    src: &mut Client,
-    dst: Option<&mut Client>,
-    listen: Listener<'_>,
-) -> Result<Ended> {
+pub fn follow(src: &mut Client, dst: Option<&mut Client>, listen: Listener<'_>) -> Result<Ended> {
     match dst {
         Some(dst) => relay(src, dst, listen),
         None => events(src, listen, &mut |_, _, host| {
@@ -160,7 +156,7 @@ fn relay(src: &mut Client, dst: &mut Client, listen: Listener<'_>) -> Result<End
 
 /// The end of a stream fanned out to several targets: how the source's
 /// side ended, and each target's write error, in the order given.
-pub(super) struct FannedOut {
+pub struct FannedOut {
     pub ended: Result<Ended>,
     pub failed: Vec<Option<Error>>,
 }
@@ -169,7 +165,7 @@ pub(super) struct FannedOut {
 /// every target of `dsts` still taking it (see the module doc). The source
 /// is read on to the end while one target takes frames; when none does,
 /// its side ends with an error (each target's own is in `failed`).
-pub(super) fn fan_out(src: &mut Client, dsts: Vec<&mut Client>, listen: Listener<'_>) -> FannedOut {
+pub fn fan_out(src: &mut Client, dsts: Vec<&mut Client>, listen: Listener<'_>) -> FannedOut {
     std::thread::scope(|scope| {
         let mut txs = Vec::new();
         let mut writers = Vec::new();

@@ -10,7 +10,7 @@
 //! bytecode first, [`bytecode_to_stat`]). The per-path rules are in
 //! [`super::paths`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -21,22 +21,9 @@ use crate::plan::members::{Members, members_of, sorted_difference};
 use crate::plan::paths::{
     not_carried, not_deleted, not_written, special_bits_warning, without_special_bits,
 };
+use crate::plan::side::{Entries, Side};
 use crate::plan::versions::transitions;
 use crate::plan::{Change, SetPlan, Warning};
-
-/// What one host reported.
-pub struct Side<'a> {
-    pub host: &'a str,
-    pub scan: &'a ScanReport,
-    /// The file globs sent with the scan, in the same order as `scan.globs`.
-    pub globs: &'a [String],
-    pub entries: &'a Entries,
-}
-
-/// A host's stat entries by path. (Fx-hashed: the plan looks paths up
-/// ~200,000 times, and SipHash's DoS resistance buys nothing against the
-/// controller's own input.)
-pub type Entries = HashMap<String, Entry, rustc_hash::FxBuildHasher>;
 
 /// What [`compute`] decided.
 #[derive(Debug)]

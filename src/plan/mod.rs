@@ -32,14 +32,16 @@ use crate::error::Result;
 use crate::model::{Action, Kind, Problem};
 
 mod compute;
+mod fleet;
 mod members;
 mod paths;
+mod side;
 mod versions;
 
-pub use compute::{
-    BytecodeToStat, Computed, Entries, Side, bytecode_to_stat, compute, compute_with, needs_hash,
-};
+pub use compute::{BytecodeToStat, Computed, bytecode_to_stat, compute, compute_with, needs_hash};
+pub use fleet::{FleetPlan, FleetTarget, load_fleet};
 pub use members::{Members, members, members_of, order_check, sorted_difference, stat_order};
+pub use side::{Entries, Side};
 
 /// Version of the saved plan format.
 pub const PLAN_FORMAT: u32 = 2;
@@ -73,7 +75,7 @@ pub struct Plan {
 }
 
 /// The bundle a plan's source was unpacked from, and where (see
-/// `crate::ops::bundle_source`).
+/// `crate::fleet::bundle_plan`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PlanBundle {
     /// The bundle file as given to `overlay plan --bundle`.

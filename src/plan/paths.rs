@@ -6,7 +6,7 @@
 
 use crate::model::Kind;
 use crate::plan::Warning;
-use crate::plan::compute::Side;
+use crate::plan::side::Side;
 use crate::validate::{MODE_MASK, canonical, state_path};
 
 /// Why the site-relative `path` is never carried, if it is not: it points

@@ -3,7 +3,7 @@
 //! controller while or just after it switched), is undone first, so the
 //! venv is as before the apply. Without one, there is nothing to do.
 
-use crate::agent::serve::Session;
+use crate::agent::session::Session;
 use crate::error::Result;
 use crate::inventory::Counters;
 use crate::model::Status;

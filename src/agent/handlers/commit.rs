@@ -2,7 +2,7 @@
 //! backup if asked, pruning to `keep` generations) and close it; the
 //! answer says how many bytes the backup holds.
 
-use crate::agent::serve::Session;
+use crate::agent::session::Session;
 use crate::error::Result;
 use crate::protocol::Response;
 

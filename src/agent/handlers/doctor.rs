@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use crate::agent::serve::with_progress;
+use crate::agent::session::with_progress;
 use crate::error::Result;
 use crate::inventory::Counters;
 use crate::model::{DoctorRequest, RecordCheckRequest};

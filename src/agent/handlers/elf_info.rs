@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 
-use crate::agent::serve::{ElfPrefetch, Session, with_progress};
+use crate::agent::session::{ElfPrefetch, Session, with_progress};
 use crate::error::Result;
 use crate::inventory::Counters;
 use crate::model::ElfInfo;
@@ -61,7 +61,7 @@ pub fn elf_info(
 
 #[cfg(test)]
 mod tests {
-    use crate::agent::handlers::testing::exchange;
+    use crate::agent::testing::exchange;
     use crate::preflight::elf::read_elf;
     use crate::preflight::elf::testutil::{BaseAndUser, base_and_user};
     use crate::protocol::{Request, Response};

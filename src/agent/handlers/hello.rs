@@ -2,7 +2,7 @@
 //! controller of another protocol still gets the answer (so it can say
 //! which builds disagree), then the session ends.
 
-use crate::agent::serve::Next;
+use crate::agent::session::Next;
 use crate::err;
 use crate::protocol::{PROTOCOL_VERSION, Response};
 

@@ -7,7 +7,7 @@
 //! it: no lock of its own, no recovery (an interrupted generation is
 //! named, for a user who may write to finish).
 
-use crate::agent::serve::{Session, permission_denied};
+use crate::agent::session::{Session, permission_denied};
 use crate::error::Result;
 use crate::inventory::Counters;
 use crate::journal::State;

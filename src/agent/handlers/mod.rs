@@ -1,13 +1,13 @@
-//! One file per request: each handler takes the [`Session`](super::serve::Session)
+//! One file per request: each handler takes the [`Session`](super::session::Session)
 //! (when the request needs what requests share) and the request's fields,
 //! and returns the answer. Handlers that run long write `Progress` frames to
 //! the controller's pipe while they work
-//! ([`with_progress`](super::serve::with_progress)); `Send` writes its data
+//! ([`with_progress`](super::session::with_progress)); `Send` writes its data
 //! frames there. An error a handler returns is answered as an error by the
 //! dispatch that calls them, in [`super::serve`].
 //!
 //! `Hello`, `Receive` and `Stage` also decide whether the session goes on
-//! (they answer with [`Next`](super::serve::Next)); `Bye` and a stray
+//! (they answer with [`Next`](super::session::Next)); `Bye` and a stray
 //! `EndData` are answered by the dispatch itself.
 
 mod abort;
@@ -55,28 +55,3 @@ pub(super) use stat::{StatHow, stat};
 pub(super) use stat_members::{Members, stat_members};
 pub(super) use switch::switch;
 pub(super) use verify::verify;
-
-/// The agent seen from its pipe, for the handlers' tests.
-#[cfg(test)]
-pub(crate) mod testing {
-    use crate::agent::serve;
-    use crate::protocol::{Request, Response, read_frame, write_frame};
-
-    /// Serve `requests` in one session; the answers, without progress frames.
-    pub fn exchange(requests: &[Request]) -> Vec<Response> {
-        let mut input = Vec::new();
-        for r in requests {
-            write_frame(&mut input, r).unwrap();
-        }
-        let mut output = Vec::new();
-        serve(&mut input.as_slice(), &mut output).unwrap();
-        let mut answers = Vec::new();
-        let mut r = output.as_slice();
-        while let Some(m) = read_frame::<Response>(&mut r).unwrap() {
-            if !matches!(m, Response::Progress(_)) {
-                answers.push(m);
-            }
-        }
-        answers
-    }
-}

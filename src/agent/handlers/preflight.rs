@@ -6,7 +6,7 @@
 
 use std::io::Write;
 
-use crate::agent::serve::{Session, with_progress};
+use crate::agent::session::{Session, with_progress};
 use crate::error::Result;
 use crate::inventory::Counters;
 use crate::model::PreflightRequest;
@@ -39,7 +39,7 @@ pub fn preflight(
 
 #[cfg(test)]
 mod tests {
-    use crate::agent::handlers::testing::exchange;
+    use crate::agent::testing::exchange;
     use crate::model::{ElfInfo, PreflightRequest};
     use crate::preflight::elf::testutil::{BaseAndUser, base_and_user};
     use crate::protocol::{Request, Response};

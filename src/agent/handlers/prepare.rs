@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use crate::agent::serve::{Session, with_progress};
+use crate::agent::session::{Session, with_progress};
 use crate::error::Result;
 use crate::inventory::{self, Counters};
 use crate::model::PrepareRequest;

@@ -1,7 +1,7 @@
 //! `Prune`: finish an interrupted generation, then keep only the newest
 //! `keep` generations.
 
-use crate::agent::serve::Session;
+use crate::agent::session::Session;
 use crate::error::Result;
 use crate::inventory::Counters;
 use crate::protocol::Response;

@@ -5,7 +5,7 @@
 
 use std::io::Read;
 
-use crate::agent::serve::Next;
+use crate::agent::session::Next;
 use crate::agent::stream_in::{drain, stream_in};
 use crate::error::Result;
 use crate::model::Unpacked;

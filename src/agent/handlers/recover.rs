@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use crate::agent::serve::{Session, with_progress};
+use crate::agent::session::{Session, with_progress};
 use crate::error::Result;
 use crate::inventory::Counters;
 use crate::protocol::Response;

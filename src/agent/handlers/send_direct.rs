@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::send::Sending;
 use crate::agent::direct;
-use crate::agent::serve::with_progress;
+use crate::agent::session::with_progress;
 use crate::error::Result;
 use crate::inventory::Counters;
 use crate::protocol::Response;

@@ -7,7 +7,7 @@
 
 use std::io::Read;
 
-use crate::agent::serve::{Next, Session};
+use crate::agent::session::{Next, Session};
 use crate::agent::stream_in::{StreamIn, drain, stream_in};
 use crate::model::{StageCount, StreamEntry, Unpacked};
 use crate::protocol::Response;

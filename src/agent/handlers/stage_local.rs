@@ -9,7 +9,7 @@
 use std::io::Write;
 use std::sync::atomic::Ordering;
 
-use crate::agent::serve::{Session, with_progress};
+use crate::agent::session::{Session, with_progress};
 use crate::error::Result;
 use crate::inventory::Counters;
 use crate::model::ShebangRewrite;

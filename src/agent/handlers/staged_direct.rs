@@ -2,7 +2,7 @@
 //! the staging folder; check it against what both ends reported and mark
 //! the generation staged (or discard it).
 
-use crate::agent::serve::Session;
+use crate::agent::session::Session;
 use crate::error::Result;
 use crate::model::{SourceHash, StageCount, Written};
 use crate::protocol::Response;

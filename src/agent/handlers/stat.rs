@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use crate::agent::serve::with_progress;
+use crate::agent::session::with_progress;
 use crate::error::Result;
 use crate::inventory::{self, Counters};
 use crate::model::{HashMode, ShebangRewrite, StatEntry};

@@ -7,7 +7,7 @@
 use std::io::Write;
 
 use super::stat::{StatHow, stat};
-use crate::agent::serve::Session;
+use crate::agent::session::Session;
 use crate::err;
 use crate::error::Result;
 use crate::model::Set;
@@ -58,7 +58,7 @@ pub fn stat_members(
 
 #[cfg(test)]
 mod tests {
-    use crate::agent::handlers::testing::exchange;
+    use crate::agent::testing::exchange;
     use crate::inventory;
     use crate::model::{HashMode, Set};
     use crate::protocol::{Request, Response};

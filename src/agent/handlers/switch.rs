@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::sync::atomic::Ordering;
 
-use crate::agent::serve::{Session, with_progress};
+use crate::agent::session::{Session, with_progress};
 use crate::err;
 use crate::error::Result;
 use crate::inventory::Counters;

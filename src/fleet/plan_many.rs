@@ -20,21 +20,19 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use crate::client::Client;
 use crate::err;
 use crate::error::Result;
 use crate::manifest::{Host, Manifest};
 use crate::model::{ElfInfo, HashMode, Kind, ScanReport, ShebangRewrite};
-use crate::plan::{self, PLAN_FORMAT, Plan, Side};
+use crate::plan::{self, FleetPlan, FleetTarget, PLAN_FORMAT, Plan, Side};
 use crate::transport::ConnectOptions;
 
-use super::plan::{
+use crate::ops::plan::{
     Closing, StatSide, both, connect_scan, globs_of, host_info, index, manifest_stamp,
     members_and_order, now, preflight, select_sets, shared_files,
 };
-use super::{Clock, Meter, Observer, Silent, Step};
+use crate::ops::{Clock, Meter, Observer, Silent, Step};
 
 /// What `overlay plan SRC TARGET...` is asked.
 #[derive(Debug, Clone)]
@@ -241,7 +239,7 @@ fn make_plans(
     clock.mark("decide");
     let mut shared: BTreeSet<String> = BTreeSet::new();
     for c in &computed {
-        let (_, placed) = super::plan::deleted_and_placed(&c.sets);
+        let (_, placed) = crate::ops::plan::deleted_and_placed(&c.sets);
         shared.extend(
             placed
                 .into_iter()
@@ -471,25 +469,6 @@ fn stat_each_target(
     })
 }
 
-/// The saved form of a plan of many targets: at `--out`, the list of the
-/// targets' own plan files (each an ordinary plan, relative to this file's
-/// folder).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct FleetPlan {
-    pub format: u32,
-    /// The source's manifest name.
-    pub source: String,
-    pub targets: Vec<FleetTarget>,
-}
-
-/// One target of a [`FleetPlan`].
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct FleetTarget {
-    pub name: String,
-    /// Its plan file, relative to the fleet plan's folder.
-    pub plan: String,
-}
-
 /// The folder that holds the targets' plans of the fleet plan at `out`:
 /// `.overlay/plan.json` → `.overlay/plan.d`.
 pub fn plans_dir(out: &Path) -> PathBuf {
@@ -510,7 +489,7 @@ pub fn save_many(plans: &[Plan], out: &Path) -> Result<Vec<PathBuf>> {
     let mut targets = Vec::with_capacity(plans.len());
     for p in plans {
         let file = dir.join(format!("{}.json", p.target.name));
-        super::plan::save(p, &file)?;
+        crate::ops::plan::save(p, &file)?;
         targets.push(FleetTarget {
             name: p.target.name.clone(),
             plan: format!("{dir_name}/{}.json", p.target.name),
@@ -525,41 +504,8 @@ pub fn save_many(plans: &[Plan], out: &Path) -> Result<Vec<PathBuf>> {
         targets,
     };
     let text = serde_json::to_string_pretty(&fleet).expect("a fleet plan serializes") + "\n";
-    write_atomic(out, text.as_bytes())?;
+    crate::ops::plan::write_atomic(out, |w| w.write_all(text.as_bytes()))?;
     Ok(files)
-}
-
-/// Read the fleet plan at `path`, if it is one (`None`: it is not, e.g. an
-/// ordinary plan). Its targets' plan files, resolved against its folder.
-pub fn load_fleet(path: &Path) -> Option<(FleetPlan, Vec<PathBuf>)> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let fleet: FleetPlan = serde_json::from_str(&text).ok()?;
-    let base = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let files = fleet.targets.iter().map(|t| base.join(&t.plan)).collect();
-    Some((fleet, files))
-}
-
-fn write_atomic(out: &Path, bytes: &[u8]) -> Result<()> {
-    let fail = |e: std::io::Error| {
-        err!(
-            kind = Host,
-            hint = "choose another place with --out",
-            "Failed to save the plan to {}: {}",
-            out.display(),
-            crate::error::io_cause(&e)
-        )
-    };
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(fail)?;
-    std::io::Write::write_all(&mut tmp, bytes).map_err(fail)?;
-    tmp.persist(out).map_err(|e| fail(e.error))?;
-    Ok(())
 }
 
 /// An observer that passes each line on once, however often it is told.

@@ -25,12 +25,12 @@ use crate::error::{Error, Result};
 use crate::model::{Kind, RouteSetting, SendFile, ShebangRewrite, SourceHash, StreamEntry};
 use crate::plan::Plan;
 
-use super::apply::{
+use crate::ops::apply::{
     ApplyOptions, ApplyReport, Began, Moved, Ready, StreamFailure, Transferred, begin,
     direct_obstacle, finish, local_copy, pause_hook, route_compression, show_windows,
     stream_failed,
 };
-use super::{Clock, Observer, Step, endpoint, relay};
+use crate::ops::{Clock, Observer, Step, endpoint, relay};
 
 /// Whether a target's plan can take a stream shared with other targets:
 /// relayed through this machine (not `--direct`, not the local route), and
@@ -60,7 +60,7 @@ pub(super) fn share_groups(plans: &[&Plan]) -> Vec<Vec<usize>> {
             plan.source.venv.clone(),
             plan.target.venv.clone(),
         );
-        let send = SendFile::of_changes(&super::apply::gen_changes(plan));
+        let send = SendFile::of_changes(&crate::ops::apply::gen_changes(plan));
         let fits = |g: &Group| {
             g.key == key
                 && send

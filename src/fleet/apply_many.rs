@@ -21,8 +21,10 @@ use crate::error::{ErrorKind, Result};
 use crate::model::VerifyReport;
 use crate::plan::Plan;
 
-use super::apply::{ApplyOptions, ApplyReport, apply};
-use super::{Meter, Observer, Step, fanout, load_plan};
+use crate::ops::apply::{ApplyOptions, ApplyReport, apply};
+use crate::ops::{Meter, Observer, Step, load_plan};
+
+use super::fanout;
 
 /// How a plan of many targets rolls out (`overlay apply --parallel N
 /// --canary K --max-fail K`).
