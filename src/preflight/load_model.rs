@@ -12,9 +12,9 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use super::elf::{self, LoaderConfig, LoaderView, OverlayView};
+use super::object::{Found, Object, lexical};
 use super::preloads::{Preloads, imported_first_note, imported_first_of};
 use super::{SharedObjects, cuda, facts, looks_shared};
 use crate::error::Result;
@@ -320,22 +320,6 @@ fn overlay(req: &PreflightRequest, venv: &Venv, mut view: OverlayView) -> Result
     })
 }
 
-/// `p` with `.` and `..` resolved lexically: how the load model compares
-/// the paths of placed objects with those a closure found.
-pub(super) fn lexical(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            std::path::Component::CurDir => {}
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other.as_os_str()),
-        }
-    }
-    out
-}
-
 /// A root of the ELF check: an extension module, or an optional plugin.
 struct Root {
     /// Its index in the objects after the overlay.
@@ -344,40 +328,6 @@ struct Root {
     optional: bool,
     /// The overlay affects it: it is checked (all are with `whole`).
     affected: bool,
-}
-
-/// One problem of a root, worded for the report.
-#[derive(PartialEq, Eq, Hash)]
-pub(super) struct Found {
-    reason: String,
-    /// The grouping key ([`elf::cause_of`]).
-    cause: String,
-    pub(super) unmet: elf::Unmet,
-}
-
-/// One shared object of the venv as the load model sees it.
-pub(super) struct Object {
-    /// Relative to site-packages.
-    pub(super) rel: String,
-    pub(super) path: PathBuf,
-    pub(super) info: Arc<ElfInfo>,
-    /// A Python extension module (imports load it).
-    pub(super) extension: bool,
-    /// Placed by the overlay.
-    pub(super) placed: bool,
-}
-
-impl Object {
-    fn new(rel: &str, path: &Path, info: Arc<ElfInfo>, placed: bool) -> Self {
-        let name = rel.rsplit('/').next().unwrap_or(rel);
-        Object {
-            extension: info.is_extension(name),
-            rel: rel.to_owned(),
-            path: path.to_path_buf(),
-            info,
-            placed,
-        }
-    }
 }
 
 /// The problems of the root at `rel` (`path`), each worded for the report,

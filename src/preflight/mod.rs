@@ -6,7 +6,8 @@
 //! disturbs can be loaded: DT_NEEDED, version needs, undefined symbols).
 //!
 //! [`run_on_target`] applies the ELF check through the **load model**
-//! (`load_model`, with what earlier imports loaded in `preloads`); the
+//! (`load_model`, over the shared objects of `object`, with what earlier
+//! imports loaded in `preloads`); the
 //! controller tells it which distributions are imported before which
 //! (`dists`: [`imported_first`], [`torch_users`]). See docs/preflight.md.
 //!
@@ -19,6 +20,7 @@ mod dists;
 pub mod elf;
 pub mod facts;
 mod load_model;
+mod object;
 mod preloads;
 pub mod requirements;
 

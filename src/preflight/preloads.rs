@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use super::elf::{self, LoaderConfig, LoaderView, OverlayView};
-use super::load_model::{Found, Object, lexical};
+use super::object::{Found, Object, lexical};
 use crate::model::{ElfFinding, PreflightRequest};
 
 /// How many symbol names a "needs X imported first" reason shows.
