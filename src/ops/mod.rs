@@ -23,6 +23,7 @@ pub mod doctor;
 mod fanout;
 pub mod history;
 pub mod pack;
+mod pack_source;
 pub mod plan;
 pub mod plan_many;
 mod record_note;
