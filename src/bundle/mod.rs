@@ -56,8 +56,8 @@ const TRAILER: u64 = 4 + 4 + 8 + 32 + 8;
 
 mod write;
 
-pub use write::{Contents, Folder, Packed, write};
 use write::Checked;
+pub use write::{Contents, Folder, Packed, write};
 #[cfg(test)]
 use write::{header, trailer};
 

@@ -418,9 +418,7 @@ impl Contents for SourceStream<'_> {
     fn symlink(&mut self, e: &BundleEntry, target: &str) -> Result<()> {
         self.head(&e.path, true, target.len() as u64)?;
         let mut got = Vec::with_capacity(target.len());
-        let read = (&mut *self)
-            .take(target.len() as u64)
-            .read_to_end(&mut got);
+        let read = (&mut *self).take(target.len() as u64).read_to_end(&mut got);
         read.map_err(|err| self.broken(&err))?;
         if got != target.as_bytes() {
             return Err(err!(
