@@ -97,7 +97,8 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
         sets: set_names.clone(),
         ..index
     };
-    let mut stream = SourceStream::start(&mut client, &src.venv, files, obs)?;
+    let local = matches!(src.endpoint, crate::model::Endpoint::Local);
+    let mut stream = SourceStream::start(&mut client, &src.venv, files, local, obs)?;
     let written = bundle::write(&index, &mut stream, &opts.out)?;
     stream.finish()?;
     let _ = client.close();

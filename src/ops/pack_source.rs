@@ -299,11 +299,15 @@ pub(super) struct SourceStream<'c> {
 }
 
 impl<'c> SourceStream<'c> {
-    /// Ask the source for `files`, as they are (no shebang rewritten).
+    /// Ask the source for `files`, as they are (no shebang rewritten);
+    /// `local`: the source is this machine, and the stream runs through a
+    /// pipe, where compressing costs CPU and saves nothing (as
+    /// `apply::route_compression` decides for two local venvs).
     pub(super) fn start(
         client: &'c mut Client,
         venv: &str,
         files: Vec<SendFile>,
+        local: bool,
         obs: &dyn Observer,
     ) -> Result<SourceStream<'c>> {
         let meter = obs.step(Step::Stream, &client.host);
@@ -311,7 +315,11 @@ impl<'c> SourceStream<'c> {
             venv: venv.to_string(),
             files,
             shebang: None,
-            compression: Compression::Auto,
+            compression: if local {
+                Compression::None
+            } else {
+                Compression::Auto
+            },
         })?;
         Ok(SourceStream {
             client,
