@@ -13,12 +13,26 @@ use common::{Testbed, assert_same, ok, snapshot};
 
 const SETS: &str = common::SCENARIO_SETS;
 
-/// `overlay pack src -o FILE` in the work dir; must succeed.
+/// `overlay pack src -o FILE` in the work dir; must succeed, with no
+/// staging or apply of its own to report, and nothing left beside FILE.
 fn pack(tb: &Testbed, file: &str) -> PathBuf {
-    ok(
+    let out = ok(
         tb.overlay(&["pack", "src", "-o", file]).output().unwrap(),
         "pack",
     );
+    let err = String::from_utf8_lossy(&out.stderr);
+    for leak in ["overlay-pack-stage", "Applied generation", "generation"] {
+        assert!(!err.contains(leak), "pack says {leak:?}:\n{err}");
+    }
+    assert!(err.contains("Packed "), "{err}");
+    let left: Vec<_> = fs::read_dir(&tb.work)
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().to_string_lossy().into_owned();
+            n.starts_with(".overlay-pack.").then_some(n)
+        })
+        .collect();
+    assert!(left.is_empty(), "pack left {left:?}");
     tb.work.join(file)
 }
 
@@ -99,7 +113,7 @@ fn other_python_bundle(dir: &Path) -> PathBuf {
         entries,
     };
     let out = dir.join("py312.ovl");
-    overlay::bundle::write(&stage, &index, &out).unwrap();
+    overlay::bundle::write(&index, &mut overlay::bundle::Folder(stage), &out).unwrap();
     out
 }
 

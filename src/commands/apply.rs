@@ -77,7 +77,6 @@ fn options(global: &GlobalArgs, args: &ApplyArgs) -> ApplyOptions {
         verify: args.verify,
         rollback_on_failure: args.rollback_on_failure,
         compile: !args.no_compile,
-        records: true,
     }
 }
 

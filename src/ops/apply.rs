@@ -81,10 +81,6 @@ pub struct ApplyOptions {
     /// Place the bytecode the plan carries with its `.py` files (off with
     /// `--no-compile`).
     pub compile: bool,
-    /// The target rewrites the RECORD rows of the scripts whose shebang the
-    /// source rewrote, as pip records the script it wrote (off only for
-    /// `pack`'s staging apply, which puts the scripts back).
-    pub records: bool,
 }
 
 /// What an apply did.
@@ -640,9 +636,11 @@ fn prepare(
         resume: false,
         same_owner: opts.same_owner,
         versions: versions(plan),
-        // The scripts' RECORD rows describe them as the source venv had
-        // them: a bundle's, as the venv it was packed from.
-        shebang: opts.records.then(|| ShebangRewrite {
+        // The target rewrites the RECORD rows of the scripts whose shebang
+        // the source rewrote, as pip records the script it wrote; they
+        // describe them as the source venv had them: a bundle's, as the
+        // venv it was packed from.
+        shebang: Some(ShebangRewrite {
             from: plan
                 .bundle
                 .as_ref()

@@ -22,6 +22,7 @@ pub mod bundle_cache;
 pub mod doctor;
 pub mod history;
 pub mod pack;
+mod pack_source;
 pub mod plan;
 mod record_note;
 pub mod relay;

@@ -2,12 +2,12 @@
 //! (`crate::bundle`, docs/pack.md), and the other way round, a bundle
 //! served as a source on the host itself ([`unpack`]).
 //!
-//! Packing reuses the live path whole: the source is scanned, hashed and
-//! streamed exactly as for `plan` and `apply`, into a fresh venv-shaped
-//! folder on this machine (a local target, beside the output file); that
-//! folder, with the scripts' shebangs put back as the source has them, and
-//! the index taken from it are written as the bundle. The folder is
-//! removed afterwards.
+//! Packing reads the source once ([`super::pack_source`]): the planner
+//! decides what the sets would place in an empty venv, the source's agent
+//! hashes those files (from its cache where it can) and streams them as it
+//! would to a target, and the stream is written straight into the bundle,
+//! each file checked against the index as it goes. Nothing is staged and
+//! nothing applied; the scripts go as the source has them.
 //!
 //! Unpacking is the reverse: the bundle's whole-file hash is checked, its
 //! Python minor compared with the venv's, and its files unpacked (each
@@ -15,21 +15,18 @@
 //! serves as an ordinary local source: `plan --bundle` and `apply --bundle`
 //! run the same plan and apply (journal, backups, verify) as a live pair.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::bundle::{self, Bundle};
 use crate::err;
 use crate::error::{Result, io_cause};
-use crate::inventory::{self, Venv, rewrite_shebang};
+use crate::inventory::Venv;
 use crate::manifest::Manifest;
-use crate::model::{
-    BUNDLE_FORMAT, BundleDist, BundleEntry, BundleIndex, BundleKind, Compression, STATE_DIR,
-    ShebangRewrite, venv_relative,
-};
+use crate::model::{BundleIndex, BundleKind, Compression, ShebangRewrite};
 use crate::transport::ConnectOptions;
 
 use super::apply::{ApplyOptions, ApplyReport, apply};
+use super::pack_source::{SourceStream, ToPack, what_to_pack};
 use super::plan::{PlanOptions, plan, save, select_sets};
 use super::{Meter, Observer, Step};
 
@@ -37,8 +34,6 @@ use super::{Meter, Observer, Step};
 pub const BUNDLE_HOST: &str = "bundle";
 /// The manifest name of the venv on this host (the target).
 pub const LOCAL_HOST: &str = "local";
-/// The manifest name of the folder `pack` streams into.
-const STAGE_HOST: &str = "overlay-pack-stage";
 
 /// What `overlay pack` is asked.
 #[derive(Debug, Clone)]
@@ -64,7 +59,10 @@ pub struct Packed {
     pub python: String,
 }
 
-/// Write the bundle of `opts.sets` from the live source.
+/// Write the bundle of `opts.sets` from the live source, in one read of
+/// it: the sets planned as against an empty venv, then the source's stream
+/// of their files written straight into the bundle
+/// ([`super::pack_source`]).
 pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
     let manifest = Manifest::load(&opts.manifest)?;
     let src = manifest.host(&opts.source)?.clone();
@@ -81,14 +79,7 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
             from.at
         ));
     }
-    if manifest.hosts.contains_key(STAGE_HOST) {
-        return Err(err!(
-            hint = "rename that host in the manifest",
-            "{} names a host {STAGE_HOST}, the name `overlay pack` gives its own folder",
-            manifest.path.display()
-        ));
-    }
-    // The source's Python minor, for the folder's layout.
+    let connecting = obs.step(Step::Connect, &src.name);
     let mut client = super::connect(
         &super::HostRef {
             name: src.name.clone(),
@@ -98,99 +89,19 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
         },
         &opts.connect,
     )?;
-    let scan = client.scan(&src.venv, &[])?;
-    let _ = client.close();
-    let out_dir = match opts.out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let work = tempfile::Builder::new()
-        .prefix(".overlay-pack.")
-        .tempdir_in(&out_dir)
-        .map_err(|e| {
-            err!(
-                hint = "write the bundle where you can create files (-o)",
-                "Cannot make a folder in {} to pack in: {}",
-                out_dir.display(),
-                io_cause(&e)
-            )
-        })?;
-    let work_path = std::fs::canonicalize(work.path()).map_err(|e| err!("{}", io_cause(&e)))?;
-    let stage = work_path.join("venv");
-    let mkdir = |p: &Path| {
-        std::fs::create_dir_all(p)
-            .map_err(|e| err!("Cannot create {}: {}", p.display(), io_cause(&e)))
-    };
-    mkdir(&stage.join(&scan.site_packages))?;
-    let stage_str = stage.to_string_lossy().into_owned();
-
-    // The manifest with one more host, the folder.
-    let mut table = read_table(&opts.manifest)?;
-    let hosts = table
-        .entry("hosts")
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    if let Some(h) = hosts.as_table_mut() {
-        let mut t = toml::Table::new();
-        t.insert("venv".into(), toml::Value::String(stage_str.clone()));
-        h.insert(STAGE_HOST.into(), toml::Value::Table(t));
-    }
-    let staged_manifest = work_path.join("overlay.toml");
-    write_file(
-        &staged_manifest,
-        &toml::to_string(&table).expect("serializes"),
-    )?;
+    connecting.finish();
     let set_names: Vec<String> = sets.iter().map(|s| s.name.clone()).collect();
-    let planned = plan(
-        &PlanOptions {
-            manifest: staged_manifest.clone(),
-            source: src.name.clone(),
-            target: STAGE_HOST.into(),
-            sets: set_names.clone(),
-            strict: false,
-            connect: opts.connect.clone(),
-        },
-        obs,
-    )?;
-    planned.closing.wait();
-    let plan_file = work_path.join("plan.json");
-    save(&planned.plan, &plan_file)?;
-    if planned.plan.has_changes() {
-        apply(
-            &ApplyOptions {
-                plan: plan_file,
-                manifest: staged_manifest,
-                manifest_explicit: false,
-                connect: opts.connect.clone(),
-                resume: false,
-                force: true,
-                direct: false,
-                relay: false,
-                backup: false,
-                keep: None,
-                same_owner: false,
-                compression: Compression::Auto,
-                verify: false,
-                rollback_on_failure: false,
-                compile: true,
-                // The scripts are put back as the source has them (below),
-                // so their RECORD rows stay the source's too.
-                records: false,
-            },
-            obs,
-        )?;
-    }
-    // The scripts as the source has them.
-    let back = ShebangRewrite {
-        from: stage_str.clone(),
-        to: src.venv.clone(),
-    };
-    let index = index_of(&stage, &scan.python, &scan.site_packages, &src, &back)?;
+    let ToPack { index, files } = what_to_pack(&mut client, &src, &sets, obs)?;
     let index = BundleIndex {
         manifest: manifest_toml(&opts.manifest, &set_names)?,
         sets: set_names.clone(),
         ..index
     };
-    let written = bundle::write(&stage, &index, &opts.out)?;
+    let local = matches!(src.endpoint, crate::model::Endpoint::Local);
+    let mut stream = SourceStream::start(&mut client, &src.venv, files, local, obs)?;
+    let written = bundle::write(&index, &mut stream, &opts.out)?;
+    stream.finish()?;
+    let _ = client.close();
     let files: Vec<_> = index
         .entries
         .iter()
@@ -246,104 +157,6 @@ fn manifest_toml(path: &Path, sets: &[String]) -> Result<String> {
         }
     }
     Ok(out)
-}
-
-/// The index of the folder `stage`: every entry but overlay's state,
-/// sorted, each file hashed as it will be stored (scripts' shebangs put
-/// back with `back`, in place).
-fn index_of(
-    stage: &Path,
-    python: &str,
-    site: &str,
-    src: &crate::manifest::Host,
-    back: &ShebangRewrite,
-) -> Result<BundleIndex> {
-    let fail =
-        |p: &Path, e: &dyn std::fmt::Display| err!("Cannot read {} to pack it: {e}", p.display());
-    // RECORD ownership from the folder's own dist-infos.
-    let scan = inventory::scan(&stage.to_string_lossy(), &[])?;
-    let mut owner: BTreeMap<String, String> = BTreeMap::new();
-    let mut dists = Vec::new();
-    for d in &scan.dists {
-        for f in &d.files {
-            if let Some(rel) = venv_relative(site, f) {
-                owner.entry(rel).or_insert_with(|| d.name.clone());
-            }
-        }
-        dists.push(BundleDist {
-            name: d.name.clone(),
-            version: d.version.clone(),
-            dist_info: d.dist_info.clone(),
-        });
-    }
-    dists.sort_by(|a, b| a.dist_info.cmp(&b.dist_info));
-    let mut entries = Vec::new();
-    for e in walkdir::WalkDir::new(stage).min_depth(1) {
-        let e = e.map_err(|e| fail(stage, &e))?;
-        let rel = e
-            .path()
-            .strip_prefix(stage)
-            .expect("under the stage")
-            .to_string_lossy()
-            .into_owned();
-        if rel == STATE_DIR || rel.starts_with(&format!("{STATE_DIR}/")) {
-            continue;
-        }
-        let meta = e
-            .path()
-            .symlink_metadata()
-            .map_err(|err| fail(e.path(), &err))?;
-        use std::os::unix::fs::PermissionsExt;
-        let mode = meta.permissions().mode() & 0o7777;
-        let kind = if meta.file_type().is_symlink() {
-            let t = std::fs::read_link(e.path()).map_err(|err| fail(e.path(), &err))?;
-            BundleKind::Symlink {
-                target: t.to_string_lossy().into_owned(),
-            }
-        } else if meta.is_dir() {
-            BundleKind::Dir { mode: 0o755 }
-        } else if meta.is_file() {
-            if rel.starts_with("bin/") && meta.len() < (1 << 20) {
-                let bytes = std::fs::read(e.path()).map_err(|err| fail(e.path(), &err))?;
-                if let Some(orig) = rewrite_shebang(&bytes, back) {
-                    std::fs::write(e.path(), orig).map_err(|err| fail(e.path(), &err))?;
-                    // The source's mtime back too: the bundle carries it.
-                    if let Ok(t) = meta.modified() {
-                        let _ = std::fs::File::options()
-                            .write(true)
-                            .open(e.path())
-                            .and_then(|f| f.set_modified(t));
-                    }
-                }
-            }
-            let h = inventory::hash_file(e.path(), None, &Default::default())
-                .map_err(|err| fail(e.path(), &err))?;
-            BundleKind::File {
-                size: h.size,
-                mode,
-                blake3: h.blake3,
-            }
-        } else {
-            continue;
-        };
-        entries.push(BundleEntry {
-            owner: owner.get(&rel).cloned(),
-            path: rel,
-            kind,
-        });
-    }
-    entries.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(BundleIndex {
-        format: BUNDLE_FORMAT,
-        python: python.to_string(),
-        site_packages: site.to_string(),
-        source_host: src.name.clone(),
-        source_venv: src.venv.clone(),
-        manifest: String::new(),
-        sets: Vec::new(),
-        dists,
-        entries,
-    })
 }
 
 /// A bundle unpacked beside a venv, ready to serve as a local source.
@@ -555,7 +368,6 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
             verify: opts.verify,
             rollback_on_failure: opts.rollback_on_failure,
             compile: true,
-            records: true,
         },
         obs,
     )

@@ -16,7 +16,7 @@ use crate::error::Result;
 /// directories. Anything else is refused from the header alone, before a
 /// byte of what follows it is read.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct EntryHead {
+pub struct EntryHead {
     pub index: usize,
     /// A symlink (its target follows as the entry's data), or a regular file.
     pub symlink: bool,
@@ -29,7 +29,7 @@ pub(super) struct EntryHead {
 }
 
 /// The size of a tar header and the unit entries are padded to.
-pub(super) const TAR_BLOCK: usize = 512;
+pub const TAR_BLOCK: usize = 512;
 
 /// A tar header's checksum: the sum of its 512 bytes, with the checksum
 /// field itself counted as spaces.
@@ -49,7 +49,7 @@ pub(super) fn header_sum(block: &[u8]) -> u32 {
 
 /// Read the header in `block`: `Ok(None)` for a zero block, which ends a
 /// sender's stream (another sender's may follow in the same stage).
-pub(super) fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
+pub fn parse_head(block: &[u8; TAR_BLOCK]) -> Result<Option<EntryHead>> {
     if block.iter().all(|&b| b == 0) {
         return Ok(None);
     }

@@ -58,6 +58,7 @@ pub mod testing;
 mod tune;
 mod write;
 
+pub use head::{EntryHead, TAR_BLOCK, parse_head};
 pub use local::copy_local;
 pub use receive::{ChannelReader, check_staged, unpack, unpack_block};
 pub use send::send;

@@ -48,172 +48,18 @@ pub const PATH_LIMIT: u64 = 4096;
 /// zstd's largest window a reader accepts (2^27 = 128 MiB).
 const WINDOW_LOG_MAX: u32 = 27;
 /// The zstd level a bundle is written with.
-const LEVEL: i32 = 3;
+pub(crate) const LEVEL: i32 = 3;
 /// The trailer: skippable-frame magic, its payload size, tag, hash, length.
 const SKIPPABLE_MAGIC: u32 = 0x184D_2A5E;
 const TAG: &[u8; 8] = b"OVLBNDL1";
 const TRAILER: u64 = 4 + 4 + 8 + 32 + 8;
 
-/// A bundle written: its size and whole-file BLAKE3.
-#[derive(Debug, Clone)]
-pub struct Packed {
-    pub bytes: u64,
-    /// The BLAKE3 of the bytes before the trailer (the trailer's own hash).
-    pub blake3: String,
-}
+mod write;
 
-/// Counts and hashes what passes through to the file.
-struct Hashing<W: Write> {
-    inner: W,
-    hasher: blake3::Hasher,
-    count: u64,
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.count += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
-    let mut h = tar::Header::new_gnu();
-    h.set_entry_type(kind);
-    h.set_mode(mode & 0o7777);
-    h.set_size(size);
-    h.set_mtime(0);
-    h.set_uid(0);
-    h.set_gid(0);
-    h
-}
-
-/// Write the bundle of `index` to `out` atomically (a temporary file beside
-/// it, renamed over it once complete and synced), taking each file's bytes
-/// from `stage` (a venv-shaped directory holding exactly the index's
-/// entries). Each file is checked against the index as it is read.
-pub fn write(stage: &Path, index: &BundleIndex, out: &Path) -> Result<Packed> {
-    let dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let failed = |e: &dyn std::fmt::Display| {
-        err!(
-            hint = "check that the folder exists and has room, or write elsewhere with -o",
-            "Cannot write the bundle {}: {e}",
-            out.display()
-        )
-    };
-    let tmp = tempfile::Builder::new()
-        .prefix(".overlay-pack.")
-        .tempfile_in(&dir)
-        .map_err(|e| failed(&io_cause(&e)))?;
-    let src = Beneath::open(stage).map_err(|e| failed(&io_cause(&e)))?;
-    let file = tmp.as_file().try_clone().map_err(|e| failed(&e))?;
-    let mut sink = Hashing {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        hasher: blake3::Hasher::new(),
-        count: 0,
-    };
-    let io = |e: io::Error| failed(&io_cause(&e));
-    {
-        let enc = zstd::Encoder::new(&mut sink, LEVEL).map_err(io)?;
-        let mut tar = tar::Builder::new(enc);
-        let json = serde_json::to_vec(index).map_err(|e| failed(&e))?;
-        let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
-        tar.append_data(&mut h, INDEX_NAME, json.as_slice())
-            .map_err(io)?;
-        for e in &index.entries {
-            let name = format!("venv/{}", e.path);
-            match &e.kind {
-                BundleKind::Dir { mode } => {
-                    let mut h = header(tar::EntryType::Directory, *mode, 0);
-                    tar.append_data(&mut h, format!("{name}/"), io::empty())
-                        .map_err(io)?;
-                }
-                BundleKind::Symlink { target } => {
-                    let mut h = header(tar::EntryType::Symlink, 0o777, 0);
-                    tar.append_link(&mut h, &name, target).map_err(io)?;
-                }
-                BundleKind::File { size, mode, blake3 } => {
-                    let f = src.open_read(&e.path).map_err(|err| {
-                        failed(&format!(
-                            "{}: {}",
-                            stage.join(&e.path).display(),
-                            io_cause(&err)
-                        ))
-                    })?;
-                    let mtime = f
-                        .metadata()
-                        .map(|m| std::os::unix::fs::MetadataExt::mtime(&m).max(0) as u64)
-                        .unwrap_or(0);
-                    let mut reader = Checked {
-                        inner: f.take(*size),
-                        hasher: blake3::Hasher::new(),
-                        count: 0,
-                    };
-                    let mut h = header(tar::EntryType::Regular, *mode, *size);
-                    h.set_mtime(mtime);
-                    tar.append_data(&mut h, &name, &mut reader).map_err(io)?;
-                    if reader.count != *size || reader.hasher.finalize().to_hex().as_str() != blake3
-                    {
-                        return Err(failed(&format!(
-                            "{} changed while it was packed",
-                            stage.join(&e.path).display()
-                        )));
-                    }
-                }
-            }
-        }
-        let enc = tar.into_inner().map_err(io)?;
-        enc.finish().map_err(io)?;
-    }
-    let body = sink.count;
-    let digest = sink.hasher.finalize();
-    let mut w = sink.inner;
-    w.write_all(&trailer(&digest, body)).map_err(io)?;
-    let f = w.into_inner().map_err(|e| io(e.into_error()))?;
-    // Not secret: readable as any copied file (the temporary one is 0600).
-    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .map_err(io)?;
-    f.sync_all().map_err(io)?;
-    tmp.persist(out).map_err(|e| io(e.error))?;
-    Ok(Packed {
-        bytes: body + TRAILER,
-        blake3: digest.to_hex().to_string(),
-    })
-}
-
-/// The trailer after `body` bytes whose BLAKE3 is `digest`.
-fn trailer(digest: &blake3::Hash, body: u64) -> Vec<u8> {
-    let mut t = Vec::with_capacity(TRAILER as usize);
-    t.extend_from_slice(&SKIPPABLE_MAGIC.to_le_bytes());
-    t.extend_from_slice(&((TRAILER - 8) as u32).to_le_bytes());
-    t.extend_from_slice(TAG);
-    t.extend_from_slice(digest.as_bytes());
-    t.extend_from_slice(&body.to_le_bytes());
-    t
-}
-
-/// A reader that hashes and counts what it reads.
-struct Checked<R: Read> {
-    inner: R,
-    hasher: blake3::Hasher,
-    count: u64,
-}
-
-impl<R: Read> Read for Checked<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.count += n as u64;
-        Ok(n)
-    }
-}
+use write::Checked;
+pub use write::{Contents, Folder, Packed, write};
+#[cfg(test)]
+use write::{header, trailer};
 
 /// A bundle whose whole-file hash was checked, with its index read.
 #[derive(Debug)]
@@ -690,8 +536,18 @@ mod tests {
     fn the_same_files_give_the_same_bytes_and_unpack_exactly() {
         let t = tempfile::tempdir().unwrap();
         let index = staged(&t.path().join("stage"));
-        let a = write(&t.path().join("stage"), &index, &t.path().join("a.ovl")).unwrap();
-        let b = write(&t.path().join("stage"), &index, &t.path().join("b.ovl")).unwrap();
+        let a = write(
+            &index,
+            &mut Folder(t.path().join("stage")),
+            &t.path().join("a.ovl"),
+        )
+        .unwrap();
+        let b = write(
+            &index,
+            &mut Folder(t.path().join("stage")),
+            &t.path().join("b.ovl"),
+        )
+        .unwrap();
         assert_eq!(a.blake3, b.blake3);
         assert_eq!(
             std::fs::read(t.path().join("a.ovl")).unwrap(),
@@ -725,7 +581,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let index = staged(&t.path().join("stage"));
         let p = t.path().join("a.ovl");
-        write(&t.path().join("stage"), &index, &p).unwrap();
+        write(&index, &mut Folder(t.path().join("stage")), &p).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
             std::fs::write(&p, &bytes[..cut]).unwrap();

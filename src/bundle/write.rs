@@ -1,0 +1,210 @@
+//! Writing a bundle ([`write`]): the index, then each entry in the index's
+//! order, into a zstd-compressed tar with fixed headers, sealed by the
+//! trailer. Where the files' bytes come from is the caller's
+//! ([`Contents`]): `overlay pack` reads them from the source's stream
+//! (`crate::ops::pack`), and every file is checked against the index's size
+//! and BLAKE3 as it is written, so a bundle never holds bytes its index
+//! does not vouch for.
+
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::{INDEX_NAME, LEVEL, SKIPPABLE_MAGIC, TAG, TRAILER};
+use crate::err;
+use crate::error::{Result, io_cause};
+use crate::model::{BundleEntry, BundleIndex, BundleKind};
+
+/// A bundle written: its size and whole-file BLAKE3.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    pub bytes: u64,
+    /// The BLAKE3 of the bytes before the trailer (the trailer's own hash).
+    pub blake3: String,
+}
+
+/// Where a bundle's files and symlinks come from, asked for in the
+/// index's order (directories need nothing).
+pub trait Contents {
+    /// The next file, `entry` of `size` bytes: its modification time (whole
+    /// seconds, carried in its header) and a reader of its bytes.
+    fn file<'a>(&'a mut self, entry: &BundleEntry, size: u64) -> Result<(u64, Box<dyn Read + 'a>)>;
+    /// The next symlink, `entry`, which must point to `target`.
+    fn symlink(&mut self, entry: &BundleEntry, target: &str) -> Result<()>;
+    /// How to name `path` (relative to the venv) in an error.
+    fn shown(&self, path: &str) -> String;
+}
+
+/// Counts and hashes what passes through to the file.
+struct Hashing<W: Write> {
+    inner: W,
+    hasher: blake3::Hasher,
+    count: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.count += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A member's header: mtime 0, uid and gid 0, no names.
+pub(super) fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode & 0o7777);
+    h.set_size(size);
+    h.set_mtime(0);
+    h.set_uid(0);
+    h.set_gid(0);
+    h
+}
+
+/// Write the bundle of `index` to `out` atomically (a temporary file beside
+/// it, renamed over it once complete and synced), taking each file's bytes
+/// and each symlink's check from `contents`. Each file is checked against
+/// the index's size and hash as it is written.
+pub fn write(index: &BundleIndex, contents: &mut dyn Contents, out: &Path) -> Result<Packed> {
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let failed = |e: &dyn std::fmt::Display| {
+        err!(
+            hint = "check that the folder exists and has room, or write elsewhere with -o",
+            "Cannot write the bundle {}: {e}",
+            out.display()
+        )
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix(".overlay-pack.")
+        .tempfile_in(&dir)
+        .map_err(|e| failed(&io_cause(&e)))?;
+    let file = tmp.as_file().try_clone().map_err(|e| failed(&e))?;
+    let mut sink = Hashing {
+        inner: BufWriter::with_capacity(1 << 20, file),
+        hasher: blake3::Hasher::new(),
+        count: 0,
+    };
+    let io = |e: io::Error| failed(&io_cause(&e));
+    {
+        let enc = zstd::Encoder::new(&mut sink, LEVEL).map_err(io)?;
+        let mut tar = tar::Builder::new(enc);
+        let json = serde_json::to_vec(index).map_err(|e| failed(&e))?;
+        let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
+        tar.append_data(&mut h, INDEX_NAME, json.as_slice())
+            .map_err(io)?;
+        for e in &index.entries {
+            append(&mut tar, e, contents, &failed)?;
+        }
+        let enc = tar.into_inner().map_err(io)?;
+        enc.finish().map_err(io)?;
+    }
+    let body = sink.count;
+    let digest = sink.hasher.finalize();
+    let mut w = sink.inner;
+    w.write_all(&trailer(&digest, body)).map_err(io)?;
+    let f = w.into_inner().map_err(|e| io(e.into_error()))?;
+    // Not secret: readable as any copied file (the temporary one is 0600).
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .map_err(io)?;
+    f.sync_all().map_err(io)?;
+    tmp.persist(out).map_err(|e| io(e.error))?;
+    Ok(Packed {
+        bytes: body + TRAILER,
+        blake3: digest.to_hex().to_string(),
+    })
+}
+
+/// One entry of the index, as the member `venv/PATH`.
+fn append<W: Write>(
+    tar: &mut tar::Builder<W>,
+    e: &BundleEntry,
+    contents: &mut dyn Contents,
+    failed: &dyn Fn(&dyn std::fmt::Display) -> crate::error::Error,
+) -> Result<()> {
+    let io = |err: io::Error| failed(&io_cause(&err));
+    let name = format!("venv/{}", e.path);
+    match &e.kind {
+        BundleKind::Dir { mode } => {
+            let mut h = header(tar::EntryType::Directory, *mode, 0);
+            tar.append_data(&mut h, format!("{name}/"), io::empty())
+                .map_err(io)?;
+        }
+        BundleKind::Symlink { target } => {
+            contents.symlink(e, target)?;
+            let mut h = header(tar::EntryType::Symlink, 0o777, 0);
+            tar.append_link(&mut h, &name, target).map_err(io)?;
+        }
+        BundleKind::File { size, mode, blake3 } => {
+            let shown = contents.shown(&e.path);
+            let (mtime, reader) = contents.file(e, *size)?;
+            let mut reader = Checked {
+                inner: reader.take(*size),
+                hasher: blake3::Hasher::new(),
+                count: 0,
+            };
+            let mut h = header(tar::EntryType::Regular, *mode, *size);
+            h.set_mtime(mtime);
+            tar.append_data(&mut h, &name, &mut reader).map_err(io)?;
+            if reader.count != *size || reader.hasher.finalize().to_hex().as_str() != blake3 {
+                return Err(failed(&format!("{shown} changed while it was packed")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The trailer after `body` bytes whose BLAKE3 is `digest`.
+pub(super) fn trailer(digest: &blake3::Hash, body: u64) -> Vec<u8> {
+    let mut t = Vec::with_capacity(TRAILER as usize);
+    t.extend_from_slice(&SKIPPABLE_MAGIC.to_le_bytes());
+    t.extend_from_slice(&((TRAILER - 8) as u32).to_le_bytes());
+    t.extend_from_slice(TAG);
+    t.extend_from_slice(digest.as_bytes());
+    t.extend_from_slice(&body.to_le_bytes());
+    t
+}
+
+/// A reader that hashes and counts what it reads.
+pub(super) struct Checked<R: Read> {
+    pub(super) inner: R,
+    pub(super) hasher: blake3::Hasher,
+    pub(super) count: u64,
+}
+
+impl<R: Read> Read for Checked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.count += n as u64;
+        Ok(n)
+    }
+}
+
+/// A venv-shaped folder holding exactly the index's entries, as contents
+/// (bundles made by hand: tests, fixtures). Its symlinks are not checked.
+pub struct Folder(pub PathBuf);
+
+impl Contents for Folder {
+    fn file<'a>(&'a mut self, e: &BundleEntry, _: u64) -> Result<(u64, Box<dyn Read + 'a>)> {
+        let f = std::fs::File::open(self.0.join(&e.path))
+            .map_err(|err| err!("{}: {}", self.shown(&e.path), io_cause(&err)))?;
+        let mtime = f
+            .metadata()
+            .map(|m| std::os::unix::fs::MetadataExt::mtime(&m).max(0) as u64)
+            .unwrap_or(0);
+        Ok((mtime, Box::new(f)))
+    }
+    fn symlink(&mut self, _: &BundleEntry, _: &str) -> Result<()> {
+        Ok(())
+    }
+    fn shown(&self, path: &str) -> String {
+        self.0.join(path).display().to_string()
+    }
+}
