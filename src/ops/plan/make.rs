@@ -1,0 +1,150 @@
+//! The plan of one source against the target (`make_plan`): connect and
+//! scan, the stat, hash and bytecode phases, the decision, the preflight.
+
+use crate::error::Result;
+use crate::manifest::{Host, Manifest};
+use crate::model::{Kind, Set, folder_of};
+use crate::ops::{Clock, Observer};
+use crate::plan::{self, PLAN_FORMAT, Plan, Side};
+use crate::transport::ConnectOptions;
+
+use super::bytecode::bytecode_phase;
+use super::connect::{both, connect_and_scan};
+use super::hash::hash_phase;
+use super::preflight::preflight;
+use super::stat::{Stated, stat_phase, stat_sides};
+use super::{Closing, Planned, globs_of, host_info, now};
+
+/// Connect to both hosts, scan, hash, and decide.
+pub(super) fn make_plan(
+    manifest: &Manifest,
+    sets: &[Set],
+    src_host: &Host,
+    dst_host: &Host,
+    opts: &ConnectOptions,
+    obs: &dyn Observer,
+) -> Result<Planned> {
+    let clock = Clock::start(obs);
+    let globs = globs_of(sets);
+    let (mut src, mut dst) = connect_and_scan(src_host, dst_host, &globs, opts, obs)?;
+    let mut source = host_info(src_host, &src.scan);
+    let target = host_info(dst_host, &dst.scan);
+    if folder_of(&src_host.venv).is_some() {
+        // A folder has no interpreter: its files are taken to be for the
+        // target's Python (docs/design.md, "Sets from a folder").
+        source.python = target.python.clone();
+    }
+    clock.mark("connect and scan");
+    plan::check_python(&source, &target)?;
+
+    let (src_side, dst_side) = stat_sides(src_host, dst_host);
+    let mut stated = stat_phase(
+        sets,
+        &globs,
+        (&src_side, &mut src.client, &src.scan),
+        (&dst_side, &mut dst.client, &dst.scan),
+    )?;
+    src.scanning.finish();
+    dst.scanning.finish();
+    clock.mark("stat");
+    // The preflight's ELF work can start now, on both agents, while this
+    // side hashes and decides: the source reads the facts of the sets'
+    // shared objects, the target lists and reads all of site-packages'.
+    src.client
+        .prefetch_elf(&src_host.venv, shared_files(&stated.src_entries))?;
+    dst.client.prefetch_preflight(&dst_host.venv)?;
+    hash_phase(
+        (&src_side, &mut src.client),
+        (&dst_side, &mut dst.client),
+        &mut stated,
+        &clock,
+        obs,
+    )?;
+    bytecode_phase(
+        (&src_side, &mut src.client),
+        (&dst_side, &mut dst.client),
+        &mut stated.src_entries,
+        &mut stated.dst_entries,
+    )?;
+    clock.mark("bytecode of the .py files that may change");
+    let Stated {
+        src_members,
+        dst_members,
+        src_entries,
+        dst_entries,
+    } = stated;
+    let plan::Computed {
+        sets: set_plans,
+        mut warnings,
+    } = plan::compute_with(
+        sets,
+        &Side {
+            host: &src_host.name,
+            scan: &src.scan,
+            globs: &globs,
+            entries: &src_entries,
+        },
+        &Side {
+            host: &dst_host.name,
+            scan: &dst.scan,
+            globs: &globs,
+            entries: &dst_entries,
+        },
+        src_members,
+        dst_members,
+    )?;
+    clock.mark("decide");
+    let preflighted = preflight(
+        manifest,
+        sets,
+        (&mut src.client, &src.scan, &src_host.venv),
+        (&mut dst.client, &dst.scan, &dst_host.venv),
+        &set_plans,
+        None,
+        &clock,
+    )?;
+    clock.mark("preflight, and the carried and replaced files against their RECORD");
+    let mut set_plans = set_plans;
+    let problems = preflighted.settle(
+        (&src_host.name, &src.scan),
+        (&dst_host.name, &dst.scan),
+        &mut set_plans,
+        &mut warnings,
+        obs,
+    );
+    let (src_client, dst_client) = (src.client, dst.client);
+    let closing = std::thread::spawn(move || {
+        let _ = both(|| src_client.close(), || dst_client.close());
+    });
+    // Both hosts' listings (two maps of 35,000 entries for a torch stack)
+    // are not freed one allocation at a time just before the process exits.
+    std::mem::forget((src_entries, dst_entries, src.scan, dst.scan));
+    let plan = Plan {
+        format: PLAN_FORMAT,
+        created: now(),
+        manifest: manifest.path.display().to_string(),
+        manifest_sha256: None,
+        source,
+        target,
+        sets: set_plans,
+        warnings,
+        problems,
+        strict: manifest.preflight.strict,
+        bundle: None,
+    };
+    Ok(Planned {
+        plan,
+        closing: Closing(vec![closing]),
+    })
+}
+
+/// The regular files among `entries` that look like shared objects, sorted.
+pub fn shared_files(entries: &plan::Entries) -> Vec<String> {
+    let mut out: Vec<String> = entries
+        .iter()
+        .filter(|(p, e)| matches!(e.kind, Kind::File { .. }) && crate::preflight::looks_shared(p))
+        .map(|(p, _)| p.clone())
+        .collect();
+    out.sort_unstable();
+    out
+}
