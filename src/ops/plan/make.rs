@@ -1,10 +1,11 @@
 //! The plan of one source against the target (`make_plan`): connect and
 //! scan, the stat, hash and bytecode phases, the decision, the preflight.
 
+use crate::client::Client;
 use crate::error::Result;
 use crate::manifest::{Host, Manifest};
-use crate::model::{Kind, Set, folder_of};
-use crate::ops::{Clock, Observer};
+use crate::model::{Kind, ScanReport, Set, folder_of};
+use crate::ops::{Clock, Meter, Observer};
 use crate::plan::{self, PLAN_FORMAT, Plan, Side};
 use crate::transport::ConnectOptions;
 
@@ -37,36 +38,14 @@ pub(super) fn make_plan(
     clock.mark("connect and scan");
     plan::check_python(&source, &target)?;
 
-    let (src_side, dst_side) = stat_sides(src_host, dst_host);
-    let mut stated = stat_phase(
+    let stated = read_sides(
         sets,
         &globs,
-        (&src_side, &mut src.client, &src.scan),
-        (&dst_side, &mut dst.client, &dst.scan),
-    )?;
-    src.scanning.finish();
-    dst.scanning.finish();
-    clock.mark("stat");
-    // The preflight's ELF work can start now, on both agents, while this
-    // side hashes and decides: the source reads the facts of the sets'
-    // shared objects, the target lists and reads all of site-packages'.
-    src.client
-        .prefetch_elf(&src_host.venv, shared_files(&stated.src_entries))?;
-    dst.client.prefetch_preflight(&dst_host.venv)?;
-    hash_phase(
-        (&src_side, &mut src.client),
-        (&dst_side, &mut dst.client),
-        &mut stated,
+        (src_host, &mut src.client, &src.scan, &*src.scanning),
+        (dst_host, &mut dst.client, &dst.scan, &*dst.scanning),
         &clock,
         obs,
     )?;
-    bytecode_phase(
-        (&src_side, &mut src.client),
-        (&dst_side, &mut dst.client),
-        &mut stated.src_entries,
-        &mut stated.dst_entries,
-    )?;
-    clock.mark("bytecode of the .py files that may change");
     let Stated {
         src_members,
         dst_members,
@@ -136,6 +115,42 @@ pub(super) fn make_plan(
         plan,
         closing: Closing(vec![closing]),
     })
+}
+/// Phases 1 to 3 on both hosts: stat, hash and the bytecode that travels;
+/// between the first and the second, the preflight's ELF work starts on
+/// both agents.
+fn read_sides<'s>(
+    sets: &[Set],
+    globs: &[String],
+    (src_host, src, src_scan, src_scanning): (&Host, &mut Client, &'s ScanReport, &dyn Meter),
+    (dst_host, dst, dst_scan, dst_scanning): (&Host, &mut Client, &'s ScanReport, &dyn Meter),
+    clock: &Clock,
+    obs: &dyn Observer,
+) -> Result<Stated<'s>> {
+    let (src_side, dst_side) = stat_sides(src_host, dst_host);
+    let mut stated = stat_phase(
+        sets,
+        globs,
+        (&src_side, src, src_scan),
+        (&dst_side, dst, dst_scan),
+    )?;
+    src_scanning.finish();
+    dst_scanning.finish();
+    clock.mark("stat");
+    // The preflight's ELF work can start now, on both agents, while this
+    // side hashes and decides: the source reads the facts of the sets'
+    // shared objects, the target lists and reads all of site-packages'.
+    src.prefetch_elf(&src_host.venv, shared_files(&stated.src_entries))?;
+    dst.prefetch_preflight(&dst_host.venv)?;
+    hash_phase((&src_side, src), (&dst_side, dst), &mut stated, clock, obs)?;
+    bytecode_phase(
+        (&src_side, src),
+        (&dst_side, dst),
+        &mut stated.src_entries,
+        &mut stated.dst_entries,
+    )?;
+    clock.mark("bytecode of the .py files that may change");
+    Ok(stated)
 }
 
 /// The regular files among `entries` that look like shared objects, sorted.
