@@ -359,3 +359,55 @@ fn a_folder_changed_after_the_plan_fails_the_apply_after_the_other_source_and_no
         fs::read(snap.join(ADDED)).unwrap()
     );
 }
+
+/// A set from a folder in a plan of three targets: every target's plan
+/// takes the set from the folder (its `from`) and the live set from the
+/// source, as a plan of one target does; the rollout applies each target
+/// (a folder set cannot share the fan-out's one stream), and every target
+/// then holds the snapshot's files.
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_set_from_a_folder_in_a_plan_of_three_targets() {
+    let tb = Testbed::new(4);
+    let snap = tb.work.join("snapshots/ddtree");
+    make_snapshot(&tb, &snap);
+    tb.write_manifest(&format!(
+        "{}[groups.fleet]\nhosts = [\"dst\", \"dst2\", \"dst3\"]\n",
+        manifest("./snapshots/ddtree")
+    ));
+    let out = ok(
+        tb.overlay(&["plan", "src", "fleet", "--json"])
+            .output()
+            .unwrap(),
+        "plan of three targets",
+    );
+    let many: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let targets = many["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 3, "{many}");
+    for plan in targets {
+        assert_eq!(changes_of(plan, "patches"), patched_changes(), "{plan}");
+        let sets = plan["sets"].as_array().unwrap();
+        let patches = sets.iter().find(|s| s["name"] == "patches").unwrap();
+        assert_eq!(patches["from"], "./snapshots/ddtree", "{plan}");
+        assert!(sets[0]["from"].is_null(), "{plan}");
+        assert!(!changes_of(plan, "torch").is_empty(), "{plan}");
+    }
+    let out = ok(
+        tb.overlay(&["apply", "--json"]).output().unwrap(),
+        "apply of three targets",
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    for i in 1..4 {
+        let site = tb.site_packages(i);
+        for rel in [CHANGED, ADDED] {
+            assert_eq!(
+                fs::read(site.join(rel)).unwrap(),
+                fs::read(snap.join(rel)).unwrap(),
+                "{rel} on target {i} is the snapshot's: {said}"
+            );
+        }
+    }
+}
