@@ -411,3 +411,55 @@ fn a_set_from_a_folder_in_a_plan_of_three_targets() {
         }
     }
 }
+
+/// A slow target holds only its own slot: with `--parallel 2`, the third
+/// target starts as soon as the second is done, while the first is still
+/// verifying. (Sets from a folder make each target a unit of its own; the
+/// first target's `[verify]` waits for a file the third's writes, so with
+/// batches of two it would wait in vain and fail.)
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_slow_target_does_not_hold_back_the_next_one() {
+    let tb = Testbed::new(4);
+    let snap = tb.work.join("snapshots/ddtree");
+    make_snapshot(&tb, &snap);
+    let meet = tb.work.join("rendezvous");
+    fs::create_dir_all(&meet).unwrap();
+    for (i, name) in [(1, "dst"), (2, "dst2"), (3, "dst3")] {
+        fs::write(tb.host_dir(i).join("root/name"), name).unwrap();
+    }
+    tb.write_manifest(&format!(
+        "{}[groups.fleet]\nhosts = [\"dst\", \"dst2\", \"dst3\"]\n[verify]\npython = '''\n\
+import os, sys, time\n\
+me = open('/root/name').read().strip()\n\
+meet = {meet:?}\n\
+if me == 'dst3':\n    open(os.path.join(meet, 'dst3'), 'w').close()\n\
+if me == 'dst':\n    for _ in range(1200):\n        if os.path.exists(os.path.join(meet, 'dst3')):\n            sys.exit(0)\n        time.sleep(0.1)\n    sys.exit('dst3 did not start while dst was verifying')\n\
+'''\n",
+        manifest("./snapshots/ddtree"),
+        meet = meet.display().to_string()
+    ));
+    ok(
+        tb.overlay(&["plan", "src", "fleet"]).output().unwrap(),
+        "plan of three targets",
+    );
+    let out = tb
+        .overlay(&["apply", "--parallel", "2", "--verify", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let rolled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results: Vec<&str> = rolled["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["applied", "applied", "applied"], "{stdout}\n{stderr}");
+    assert!(meet.join("dst3").exists());
+}
