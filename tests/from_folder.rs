@@ -426,8 +426,13 @@ fn a_slow_target_does_not_hold_back_the_next_one() {
     let tb = Testbed::new(4);
     let snap = tb.work.join("snapshots/ddtree");
     make_snapshot(&tb, &snap);
-    let meet = tb.work.join("rendezvous");
-    fs::create_dir_all(&meet).unwrap();
+    // Where the hosts meet: not under the testbed's folder, which a host
+    // does not see when it lies under /tmp (each host has its own /tmp).
+    let meet_dir = tempfile::Builder::new()
+        .prefix("overlay-rendezvous-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let meet = meet_dir.path().to_path_buf();
     for (i, name) in [(1, "dst"), (2, "dst2"), (3, "dst3")] {
         fs::write(tb.host_dir(i).join("root/name"), name).unwrap();
     }
@@ -460,6 +465,10 @@ if me == 'dst':\n    for _ in range(1200):\n        if os.path.exists(os.path.jo
         .iter()
         .map(|t| t["result"].as_str().unwrap())
         .collect();
-    assert_eq!(results, ["applied", "applied", "applied"], "{stdout}\n{stderr}");
+    assert_eq!(
+        results,
+        ["applied", "applied", "applied"],
+        "{stdout}\n{stderr}"
+    );
     assert!(meet.join("dst3").exists());
 }
