@@ -316,8 +316,9 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub no_compile: bool,
 
-    /// A plan of several targets: how many to apply at once, sharing one
-    /// read of the source (Ansible's default of 5 forks).
+    /// A plan of several targets: how many to apply at once, the next
+    /// starting as one finishes; those that can share one read of the
+    /// source do (Ansible's default of 5 forks).
     #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub parallel: u64,
 

@@ -112,7 +112,7 @@ impl ErrorKind {
         let top = parts.next().unwrap_or("");
         match top {
             "transport" | "client" => ErrorKind::Connection,
-            "manifest" | "commands" | "cli" | "ops" => ErrorKind::Usage,
+            "manifest" | "commands" | "cli" | "ops" | "fleet" => ErrorKind::Usage,
             "protocol" | "validate" => ErrorKind::Protocol,
             "plan" | "preflight" => ErrorKind::Refused,
             _ => ErrorKind::Host,

@@ -359,3 +359,116 @@ fn a_folder_changed_after_the_plan_fails_the_apply_after_the_other_source_and_no
         fs::read(snap.join(ADDED)).unwrap()
     );
 }
+
+/// A set from a folder in a plan of three targets: every target's plan
+/// takes the set from the folder (its `from`) and the live set from the
+/// source, as a plan of one target does; the rollout applies each target
+/// (a folder set cannot share the fan-out's one stream), and every target
+/// then holds the snapshot's files.
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_set_from_a_folder_in_a_plan_of_three_targets() {
+    let tb = Testbed::new(4);
+    let snap = tb.work.join("snapshots/ddtree");
+    make_snapshot(&tb, &snap);
+    tb.write_manifest(&format!(
+        "{}[groups.fleet]\nhosts = [\"dst\", \"dst2\", \"dst3\"]\n",
+        manifest("./snapshots/ddtree")
+    ));
+    let out = ok(
+        tb.overlay(&["plan", "src", "fleet", "--json"])
+            .output()
+            .unwrap(),
+        "plan of three targets",
+    );
+    let many: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let targets = many["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 3, "{many}");
+    for plan in targets {
+        assert_eq!(changes_of(plan, "patches"), patched_changes(), "{plan}");
+        let sets = plan["sets"].as_array().unwrap();
+        let patches = sets.iter().find(|s| s["name"] == "patches").unwrap();
+        assert_eq!(patches["from"], "./snapshots/ddtree", "{plan}");
+        assert!(sets[0]["from"].is_null(), "{plan}");
+        assert!(!changes_of(plan, "torch").is_empty(), "{plan}");
+    }
+    let out = ok(
+        tb.overlay(&["apply", "--json"]).output().unwrap(),
+        "apply of three targets",
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    for i in 1..4 {
+        let site = tb.site_packages(i);
+        for rel in [CHANGED, ADDED] {
+            assert_eq!(
+                fs::read(site.join(rel)).unwrap(),
+                fs::read(snap.join(rel)).unwrap(),
+                "{rel} on target {i} is the snapshot's: {said}"
+            );
+        }
+    }
+}
+
+/// A slow target holds only its own slot: with `--parallel 2`, the third
+/// target starts as soon as the second is done, while the first is still
+/// verifying. (Sets from a folder make each target a unit of its own; the
+/// first target's `[verify]` waits for a file the third's writes, so with
+/// batches of two it would wait in vain and fail.)
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_slow_target_does_not_hold_back_the_next_one() {
+    let tb = Testbed::new(4);
+    let snap = tb.work.join("snapshots/ddtree");
+    make_snapshot(&tb, &snap);
+    // Where the hosts meet: not under the testbed's folder, which a host
+    // does not see when it lies under /tmp (each host has its own /tmp).
+    let meet_dir = tempfile::Builder::new()
+        .prefix("overlay-rendezvous-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let meet = meet_dir.path().to_path_buf();
+    for (i, name) in [(1, "dst"), (2, "dst2"), (3, "dst3")] {
+        fs::write(tb.host_dir(i).join("root/name"), name).unwrap();
+    }
+    tb.write_manifest(&format!(
+        "{}[groups.fleet]\nhosts = [\"dst\", \"dst2\", \"dst3\"]\n[verify]\npython = '''\n\
+import os, sys, time\n\
+me = open('/root/name').read().strip()\n\
+meet = {meet:?}\n\
+if me == 'dst3':\n    open(os.path.join(meet, 'dst3'), 'w').close()\n\
+if me == 'dst':\n    for _ in range(1200):\n        if os.path.exists(os.path.join(meet, 'dst3')):\n            sys.exit(0)\n        time.sleep(0.1)\n    sys.exit('dst3 did not start while dst was verifying')\n\
+'''\n",
+        manifest("./snapshots/ddtree"),
+        meet = meet.display().to_string()
+    ));
+    ok(
+        tb.overlay(&["plan", "src", "fleet"]).output().unwrap(),
+        "plan of three targets",
+    );
+    let out = tb
+        .overlay(&["apply", "--parallel", "2", "--verify", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let rolled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results: Vec<&str> = rolled["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        results,
+        ["applied", "applied", "applied"],
+        "{stdout}\n{stderr}"
+    );
+    assert!(meet.join("dst3").exists());
+}

@@ -2,15 +2,16 @@
 //! see [`super::plan_many`]) with a rollout policy ([`Rollout`]): each
 //! target's own plan is carried out exactly as `overlay apply
 //! .overlay/plan.d/T.json` would (backup, journal, `--verify`,
-//! `--rollback-on-failure`), in batches of `--parallel` targets, canaries
-//! first, starting no batch after too many failures or at Ctrl-C (each
-//! running apply stops cleanly, as alone). Targets not started are
-//! untouched.
+//! `--rollback-on-failure`), in slots of `--parallel` targets, the next
+//! starting as a slot frees, canaries first, none starting after too many
+//! failures or at Ctrl-C (each running apply stops cleanly, as alone).
+//! Targets not started are untouched.
 //!
-//! In a batch, the targets that can share a stream read the source once
-//! for all of them ([`super::fanout`]); a target that cannot (`--direct`,
-//! the local route, sets from a folder, a different venv path) is applied
-//! on its own ([`super::apply::apply`]) beside them.
+//! Among each `--parallel` consecutive targets, those that can share a
+//! stream read the source once for all of them ([`super::fanout`]) and hold
+//! their slots until the last of them is done; a target that cannot
+//! (`--direct`, the local route, sets from a folder, a different venv path)
+//! is applied on its own (`crate::ops::apply::apply`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -109,6 +110,14 @@ impl Rolled {
 
 /// Carry out each of `plans` (one target each) by `policy`. `base` is the
 /// apply's options; its `plan` is replaced by each target's.
+///
+/// The targets run in slots: at most `policy.parallel` at once, and the
+/// next one starts as soon as a slot frees (a slow target holds only its
+/// own slot). Targets that can share one read of the source are grouped
+/// among each `parallel` consecutive targets ([`units`]) and take as many
+/// slots as they are targets. Canaries run first, alone as a wave; the
+/// rest start only if every canary succeeded. Once `max_fail` targets have
+/// failed (or at Ctrl-C), no target starts.
 pub fn apply_many(
     plans: &[(String, PathBuf)],
     base: &ApplyOptions,
@@ -116,47 +125,37 @@ pub fn apply_many(
     obs: &dyn Observer,
 ) -> Result<Rolled> {
     let n = plans.len();
-    let mut results: Vec<Option<TargetResult>> = vec![None; n];
-    let mut failures = 0;
-    let mut source_bytes_read = 0;
+    let opts: Vec<ApplyOptions> = plans
+        .iter()
+        .map(|(_, file)| ApplyOptions {
+            plan: file.clone(),
+            ..base.clone()
+        })
+        .collect();
+    let mut run = Run {
+        plans,
+        opts: &opts,
+        policy,
+        obs,
+        results: vec![None; n],
+        failures: 0,
+        source_bytes_read: 0,
+    };
     let canary = policy.canary.min(n);
-    let batch = policy.parallel.max(1);
     for (wave, is_canary) in [(0..canary, true), (canary..n, false)] {
         // The rest start only if every canary succeeded.
         if !is_canary
-            && !results[..canary]
+            && !run.results[..canary]
                 .iter()
                 .all(|r| r.as_ref().is_some_and(TargetResult::ok))
         {
             break;
         }
-        for start in wave.clone().step_by(batch) {
-            let end = (start + batch).min(wave.end);
-            let stop = match policy.max_fail {
-                _ if crate::interrupt::requested() => Some("not started: interrupted".to_string()),
-                Some(k) if failures >= k => Some(format!(
-                    "not started: {k} target{} failed (--max-fail {k})",
-                    if k == 1 { "" } else { "s" }
-                )),
-                _ => None,
-            };
-            if let Some(why) = stop {
-                for (i, (name, _)) in plans.iter().enumerate().take(end).skip(start) {
-                    results[i] = Some(skipped(name, is_canary, why.clone()));
-                }
-                continue;
-            }
-            let ran = run_batch(&plans[start..end], base, is_canary, obs);
-            source_bytes_read += ran.source_bytes_read;
-            for (k, r) in ran.rows.into_iter().enumerate() {
-                if !r.ok() {
-                    failures += 1;
-                }
-                results[start + k] = Some(r);
-            }
-        }
+        let units = units(plans, &opts, base, wave, policy.parallel.max(1));
+        run.wave(units, is_canary);
     }
-    let targets = results
+    let targets = run
+        .results
         .into_iter()
         .zip(plans)
         .map(|(r, (name, _))| {
@@ -165,96 +164,173 @@ pub fn apply_many(
         .collect::<Vec<TargetResult>>();
     Ok(Rolled {
         targets,
-        source_bytes_read,
+        source_bytes_read: run.source_bytes_read,
     })
 }
 
-/// A batch's rows, in its order, and the bytes of files the source read
-/// for it.
-struct Batch {
-    rows: Vec<TargetResult>,
+/// A rollout in progress: each target's result once it has one, and what
+/// the policy counts.
+struct Run<'a> {
+    plans: &'a [(String, PathBuf)],
+    opts: &'a [ApplyOptions],
+    policy: Rollout,
+    obs: &'a dyn Observer,
+    results: Vec<Option<TargetResult>>,
+    failures: usize,
     source_bytes_read: u64,
 }
 
-/// Apply a batch of targets at once: those that can share a stream of the
-/// source ([`fanout::share_groups`]) together, with one read of it; the
-/// others each on its own.
-fn run_batch(
+/// What one unit's apply gave: each of its targets' rows (by index into
+/// the plans), and the bytes of files the source read for it.
+struct UnitDone {
+    rows: Vec<(usize, TargetResult)>,
+    source_bytes_read: u64,
+}
+
+impl Run<'_> {
+    /// Why no target may start now, if so: Ctrl-C, or `--max-fail` reached.
+    fn stop(&self) -> Option<String> {
+        match self.policy.max_fail {
+            _ if crate::interrupt::requested() => Some("not started: interrupted".to_string()),
+            Some(k) if self.failures >= k => Some(format!(
+                "not started: {k} target{} failed (--max-fail {k})",
+                if k == 1 { "" } else { "s" }
+            )),
+            _ => None,
+        }
+    }
+
+    /// Run the `units` of one wave in slots of `parallel` targets, each
+    /// starting in order as soon as there is room for it; those that may
+    /// not start (see [`Run::stop`]) are skipped, untouched.
+    fn wave(&mut self, units: Vec<Vec<usize>>, canary: bool) {
+        let slots = self.policy.parallel.max(1);
+        let mut queue: std::collections::VecDeque<Vec<usize>> = units.into();
+        let (plans, opts, obs) = (self.plans, self.opts, self.obs);
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, UnitDone)>();
+        std::thread::scope(|scope| {
+            let mut free = slots;
+            let mut running = 0;
+            loop {
+                while let Some(unit) = queue.front() {
+                    if let Some(why) = self.stop() {
+                        for i in queue.drain(..).flatten() {
+                            self.results[i] = Some(skipped(&plans[i].0, canary, why.clone()));
+                        }
+                        break;
+                    }
+                    // A unit wider than the free slots waits for them (one
+                    // wider than all slots starts alone).
+                    if unit.len() > free && running > 0 {
+                        break;
+                    }
+                    let unit = queue.pop_front().expect("a unit is there");
+                    free = free.saturating_sub(unit.len());
+                    running += 1;
+                    let tx = done_tx.clone();
+                    scope.spawn(move || {
+                        let width = unit.len();
+                        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            run_unit(&unit, plans, opts, canary, obs)
+                        }))
+                        .unwrap_or_else(|_| UnitDone {
+                            rows: unit
+                                .iter()
+                                .map(|&i| (i, thread_failed(&plans[i].0, canary)))
+                                .collect(),
+                            source_bytes_read: 0,
+                        });
+                        let _ = tx.send((width, done));
+                    });
+                }
+                if running == 0 {
+                    break;
+                }
+                let Ok((width, done)) = done_rx.recv() else {
+                    break;
+                };
+                running -= 1;
+                free = (free + width).min(slots);
+                self.source_bytes_read += done.source_bytes_read;
+                for (i, r) in done.rows {
+                    if !r.ok() {
+                        self.failures += 1;
+                    }
+                    self.results[i] = Some(r);
+                }
+            }
+        });
+    }
+}
+
+/// Apply one unit: a target alone, or targets sharing one stream.
+fn run_unit(
+    unit: &[usize],
     plans: &[(String, PathBuf)],
-    base: &ApplyOptions,
+    opts: &[ApplyOptions],
     canary: bool,
     obs: &dyn Observer,
-) -> Batch {
-    let opts: Vec<ApplyOptions> = plans
-        .iter()
-        .map(|(_, file)| ApplyOptions {
-            plan: file.clone(),
-            ..base.clone()
-        })
-        .collect();
-    // Plans that cannot be read are applied alone, which says why.
-    let loaded: Vec<(usize, Plan)> = plans
-        .iter()
-        .enumerate()
-        .filter_map(|(i, (_, file))| {
-            let mut plan = load_plan(file).ok()?;
-            if !base.compile {
-                plan.without_carried_bytecode();
-            }
-            Some((i, plan))
-        })
-        .filter(|(i, plan)| !base.resume && fanout::shareable(plan, &opts[*i]))
-        .collect();
-    let refs: Vec<&Plan> = loaded.iter().map(|(_, p)| p).collect();
-    let mut units: Vec<Vec<usize>> = fanout::share_groups(&refs)
-        .into_iter()
-        .map(|g| g.into_iter().map(|k| loaded[k].0).collect::<Vec<usize>>())
-        .collect();
-    for i in 0..plans.len() {
-        if !units.iter().any(|u| u.contains(&i)) {
-            units.push(vec![i]);
-        }
+) -> UnitDone {
+    if let [i] = unit[..] {
+        let r = one(&plans[i].0, &opts[i], canary, obs);
+        let read = r.bytes;
+        return UnitDone {
+            rows: vec![(i, r)],
+            source_bytes_read: read,
+        };
     }
-    let mut rows: Vec<Option<TargetResult>> = vec![None; plans.len()];
-    let mut source_bytes_read = 0;
-    let ran: Vec<(Vec<(usize, TargetResult)>, u64)> = std::thread::scope(|s| {
-        let handles: Vec<_> = units
-            .iter()
-            .map(|unit| {
-                let opts = &opts;
-                s.spawn(move || {
-                    if let [i] = unit[..] {
-                        let r = one(&plans[i].0, &opts[i], canary, obs);
-                        let read = r.bytes;
-                        return (vec![(i, r)], read);
-                    }
-                    together(unit, plans, opts, canary, obs)
-                })
+    together(unit, plans, opts, canary, obs)
+}
+
+/// The row of a target whose apply thread panicked.
+fn thread_failed(name: &str, canary: bool) -> TargetResult {
+    let mut row = skipped(name, canary, "its apply thread failed".into());
+    row.result = Outcome::Failed;
+    row.exit_code = ErrorKind::Internal.exit_code();
+    row
+}
+
+/// The units of a wave, in the plan's order: among each `parallel`
+/// consecutive targets, those that can share a stream of the source
+/// ([`fanout::share_groups`]) form one unit; every other target is a unit
+/// of its own.
+fn units(
+    plans: &[(String, PathBuf)],
+    opts: &[ApplyOptions],
+    base: &ApplyOptions,
+    wave: std::ops::Range<usize>,
+    parallel: usize,
+) -> Vec<Vec<usize>> {
+    let mut out = Vec::new();
+    for start in wave.clone().step_by(parallel) {
+        let end = (start + parallel).min(wave.end);
+        // Plans that cannot be read are applied alone, which says why.
+        let loaded: Vec<(usize, Plan)> = (start..end)
+            .filter_map(|i| {
+                let mut plan = load_plan(&plans[i].1).ok()?;
+                if !base.compile {
+                    plan.without_carried_bytecode();
+                }
+                Some((i, plan))
             })
+            .filter(|(i, plan)| !base.resume && fanout::shareable(plan, &opts[*i]))
             .collect();
-        handles.into_iter().filter_map(|h| h.join().ok()).collect()
-    });
-    for (unit_rows, read) in ran {
-        source_bytes_read += read;
-        for (i, r) in unit_rows {
-            rows[i] = Some(r);
-        }
-    }
-    Batch {
-        rows: rows
+        let refs: Vec<&Plan> = loaded.iter().map(|(_, p)| p).collect();
+        let mut chunk: Vec<Vec<usize>> = fanout::share_groups(&refs)
             .into_iter()
-            .zip(plans)
-            .map(|(r, (name, _))| {
-                r.unwrap_or_else(|| {
-                    let mut r = skipped(name, canary, "its apply thread failed".into());
-                    r.result = Outcome::Failed;
-                    r.exit_code = ErrorKind::Internal.exit_code();
-                    r
-                })
-            })
-            .collect(),
-        source_bytes_read,
+            .map(|g| g.into_iter().map(|k| loaded[k].0).collect::<Vec<usize>>())
+            .filter(|g| g.len() > 1)
+            .collect();
+        for i in start..end {
+            if !chunk.iter().any(|u| u.contains(&i)) {
+                chunk.push(vec![i]);
+            }
+        }
+        // In the plan's order of each unit's first target.
+        chunk.sort_by_key(|u| u[0]);
+        out.extend(chunk);
     }
+    out
 }
 
 /// Apply the targets `unit` (indexes into `plans`) with one stream of the
@@ -265,7 +341,7 @@ fn together(
     opts: &[ApplyOptions],
     canary: bool,
     obs: &dyn Observer,
-) -> (Vec<(usize, TargetResult)>, u64) {
+) -> UnitDone {
     let started = Instant::now();
     let tagged: Vec<Tagged> = unit
         .iter()
@@ -288,7 +364,10 @@ fn together(
         .zip(shared.reports)
         .map(|(&i, report)| (i, row(&plans[i].0, canary, report, started)))
         .collect();
-    (rows, shared.source_bytes_read)
+    UnitDone {
+        rows,
+        source_bytes_read: shared.source_bytes_read,
+    }
 }
 
 fn skipped(name: &str, canary: bool, why: String) -> TargetResult {

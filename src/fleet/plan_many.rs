@@ -25,12 +25,13 @@ use crate::err;
 use crate::error::Result;
 use crate::manifest::{Host, Manifest};
 use crate::model::{ElfInfo, HashMode, Kind, ScanReport, ShebangRewrite};
-use crate::plan::{self, FleetPlan, FleetTarget, PLAN_FORMAT, Plan, Side};
+use crate::plan::{self, FleetPlan, FleetTarget, HostInfo, PLAN_FORMAT, Plan, Side};
 use crate::transport::ConnectOptions;
 
 use crate::ops::plan::{
-    Closing, StatSide, both, connect_scan, globs_of, host_info, index, manifest_stamp,
-    members_and_order, now, preflight, select_sets, shared_files,
+    Closing, SourceGroup, StatSide, both, connect_scan, folder_error, folder_host, globs_of,
+    host_info, index, manifest_stamp, mark_from_folder, members_and_order, merge_plans, now,
+    preflight, select_sets, shared_files, source_groups,
 };
 use crate::ops::{Clock, Meter, Observer, Silent, Step};
 
@@ -96,26 +97,77 @@ pub fn plan_many(opts: &PlanManyOptions, obs: &dyn Observer) -> Result<PlannedMa
         ));
     }
     let sets = select_sets(&manifest, &opts.sets)?;
-    if let Some((set, from)) = sets
-        .iter()
-        .find_map(|s| Some((&s.name, manifest.from.get(&s.name)?)))
-    {
-        return Err(err!(
-            kind = Usage,
-            hint = "plan each target on its own (`overlay plan SOURCE TARGET`), or leave the set out with --set",
-            "Set {set} takes its files from a folder ({} at {}): a plan of several targets does not read folders yet",
-            from.value,
-            from.at
-        ));
-    }
     let stamp = manifest_stamp(&opts.manifest)?;
-    let mut planned = make_plans(&manifest, &sets, src_host, &dst_hosts, &opts.connect, obs)?;
+    let mut planned = plan_by_source(&manifest, &sets, src_host, &dst_hosts, &opts.connect, obs)?;
     for p in &mut planned.plans {
         p.strict |= opts.strict;
         p.manifest = stamp.path.display().to_string();
         p.manifest_sha256 = Some(stamp.sha256.clone());
     }
     Ok(planned)
+}
+
+/// Plan the sets source by source, as `ops::plan` does for one target:
+/// those without `from` from the source host, each `from` folder's from an
+/// agent over the folder, each group against every target with one read of
+/// its source; then one plan per target of them all, each set recording
+/// the source it comes from. Without any `from` this is [`make_plans`].
+fn plan_by_source(
+    manifest: &Manifest,
+    sets: &[crate::model::Set],
+    src_host: &Host,
+    dst_hosts: &[&Host],
+    connect: &ConnectOptions,
+    obs: &dyn Observer,
+) -> Result<PlannedMany> {
+    let groups = source_groups(manifest, sets);
+    if let [SourceGroup { from: None, .. }] = groups.as_slice() {
+        return make_plans(manifest, sets, src_host, dst_hosts, connect, obs);
+    }
+    let mut per_target: Vec<Vec<Plan>> = dst_hosts.iter().map(|_| Vec::new()).collect();
+    let mut closings = Vec::new();
+    let mut source_hashed = 0;
+    let mut planned_groups = || -> Result<()> {
+        for group in &groups {
+            let planned = match group.from {
+                None => make_plans(manifest, &group.sets, src_host, dst_hosts, connect, obs)?,
+                Some(f) => {
+                    let folder = folder_host(manifest, f)?;
+                    let mut p = make_plans(manifest, &group.sets, &folder, dst_hosts, connect, obs)
+                        .map_err(|e| folder_error(e, &folder, f))?;
+                    closings.extend(std::mem::take(&mut p.closing.0));
+                    for plan in &mut p.plans {
+                        mark_from_folder(f, plan)?;
+                    }
+                    p
+                }
+            };
+            closings.extend(planned.closing.0);
+            source_hashed += planned.source_hashed;
+            for (i, plan) in planned.plans.into_iter().enumerate() {
+                per_target[i].push(plan);
+            }
+        }
+        Ok(())
+    };
+    let made = planned_groups().and_then(|()| {
+        per_target
+            .into_iter()
+            .map(|plans| merge_plans(plans, sets))
+            .collect::<Result<Vec<Plan>>>()
+    });
+    let closing = Closing(closings);
+    match made {
+        Ok(plans) => Ok(PlannedMany {
+            plans,
+            source_hashed,
+            closing,
+        }),
+        Err(e) => {
+            closing.wait();
+            Err(e)
+        }
+    }
 }
 
 /// A target connected and scanned, and what its stat and hashing found.
@@ -166,8 +218,20 @@ fn make_plans(
         });
     }
     let source = host_info(src_host, &src.scan);
+    // A folder has no interpreter: its files are taken to be for each
+    // target's Python (docs/design.md, "Sets from a folder").
+    let folder = crate::model::folder_of(&src_host.venv).is_some();
+    let source_for = |target: &HostInfo| HostInfo {
+        python: if folder {
+            target.python.clone()
+        } else {
+            source.python.clone()
+        },
+        ..source.clone()
+    };
     for t in &targets {
-        plan::check_python(&source, &host_info(t.host, &t.scan))?;
+        let target = host_info(t.host, &t.scan);
+        plan::check_python(&source_for(&target), &target)?;
     }
     clock.mark("connect and scan");
 
@@ -287,7 +351,7 @@ fn make_plans(
             created: now(),
             manifest: manifest.path.display().to_string(),
             manifest_sha256: None,
-            source: source.clone(),
+            source: source_for(&host_info(t.host, &t.scan)),
             target: host_info(t.host, &t.scan),
             sets: set_plans,
             warnings,

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::err;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::manifest::{Host, Manifest, SetFrom};
 use crate::model::{Endpoint, Kind, Set};
 use crate::ops::Observer;
@@ -29,47 +29,22 @@ pub(super) fn plan_by_source(
     opts: &ConnectOptions,
     obs: &dyn Observer,
 ) -> Result<Planned> {
-    // The source host's group first: its description is the plan's `source`.
-    let mut groups: Vec<(Option<&SetFrom>, Vec<Set>)> = vec![(None, Vec::new())];
-    for set in sets {
-        let from = manifest.from.get(&set.name);
-        let key = from.map(|f| (&f.host, &f.path));
-        match groups
-            .iter_mut()
-            .find(|(g, _)| g.map(|f| (&f.host, &f.path)) == key)
-        {
-            Some((_, members)) => members.push(set.clone()),
-            None => groups.push((from, vec![set.clone()])),
-        }
-    }
-    groups.retain(|(_, members)| !members.is_empty());
-    if let [(None, _)] = groups.as_slice() {
+    let groups = source_groups(manifest, sets);
+    if let [SourceGroup { from: None, .. }] = groups.as_slice() {
         return make_plan(manifest, sets, src_host, dst_host, opts, obs);
     }
     let mut plans = Vec::new();
     let mut closings = Vec::new();
-    for (from, members) in &groups {
-        let planned = match from {
-            None => make_plan(manifest, members, src_host, dst_host, opts, obs)?,
+    for group in &groups {
+        let planned = match group.from {
+            None => make_plan(manifest, &group.sets, src_host, dst_host, opts, obs)?,
             Some(f) => {
                 let folder = folder_host(manifest, f)?;
-                let mut p =
-                    make_plan(manifest, members, &folder, dst_host, opts, obs).map_err(|e| {
-                        // The folder's own agent failed: name the line.
-                        if e.message.starts_with(&folder_context(&folder.name)) {
-                            e.context(&f.at)
-                        } else {
-                            e
-                        }
-                    })?;
-                let links = check_folder_links(f, &p.plan.sets);
-                if let Err(e) = links {
+                let mut p = make_plan(manifest, &group.sets, &folder, dst_host, opts, obs)
+                    .map_err(|e| folder_error(e, &folder, f))?;
+                if let Err(e) = mark_from_folder(f, &mut p.plan) {
                     p.closing.wait();
                     return Err(e);
-                }
-                let info = p.plan.source.clone();
-                for s in &mut p.plan.sets {
-                    s.from = Some(info.clone());
                 }
                 p
             }
@@ -88,6 +63,59 @@ pub(super) fn plan_by_source(
     }
 }
 
+/// The sets that take their files from one place: the source host
+/// (`from` is `None`) or one `from` folder.
+pub struct SourceGroup<'m> {
+    pub from: Option<&'m SetFrom>,
+    pub sets: Vec<Set>,
+}
+
+/// `sets` grouped by where their files come from, the source host's group
+/// first (its description is the plan's `source`), empty groups left out.
+pub fn source_groups<'m>(manifest: &'m Manifest, sets: &[Set]) -> Vec<SourceGroup<'m>> {
+    let mut groups = vec![SourceGroup {
+        from: None,
+        sets: Vec::new(),
+    }];
+    for set in sets {
+        let from = manifest.from.get(&set.name);
+        let key = from.map(|f| (&f.host, &f.path));
+        match groups
+            .iter_mut()
+            .find(|g| g.from.map(|f| (&f.host, &f.path)) == key)
+        {
+            Some(g) => g.sets.push(set.clone()),
+            None => groups.push(SourceGroup {
+                from,
+                sets: vec![set.clone()],
+            }),
+        }
+    }
+    groups.retain(|g| !g.sets.is_empty());
+    groups
+}
+
+/// An error of the plan of a `from` folder: when its own agent failed,
+/// named with the manifest line of the `from`.
+pub fn folder_error(e: Error, folder: &Host, f: &SetFrom) -> Error {
+    if e.message.starts_with(&folder_context(&folder.name)) {
+        e.context(&f.at)
+    } else {
+        e
+    }
+}
+
+/// A plan of a `from` folder's sets: its symlinks checked, and each set
+/// recording the folder as its source.
+pub fn mark_from_folder(f: &SetFrom, plan: &mut Plan) -> Result<()> {
+    check_folder_links(f, &plan.sets)?;
+    let info = plan.source.clone();
+    for s in &mut plan.sets {
+        s.from = Some(info.clone());
+    }
+    Ok(())
+}
+
 /// What an error of a `from` folder's agent starts with (the client names
 /// the agent's host, here the `from` value).
 pub(super) fn folder_context(name: &str) -> String {
@@ -96,7 +124,7 @@ pub(super) fn folder_context(name: &str) -> String {
 
 /// The agent that serves a `from` folder, as a host: this machine, or the
 /// manifest host `host:/path` names (its ssh, jump hosts and sudo).
-pub(super) fn folder_host(manifest: &Manifest, f: &SetFrom) -> Result<Host> {
+pub fn folder_host(manifest: &Manifest, f: &SetFrom) -> Result<Host> {
     let (endpoint, sudo) = match &f.host {
         Some(h) => {
             let host = manifest.host(h)?;
@@ -172,7 +200,7 @@ pub(super) fn check_folder_links(f: &SetFrom, set_plans: &[SetPlan]) -> Result<(
 /// One plan of plans made source by source: the sets in the manifest's
 /// order, warnings and problems together. A path two sources would both
 /// write is refused.
-pub(super) fn merge_plans(plans: Vec<Plan>, order: &[Set]) -> Result<Plan> {
+pub fn merge_plans(plans: Vec<Plan>, order: &[Set]) -> Result<Plan> {
     let mut plans = plans.into_iter();
     let Some(mut merged) = plans.next() else {
         return Err(err!(kind = Internal, "no sets to plan"));
