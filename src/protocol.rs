@@ -29,7 +29,8 @@ use crate::model::{
     Written,
 };
 
-/// Bumped whenever a frame changes shape. 14: `shared` in `Stage` (a
+/// Bumped whenever a frame changes shape. 15: `cuts` in `Send`, and the
+/// `Segment` marks of a stream cut into segments. 14: `shared` in `Stage` (a
 /// stream several targets take, [`StreamEntry`]). 13: `blocked` and `ratio` in a
 /// measured window ([`LevelWindow`]); `StageLocal` and `CopiedLocal` (the
 /// local route); `unreached` in an error. 12: `force` in `Rollback`; the
@@ -44,7 +45,7 @@ use crate::model::{
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 14;
+pub const PROTOCOL_VERSION: u32 = 15;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
@@ -113,9 +114,13 @@ pub enum Request {
     },
     /// Source side: stream these files as a tar stream in packed data frames,
     /// checking each against the hash the plan saw while it is read.
+    /// `cuts`: where the stream's segments start (positions in `files`;
+    /// empty for none), each announced by a `Segment` before its first
+    /// data frame (see [`crate::stream::send`]).
     Send {
         venv: String,
         files: Vec<SendFile>,
+        cuts: Vec<usize>,
         shebang: Option<ShebangRewrite>,
         compression: Compression,
     },
@@ -258,6 +263,11 @@ pub enum Response {
     },
     Scan(ScanReport),
     Progress(Progress),
+    /// The data frames that follow are segment `index` of a `Send` with
+    /// cuts.
+    Segment {
+        index: usize,
+    },
     /// One [`StatEntry`] per requested path, in the request's order.
     Stat {
         entries: Vec<StatEntry>,

@@ -501,3 +501,137 @@ fn one_read_of_the_source_feeds_every_target_and_one_dying_in_the_stream_stops_o
     }
     common::assert_same(&before[0], &snapshot(tb.host_venv_dir(0)), "the source");
 }
+
+/// The bytes of the tar stream that carry a target's changes, as its plan
+/// file lists them (`sets[].changes`): each file or symlink
+/// sent is a 512-byte header and its data padded to 512; and the count.
+fn own_stream_bytes(target: &Value) -> (u64, u64) {
+    let (mut bytes, mut files) = (0u64, 0u64);
+    for set in target["sets"].as_array().unwrap() {
+        for c in set["changes"].as_array().unwrap() {
+            if !matches!(c["action"].as_str(), Some("add" | "replace")) {
+                continue;
+            }
+            let src = &c["source"];
+            let size = match src["kind"].as_str() {
+                Some("symlink") => src["target"].as_str().unwrap().len() as u64,
+                _ => src["size"].as_u64().unwrap(),
+            };
+            bytes += 512 + size.div_ceil(512) * 512;
+            files += 1;
+        }
+    }
+    (bytes, files)
+}
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn targets_that_need_different_files_each_receive_only_their_own_bytes() {
+    let tb = Testbed::new(4);
+    tb.write_manifest(common::SCENARIO_SETS);
+    // dst has torch already; dst2 the nvidia wheels and the patches; dst3
+    // nothing: three different needs, one stream of the source.
+    for (target, sets) in [
+        ("dst", &["torch"][..]),
+        ("dst2", &["nvidia-cu13", "sglang-patches"][..]),
+    ] {
+        let mut args = vec!["plan", "src", target, "-o", "pre.json"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        ok(tb.overlay(&args).output().unwrap(), "plan a part");
+        ok(
+            tb.overlay(&["apply", "pre.json"]).output().unwrap(),
+            "apply a part",
+        );
+    }
+    ok(
+        tb.overlay(&["plan", "src", "dst", "dst2", "dst3", "-o", "many.json"])
+            .output()
+            .unwrap(),
+        "plan src dst dst2 dst3",
+    );
+    // Each target's own plan file, beside the plan of many.
+    let work = tb.manifest_path().parent().unwrap().to_path_buf();
+    let many: Value =
+        serde_json::from_str(&fs::read_to_string(work.join("many.json")).unwrap()).unwrap();
+    let own: Vec<(u64, u64)> = many["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let file = work.join(t["plan"].as_str().unwrap());
+            own_stream_bytes(&serde_json::from_str(&fs::read_to_string(file).unwrap()).unwrap())
+        })
+        .collect();
+    // Stored, not compressed: the bytes each target receives are its tar
+    // stream's, plus 5 bytes a frame (length and packing tag).
+    let out = tb
+        .overlay(&["apply", "many.json", "--compress", "none", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("--- apply:\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("in one stream with 2 other targets"),
+        "{stderr}"
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("apply --json");
+    let rows = doc["targets"].as_array().unwrap();
+    let received: Vec<u64> = rows
+        .iter()
+        .map(|r| r["sent_bytes"].as_u64().unwrap())
+        .collect();
+    eprintln!("own (tar bytes, files): {own:?}; received: {received:?}");
+    for (k, ((bytes, files), got)) in own.iter().zip(&received).enumerate() {
+        // The end-of-archive blocks (1024 bytes, one segment of their own);
+        // a frame per MiB and per segment at most, of 7 segments at most.
+        let frames = bytes.div_ceil(1 << 20) + 8;
+        let (low, high) = (bytes + 1024, bytes + 1024 + 5 * frames);
+        assert!(
+            (low..=high).contains(got),
+            "{}: received {got} bytes; its own {files} files are {bytes} bytes of stream, so between {low} and {high}",
+            TARGETS[k]
+        );
+    }
+    // dst3 needs everything the others need: the others got less.
+    assert!(received[0] < received[2] && received[1] < received[2]);
+    let read = doc["source_bytes_read"].as_u64().unwrap();
+    assert_eq!(
+        read,
+        rows[2]["bytes"].as_u64().unwrap(),
+        "one read of the source: dst3's files, which hold the others'"
+    );
+    // Each got exactly its own plan: planning again finds nothing to do.
+    let again = json_of(&ok(
+        tb.overlay(&[
+            "plan",
+            "src",
+            "dst",
+            "dst2",
+            "dst3",
+            "--json",
+            "-o",
+            "again.json",
+        ])
+        .output()
+        .unwrap(),
+        "plan again",
+    ));
+    for t in again["targets"].as_array().unwrap() {
+        for s in t["sets"].as_array().unwrap() {
+            assert_eq!(s["changes"], json!([]), "{}", t["target"]);
+        }
+    }
+    for i in 1..4 {
+        common::assert_same(
+            &snapshot(tb.host_venv_dir(3)),
+            &snapshot(tb.host_venv_dir(i)),
+            "every target ends as dst3",
+        );
+    }
+}

@@ -31,6 +31,10 @@ impl BlockSink for FrameSink<'_> {
         write_data_parts(self.out, &[tag], payload)
     }
 
+    fn segment(&mut self, index: usize) -> std::io::Result<()> {
+        write_frame(self.out, &Response::Segment { index })
+    }
+
     fn progress(&mut self, p: &Progress) -> std::io::Result<()> {
         if self.progress {
             write_frame(self.out, &Response::Progress(*p))?;
@@ -112,7 +116,15 @@ pub fn send_direct(
         out: target.writer()?,
         progress: false,
     };
-    let sent = stream::send(venv_root, files, shebang, compression, &mut sink, counters);
+    let sent = stream::send(
+        venv_root,
+        files,
+        &[],
+        shebang,
+        compression,
+        &mut sink,
+        counters,
+    );
     let sent = match sent {
         Ok(s) => s,
         Err(e) => {

@@ -81,13 +81,13 @@ impl Session {
             } =>
                 h::stat_members(self, output, &Members { venv, sets, globs, extra, count, check },
                     &StatHow { hash, shebang, pycache }),
-            Request::Send { venv, files, shebang, compression } =>
-                h::send(output, &Sending { venv, files, shebang, compression }),
+            Request::Send { venv, files, cuts, shebang, compression } =>
+                h::send(output, &Sending { venv, files, cuts, shebang, compression }),
             Request::SendDirect {
                 venv, files, shebang, compression,
                 ssh, proxy_jump, agent, target_venv, generation, connect_timeout_secs,
             } =>
-                h::send_direct(output, &Sending { venv, files, shebang, compression },
+                h::send_direct(output, &Sending { venv, files, cuts: Vec::new(), shebang, compression },
                     &Peer { ssh, proxy_jump, agent, target_venv, generation, connect_timeout_secs }),
             Request::StagedDirect { hashes, written } => h::staged_direct(self, &hashes, &written),
             Request::StageLocal { source_venv, shebang } =>

@@ -28,6 +28,10 @@ pub struct StagedLocal {
 pub struct SendRequest {
     pub venv: String,
     pub files: Vec<SendFile>,
+    /// Where the stream's segments start (positions in `files`, see
+    /// [`crate::stream::send`]); empty for one stream. The relayed route
+    /// only.
+    pub cuts: Vec<usize>,
     pub shebang: Option<ShebangRewrite>,
     pub compression: Compression,
 }
@@ -55,6 +59,8 @@ pub enum StreamEvent {
     /// [`Client::write_frame_bytes`]).
     Data(usize),
     Progress(Progress),
+    /// The data frames that follow are this segment of a stream with cuts.
+    Segment(usize),
     /// The stream is complete: what the source sent, and on the direct
     /// route what the target wrote.
     Sent {
@@ -70,6 +76,7 @@ impl Client {
         self.send(&Request::Send {
             venv: send.venv,
             files: send.files,
+            cuts: send.cuts,
             shebang: send.shebang,
             compression: send.compression,
         })
@@ -107,6 +114,7 @@ impl Client {
         match frame {
             RawFrame::Data(n) => Ok(StreamEvent::Data(n)),
             RawFrame::Msg(Response::Progress(p)) => Ok(StreamEvent::Progress(p)),
+            RawFrame::Msg(Response::Segment { index }) => Ok(StreamEvent::Segment(index)),
             RawFrame::Msg(Response::Sent {
                 raw_bytes,
                 compressed_bytes,

@@ -5,13 +5,17 @@
 //! the same source venv into the same target venv path, every file the
 //! same where two plans send it) are applied together ([`apply_shared`]):
 //! each is connected, checked and given its generation exactly as a lone
-//! apply does ([`super::apply::begin`]); then the source streams the union
-//! of what they need once, and the controller passes every frame on to
-//! each of them ([`super::relay::fan_out`]). Each target is told how the
-//! stream's entries map onto its own changes ([`StreamEntry`]): its own
-//! files it stages and checks against its own plan, the others' it reads
-//! and drops. Then each switches, verifies and rolls back on its own
-//! ([`super::apply::finish`]).
+//! apply does ([`crate::ops::apply::begin`]); then the source streams the
+//! union of what they need once, cut into segments of the files the same
+//! targets need ([`union_of`]: the files all need first, then each other
+//! combination), and the controller passes each segment's frames on only
+//! to the targets that need it ([`relay::fan_out`]): a target receives its
+//! own files' bytes and the stream's end, nothing of the others'. Each
+//! target is told how the stream's entries map onto its own changes
+//! ([`StreamEntry`]) and stages and checks its own against its own plan
+//! (another's entry, which a hostile source might still send it, it reads
+//! and drops). Then each switches, verifies and rolls back on its own
+//! ([`crate::ops::apply::finish`]).
 //!
 //! A target that fails during the stream is dropped from it (it discards
 //! its generation, or its next command does, as after any failed apply);
@@ -184,9 +188,115 @@ pub(super) fn apply_shared(members: &[Member<'_>], obs: &dyn Observer) -> Shared
     }
 }
 
+/// The one stream several targets share: the union of their files, in
+/// segments of the files the same targets need, and how each target takes
+/// it.
+struct Union {
+    files: Vec<SendFile>,
+    /// Where each segment starts in `files` (empty: one segment, which
+    /// every target needs all of).
+    cuts: Vec<usize>,
+    routes: relay::Routes,
+    /// Per target, the stream's entries as its changes.
+    maps: Vec<Vec<StreamEntry>>,
+    /// Per target, the bytes of its own files.
+    own_bytes: Vec<u64>,
+}
+
+/// The union of `sends` (each target's files), grouped into segments by
+/// which targets need them: the files every target needs first, then each
+/// other combination, in the first target's order within one. A target
+/// then receives only the segments holding its files (and the stream's
+/// end), never another's bytes.
+fn union_of(sends: &[Vec<SendFile>]) -> Union {
+    let n = sends.len();
+    let mut union: Vec<SendFile> = Vec::new();
+    let mut takers: Vec<Vec<bool>> = Vec::new();
+    let mut at: HashMap<&str, usize> = HashMap::new();
+    for (k, f) in sends
+        .iter()
+        .enumerate()
+        .flat_map(|(k, s)| s.iter().map(move |f| (k, f)))
+    {
+        let u = *at.entry(&f.path).or_insert_with(|| {
+            union.push(f.clone());
+            takers.push(vec![false; n]);
+            union.len() - 1
+        });
+        takers[u][k] = true;
+        // A file one target's plan did not hash goes unhashed (the source
+        // then hashes it and checks its stamp): that target needs the
+        // source's hash, and the targets whose plans hashed it check their
+        // own hash anyway.
+        if let (
+            Kind::File {
+                blake3: Some(_), ..
+            },
+            Kind::File { blake3: None, .. },
+        ) = (&union[u].kind, &f.kind)
+        {
+            union[u].kind = f.kind.clone();
+        }
+    }
+    // Stable: the first target's order within a segment.
+    let mut order: Vec<usize> = (0..union.len()).collect();
+    order.sort_by(|a, b| takers[*b].cmp(&takers[*a]));
+    let files: Vec<SendFile> = order
+        .iter()
+        .enumerate()
+        .map(|(i, &u)| SendFile {
+            index: i,
+            ..union[u].clone()
+        })
+        .collect();
+    let mut cuts = Vec::new();
+    let mut takes = Vec::new();
+    for (i, &u) in order.iter().enumerate() {
+        if i == 0 || takers[u] != takers[order[i - 1]] {
+            cuts.push(i);
+            takes.push(takers[u].clone());
+        }
+    }
+    if takes.len() <= 1 {
+        // Every target needs every file: one stream, not cut.
+        (cuts, takes) = (Vec::new(), Vec::new());
+    } else {
+        // The end-of-archive blocks: every target's.
+        takes.push(vec![true; n]);
+    }
+    let pos: HashMap<&str, usize> = files.iter().map(|f| (f.path.as_str(), f.index)).collect();
+    let maps = sends
+        .iter()
+        .map(|send| {
+            let mut m: Vec<StreamEntry> = files
+                .iter()
+                .map(|u| StreamEntry::Skip {
+                    size: entry_size(&u.kind),
+                })
+                .collect();
+            for f in send {
+                m[pos[f.path.as_str()]] = StreamEntry::Take(f.index);
+            }
+            m
+        })
+        .collect();
+    let own_bytes = sends
+        .iter()
+        .map(|s| s.iter().map(|f| entry_size(&f.kind)).sum())
+        .collect();
+    Union {
+        files,
+        cuts,
+        routes: relay::Routes { takes },
+        maps,
+        own_bytes,
+    }
+}
+
 /// Stream the union of the ready targets' files from their source once,
-/// fanned out to all; each target's result, in order, and the bytes of
-/// files the source read.
+/// fanned out to all, each target receiving only the segments that hold
+/// its files; each target's result, in order, and the bytes of files the
+/// source read.
 fn stream_shared(
     ready: &mut [(usize, Box<Ready>)],
     obs: &dyn Observer,
@@ -195,60 +305,20 @@ fn stream_shared(
         .iter()
         .map(|(_, r)| SendFile::of_changes(&r.changes))
         .collect();
-    // The union, in the first target's order, then what the others add.
-    let mut union: Vec<SendFile> = Vec::new();
-    let mut at: HashMap<&str, usize> = HashMap::new();
-    for f in sends.iter().flatten() {
-        match at.get(f.path.as_str()) {
-            Some(&u) => {
-                // A file one target's plan did not hash goes unhashed (the
-                // source then hashes it and checks its stamp): that target
-                // needs the source's hash, and the targets whose plans
-                // hashed it check their own hash anyway.
-                if let (
-                    Kind::File {
-                        blake3: Some(_), ..
-                    },
-                    Kind::File { blake3: None, .. },
-                ) = (&union[u].kind, &f.kind)
-                {
-                    union[u].kind = f.kind.clone();
-                }
-            }
-            None => {
-                at.insert(&f.path, union.len());
-                union.push(SendFile {
-                    index: union.len(),
-                    ..f.clone()
-                });
-            }
-        }
-    }
-    let maps: Vec<Vec<StreamEntry>> = sends
-        .iter()
-        .map(|send| {
-            let mut m: Vec<StreamEntry> = union
-                .iter()
-                .map(|u| StreamEntry::Skip {
-                    size: entry_size(&u.kind),
-                })
-                .collect();
-            for f in send {
-                m[at[f.path.as_str()]] = StreamEntry::Take(f.index);
-            }
-            m
-        })
-        .collect();
-    let own_bytes: Vec<u64> = sends
-        .iter()
-        .map(|s| s.iter().map(|f| entry_size(&f.kind)).sum())
-        .collect();
+    let Union {
+        files,
+        cuts,
+        routes,
+        maps,
+        own_bytes,
+    } = union_of(&sends);
     let first = &ready[0].1;
     let (plan, opts) = (&first.plan, &first.opts);
     let source = plan.source.clone();
     let request = SendRequest {
         venv: source.venv.clone(),
-        files: union,
+        files,
+        cuts,
         shebang: Some(ShebangRewrite {
             from: source.venv.clone(),
             to: plan.target.venv.clone(),
@@ -286,18 +356,22 @@ fn stream_shared(
             out[j] = Some(Err(fail(r, e, true)));
         }
     }
-    let names: Vec<&str> = ready
+    let taking: Vec<usize> = (0..n).filter(|j| out[*j].is_none()).collect();
+    let names: Vec<&str> = taking
         .iter()
-        .enumerate()
-        .filter(|(j, _)| out[*j].is_none())
-        .map(|(_, (_, r))| r.plan.target.name.as_str())
+        .map(|&j| ready[j].1.plan.target.name.as_str())
         .collect();
     let meter = obs.step(
         Step::Stream,
         &format!("{} -> {}", source.name, names.join(", ")),
     );
-    drop(names);
-    let taking: Vec<usize> = (0..n).filter(|j| out[*j].is_none()).collect();
+    let routes = relay::Routes {
+        takes: routes
+            .takes
+            .iter()
+            .map(|t| taking.iter().map(|&j| t[j]).collect())
+            .collect(),
+    };
     let dsts: Vec<&mut Client> = ready
         .iter_mut()
         .enumerate()
@@ -307,6 +381,7 @@ fn stream_shared(
     let fanned = relay::fan_out(
         &mut src,
         dsts,
+        &routes,
         relay::Listener {
             first: &mut || pause_hook("stream"),
             progress: &mut |p| meter.update(p),
@@ -328,30 +403,14 @@ fn stream_shared(
     }
     meter.finish();
     for (k, j) in taking.iter().copied().enumerate() {
-        let r = &mut ready[j].1;
-        let result = match (&fanned.failed[k], &sent) {
-            (Some(e), _) => Err(fail(r, e.clone(), true)),
-            (None, Err((e, died))) => Err(fail(r, e.clone(), *died)),
-            (None, Ok(s)) => {
-                let hashes = own_hashes(&s.hashes, &maps[j]);
-                match r.dst.end_stage(hashes) {
-                    Ok(_) => Ok(Transferred {
-                        moved: Moved {
-                            raw: own_bytes[j],
-                            sent: s.packed_bytes,
-                            local: false,
-                        },
-                        shared: taking.len(),
-                        ..Transferred::default()
-                    }),
-                    Err(e) => {
-                        let lost = r.dst.lost();
-                        Err(fail(r, e, lost))
-                    }
-                }
-            }
+        let took = Took {
+            failed: fanned.failed[k].clone(),
+            map: &maps[j],
+            own_bytes: own_bytes[j],
+            received: fanned.received[k],
+            shared: taking.len(),
         };
-        out[j] = Some(result);
+        out[j] = Some(end_target(&mut ready[j].1, took, &sent));
     }
     let read = sent.as_ref().map_or(0, |s| s.raw_bytes);
     let out = out
@@ -359,6 +418,46 @@ fn stream_shared(
         .map(|r| r.unwrap_or_else(|| Err(crate::err!("a target was left out of the stream"))))
         .collect();
     (out, read)
+}
+
+/// What one target of a shared stream took of it.
+struct Took<'a> {
+    /// Its writer's error, if its connection failed.
+    failed: Option<Error>,
+    map: &'a [StreamEntry],
+    own_bytes: u64,
+    /// Bytes of data frames written to it.
+    received: u64,
+    /// Targets that took the stream.
+    shared: usize,
+}
+
+/// End one target's part of a shared stream: its stage ended with the
+/// source's hashes of its files, or its error.
+fn end_target(
+    r: &mut Ready,
+    took: Took<'_>,
+    sent: &std::result::Result<crate::model::Sent, (Error, bool)>,
+) -> Result<Transferred> {
+    match (took.failed, sent) {
+        (Some(e), _) => Err(fail(r, e, true)),
+        (None, Err((e, died))) => Err(fail(r, e.clone(), *died)),
+        (None, Ok(s)) => match r.dst.end_stage(own_hashes(&s.hashes, took.map)) {
+            Ok(_) => Ok(Transferred {
+                moved: Moved {
+                    raw: took.own_bytes,
+                    sent: took.received,
+                    local: false,
+                },
+                shared: took.shared,
+                ..Transferred::default()
+            }),
+            Err(e) => {
+                let lost = r.dst.lost();
+                Err(fail(r, e, lost))
+            }
+        },
+    }
 }
 
 /// The source's hashes of the union's entries, as one target's changes.

@@ -314,6 +314,7 @@ impl<'c> SourceStream<'c> {
         client.start_send(SendRequest {
             venv: venv.to_string(),
             files,
+            cuts: Vec::new(),
             shebang: None,
             compression: if local {
                 Compression::None
@@ -397,6 +398,13 @@ impl<'c> SourceStream<'c> {
                     return Ok(true);
                 }
                 StreamEvent::Progress(p) => self.meter.update(&p),
+                StreamEvent::Segment(i) => {
+                    return Err(crate::err!(
+                        kind = Protocol,
+                        "unexpected segment mark {i} from {} in a stream that was not cut",
+                        self.client.host
+                    ));
+                }
                 StreamEvent::Sent { sent, .. } => self.sent = Some(sent),
             }
         }

@@ -22,9 +22,12 @@
 //! an error.
 //!
 //! [`fan_out`] passes one source's frames on to several targets (one read
-//! of the source for all, see `crate::fleet::fanout`): a writer thread per target,
-//! each frame shared between them; a target whose write fails is dropped
-//! and the others go on; the slowest target sets the pace.
+//! of the source for all, see `crate::fleet::fanout`): a writer thread per
+//! target, each frame shared between those that take it; a target whose
+//! write fails is dropped and the others go on; the slowest target sets the
+//! pace. A stream cut into segments (the source announces each with a
+//! `Segment` mark) goes segment by segment only to the targets whose files
+//! it holds ([`Routes`]); the marks themselves are not passed on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -59,13 +62,26 @@ pub struct Listener<'a> {
 pub fn follow(src: &mut Client, dst: Option<&mut Client>, listen: Listener<'_>) -> Result<Ended> {
     match dst {
         Some(dst) => relay(src, dst, listen),
-        None => events(src, listen, &mut |_, _, host| {
-            Err(err!(
-                kind = Protocol,
-                "unexpected stream data from {host} on the direct route"
-            ))
-        }),
+        None => events(
+            src,
+            listen,
+            &mut |_, _, host| {
+                Err(err!(
+                    kind = Protocol,
+                    "unexpected stream data from {host} on the direct route"
+                ))
+            },
+            &mut no_segments,
+        ),
     }
+}
+
+/// A `Segment` mark in a stream that was not cut: refused.
+fn no_segments(index: usize, host: &str) -> Result<()> {
+    Err(err!(
+        kind = Protocol,
+        "unexpected segment mark {index} from {host} in a stream that was not cut"
+    ))
 }
 
 /// What is done with a data frame: the buffer holding it, the frame's
@@ -73,8 +89,17 @@ pub fn follow(src: &mut Client, dst: Option<&mut Client>, listen: Listener<'_>) 
 /// the one the next frame is read into.
 type OnData<'a> = dyn FnMut(&mut Vec<u8>, usize, &str) -> Result<()> + 'a;
 
-/// The source's events until `Sent`, data frames to `data`.
-fn events(src: &mut Client, listen: Listener<'_>, data: &mut OnData<'_>) -> Result<Ended> {
+/// What is done with a `Segment` mark: its index and the source's name.
+type OnSegment<'a> = dyn FnMut(usize, &str) -> Result<()> + 'a;
+
+/// The source's events until `Sent`, data frames to `data`, segment marks
+/// to `segment`.
+fn events(
+    src: &mut Client,
+    listen: Listener<'_>,
+    data: &mut OnData<'_>,
+    segment: &mut OnSegment<'_>,
+) -> Result<Ended> {
     let Listener { first, progress } = listen;
     let mut buf = Vec::new();
     let mut started = false;
@@ -89,6 +114,7 @@ fn events(src: &mut Client, listen: Listener<'_>, data: &mut OnData<'_>) -> Resu
         match event {
             StreamEvent::Data(n) => data(&mut buf, n, &src.host)?,
             StreamEvent::Progress(p) => progress(&p),
+            StreamEvent::Segment(i) => segment(i, &src.host)?,
             StreamEvent::Sent { sent, written } => return Ok(Ended { sent, written }),
         }
     }
@@ -114,7 +140,7 @@ fn relay(src: &mut Client, dst: &mut Client, listen: Listener<'_>) -> Result<End
             Ok(())
         });
         let mut made = 0;
-        let read = events(src, listen, &mut |buf, n, _| {
+        let mut on_data = |buf: &mut Vec<u8>, n: usize, _: &str| {
             let next = match free_rx.try_recv() {
                 Ok(b) => Some(b),
                 Err(_) if made < BUFFERS => {
@@ -135,7 +161,8 @@ fn relay(src: &mut Client, dst: &mut Client, listen: Listener<'_>) -> Result<End
                 ));
             }
             Ok(())
-        });
+        };
+        let read = events(src, listen, &mut on_data, &mut no_segments);
         if read.is_err() {
             stop.store(true, Ordering::Relaxed);
         }
@@ -155,64 +182,114 @@ fn relay(src: &mut Client, dst: &mut Client, listen: Listener<'_>) -> Result<End
 }
 
 /// The end of a stream fanned out to several targets: how the source's
-/// side ended, and each target's write error, in the order given.
+/// side ended, and for each target in the order given its write error and
+/// the bytes of data frames written to it.
 pub struct FannedOut {
     pub ended: Result<Ended>,
     pub failed: Vec<Option<Error>>,
+    pub received: Vec<u64>,
+}
+
+/// Which targets take which segment of a stream cut into segments:
+/// `takes[s][k]` for segment `s` and target `k`. Empty: the stream is not
+/// cut, and every target takes every frame.
+pub struct Routes {
+    pub takes: Vec<Vec<bool>>,
 }
 
 /// Follow the source's stream to its end, passing each data frame on to
-/// every target of `dsts` still taking it (see the module doc). The source
-/// is read on to the end while one target takes frames; when none does,
-/// its side ends with an error (each target's own is in `failed`).
-pub fn fan_out(src: &mut Client, dsts: Vec<&mut Client>, listen: Listener<'_>) -> FannedOut {
+/// every target of `dsts` still taking it that `routes` sends the frame's
+/// segment to (see the module doc). The source is read on to the end
+/// while one target takes frames; when none does, its side ends with an
+/// error (each target's own is in `failed`). Segment marks must come in
+/// order, one per segment of `routes`, before the frames they route.
+pub fn fan_out(
+    src: &mut Client,
+    dsts: Vec<&mut Client>,
+    routes: &Routes,
+    listen: Listener<'_>,
+) -> FannedOut {
     std::thread::scope(|scope| {
         let mut txs = Vec::new();
         let mut writers = Vec::new();
         for dst in dsts {
             let (tx, rx) = mpsc::sync_channel::<Arc<Vec<u8>>>(BUFFERS);
             txs.push(Some(tx));
-            writers.push(scope.spawn(move || -> Result<()> {
+            writers.push(scope.spawn(move || -> (u64, Result<()>) {
+                let mut wrote = 0u64;
                 for frame in rx {
-                    dst.write_frame_bytes(&frame)?;
+                    if let Err(e) = dst.write_frame_bytes(&frame) {
+                        return (wrote, Err(e));
+                    }
+                    wrote += frame.len() as u64;
                 }
-                Ok(())
+                (wrote, Ok(()))
             }));
         }
-        let ended = events(src, listen, &mut |buf, n, _| {
+        // The segment the frames are in: `None` before the first mark.
+        let segment = std::cell::Cell::new(None::<usize>);
+        let mut on_segment = |index: usize, host: &str| {
+            let next = segment.get().map_or(0, |s| s + 1);
+            if index != next || index >= routes.takes.len() {
+                return Err(err!(
+                    kind = Protocol,
+                    "{host} marked segment {index} where segment {next} of {} was due; nothing more of its stream was passed on",
+                    routes.takes.len()
+                ));
+            }
+            segment.set(Some(index));
+            Ok(())
+        };
+        let mut on_data = |buf: &mut Vec<u8>, n: usize, host: &str| {
+            let takes = match segment.get() {
+                Some(s) => Some(&routes.takes[s]),
+                None if routes.takes.is_empty() => None,
+                None => {
+                    return Err(err!(
+                        kind = Protocol,
+                        "{host} sent stream data before its first segment mark"
+                    ));
+                }
+            };
             let mut frame = std::mem::take(buf);
             frame.truncate(n);
             let frame = Arc::new(frame);
-            let mut taking = 0;
-            for tx in txs.iter_mut() {
-                if let Some(t) = tx {
-                    if t.send(Arc::clone(&frame)).is_ok() {
-                        taking += 1;
-                    } else {
-                        *tx = None; // its writer failed: it says why
-                    }
+            for (k, tx) in txs.iter_mut().enumerate() {
+                if takes.is_some_and(|t| !t[k]) {
+                    continue;
+                }
+                if let Some(t) = tx
+                    && t.send(Arc::clone(&frame)).is_err()
+                {
+                    *tx = None; // its writer failed: it says why
                 }
             }
-            if taking == 0 {
+            if txs.iter().all(Option::is_none) {
                 return Err(err!(
                     kind = Connection,
                     "no target is taking the stream any more"
                 ));
             }
             Ok(())
-        });
+        };
+        let ended = events(src, listen, &mut on_data, &mut on_segment);
         // Dropping the senders ends the writers once they have written
         // what is queued (whole frames).
         drop(txs);
-        let failed = writers
+        let (received, failed) = writers
             .into_iter()
             .map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| Err(err!("a relay writer thread failed")))
-                    .err()
+                let (wrote, r) = w
+                    .join()
+                    .unwrap_or_else(|_| (0, Err(err!("a relay writer thread failed"))));
+                (wrote, r.err())
             })
-            .collect();
-        FannedOut { ended, failed }
+            .unzip();
+        FannedOut {
+            ended,
+            failed,
+            received,
+        }
     })
 }
 

@@ -79,6 +79,11 @@ pub trait BlockSink {
     fn progress(&mut self, _progress: &crate::model::Progress) -> std::io::Result<()> {
         Ok(())
     }
+    /// The blocks from here on are segment `index` of the stream (see
+    /// [`send`]'s `cuts`); ignored unless the sink passes segments on.
+    fn segment(&mut self, _index: usize) -> std::io::Result<()> {
+        Ok(())
+    }
     /// After the last block.
     fn flush(&mut self) -> std::io::Result<()>;
 }

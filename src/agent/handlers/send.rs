@@ -14,6 +14,8 @@ use crate::stream;
 pub struct Sending {
     pub venv: String,
     pub files: Vec<SendFile>,
+    /// Where the stream's segments start (see [`stream::send`]).
+    pub cuts: Vec<usize>,
     pub shebang: Option<ShebangRewrite>,
     pub compression: Compression,
 }
@@ -28,6 +30,7 @@ pub fn send(output: &mut dyn Write, s: &Sending) -> Result<Response> {
     stream::send(
         &s.venv,
         &s.files,
+        &s.cuts,
         s.shebang.as_ref(),
         s.compression,
         &mut sink,

@@ -156,6 +156,7 @@ pub(super) fn relay(
     let send = SendRequest {
         venv: part.source.venv.clone(),
         files,
+        cuts: Vec::new(),
         shebang: Some(ShebangRewrite {
             from: part.source.venv.clone(),
             to: plan.target.venv.clone(),

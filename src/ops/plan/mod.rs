@@ -40,10 +40,10 @@ pub use connect::{Scanned, both, connect_scan};
 pub use make::shared_files;
 pub use preflight::{Preflighted, deleted_and_placed, preflight};
 pub use save::{ManifestStamp, manifest_stamp, save, write_atomic};
+use sources::plan_by_source;
 pub use sources::{
     SourceGroup, folder_error, folder_host, mark_from_folder, merge_plans, source_groups,
 };
-use sources::plan_by_source;
 pub use stat::{StatSide, index, members_and_order, stat_sides};
 
 /// What `overlay plan` is asked.

@@ -52,6 +52,9 @@ struct Block {
     level: i32,
     data: Vec<u8>,
     done: Done,
+    /// The segment this block starts ([`BlockSink::segment`]), if it
+    /// starts one.
+    segment: Option<usize>,
 }
 
 /// A packed block: `tag` says how `payload` holds `raw` bytes of the
@@ -63,6 +66,7 @@ struct Packed {
     tag: u8,
     payload: Vec<u8>,
     done: Done,
+    segment: Option<usize>,
 }
 
 /// Cuts the tar stream into blocks for the packers.
@@ -79,6 +83,10 @@ struct BlockCutter<'a> {
     partial: u64,
     /// Told how far the files were read, for the read-ahead.
     ahead: Option<&'a ReadAhead>,
+    /// The segment the next block starts, after a [`Self::cut`].
+    starts: Option<usize>,
+    /// Segments cut so far.
+    segments: usize,
 }
 
 impl Write for BlockCutter<'_> {
@@ -129,6 +137,15 @@ impl BlockCutter<'_> {
         Ok(n)
     }
 
+    /// End the block being cut here (the next entry starts a new block)
+    /// and mark the next block as the start of the next segment.
+    fn cut(&mut self) -> std::io::Result<()> {
+        self.emit()?;
+        self.starts = Some(self.segments);
+        self.segments += 1;
+        Ok(())
+    }
+
     /// A file of `size` bytes is wholly in the stream (a symlink: 0).
     fn file_done(&mut self, size: u64) {
         self.finished.files += 1;
@@ -161,6 +178,7 @@ impl BlockCutter<'_> {
                 files: self.finished.files,
                 bytes: self.finished.bytes + self.partial,
             },
+            segment: self.starts.take(),
         };
         self.seq += 1;
         self.tx.send(block).map_err(|_| broken())
@@ -208,6 +226,7 @@ fn packer(rx: &Mutex<mpsc::Receiver<Block>>, tx: mpsc::SyncSender<Packed>) {
             tag,
             payload,
             done: block.done,
+            segment: block.segment,
         };
         if tx.send(p).is_err() {
             return;
@@ -235,6 +254,9 @@ fn write_blocks(
         while let Some(p) = waiting.remove(&next) {
             if counters.cancel.load(Ordering::Relaxed) {
                 return Err(std::io::Error::other("the controller went away"));
+            }
+            if let Some(s) = p.segment {
+                sink.segment(s)?;
             }
             let t0 = tuner.is_some().then(std::time::Instant::now);
             sink.block(p.tag, &p.payload)?;
@@ -274,9 +296,16 @@ fn progress(counters: &Counters) -> Progress {
 /// blocks to `sink`, in order. Returns the bytes of files and of blocks,
 /// the blake3 of each regular file the plan did not hash (and of each
 /// rewritten script), and with `Auto` the tuner's windows.
+///
+/// `cuts` (positions in `files`, ascending, the first 0; or empty) cut
+/// the stream into segments: a block never holds entries of two, the sink
+/// hears where each starts ([`BlockSink::segment`]), and the end-of-archive
+/// blocks are a last segment of their own. A controller that fans the
+/// stream out to several targets passes each only the segments it needs.
 pub fn send(
     venv_root: &str,
     files: &[SendFile],
+    cuts: &[usize],
     shebang: Option<&ShebangRewrite>,
     compression: Compression,
     sink: &mut dyn BlockSink,
@@ -322,6 +351,8 @@ pub fn send(
             finished: Done::default(),
             partial: 0,
             ahead: Some(&ahead),
+            starts: None,
+            segments: 0,
         };
         let venv = &venv;
         let ahead = &ahead;
@@ -329,7 +360,7 @@ pub fn send(
         let reader = scope.spawn(move || {
             // Done, failed or panicked: the read-ahead has nothing left to do.
             let _done = ReaderDone(ahead);
-            read_files(venv, files, shebang, cutter)
+            read_files(venv, files, cuts, shebang, cutter)
         });
         // Once the reader drops the cutter, the packers finish, then the writer.
         let sent = write_blocks(packed_rx, sink, counters, level, tuner);
@@ -362,6 +393,7 @@ pub fn send(
 fn read_files(
     venv: &Venv,
     files: &[SendFile],
+    cuts: &[usize],
     shebang: Option<&ShebangRewrite>,
     cutter: BlockCutter<'_>,
 ) -> Result<(u64, Vec<SourceHash>)> {
@@ -370,7 +402,12 @@ fn read_files(
     let mut raw = 0u64;
     let root = venv.beneath()?;
     let mut walker = Walker::new(std::os::fd::AsFd::as_fd(&root));
-    for f in files {
+    let cut_failed = |e: std::io::Error| err!("Failed to stream: {e}");
+    let mut cuts = cuts.iter().peekable();
+    for (at, f) in files.iter().enumerate() {
+        if cuts.next_if_eq(&&at).is_some() {
+            tar.get_mut().cut().map_err(cut_failed)?;
+        }
         let (abs, rel) = venv.resolve(&f.path)?;
         let src = Source {
             venv,
@@ -418,6 +455,10 @@ fn read_files(
             }
         }
         tar.get_mut().file_done(f.kind.size());
+    }
+    if tar.get_ref().segments > 0 {
+        // The end-of-archive blocks: a segment every target takes.
+        tar.get_mut().cut().map_err(cut_failed)?;
     }
     let mut cutter = tar
         .into_inner()

@@ -48,7 +48,16 @@ fn bytes_move_within_a_file() {
     let mut sink = Recorder::default();
     let counters = Counters::default();
     let root = dir.path().to_str().unwrap();
-    let sent = send(root, &files, None, Compression::None, &mut sink, &counters).unwrap();
+    let sent = send(
+        root,
+        &files,
+        &[],
+        None,
+        Compression::None,
+        &mut sink,
+        &counters,
+    )
+    .unwrap();
     assert_eq!(sent.raw_bytes, total);
     // One report after each block, in order, never going back.
     assert_eq!(sink.reports.len(), sink.blocks);
@@ -100,6 +109,7 @@ fn a_changed_file_stops_the_stream_with_read_ahead() {
     let sent = send(
         root,
         &files,
+        &[],
         None,
         Compression::None,
         &mut sink,
@@ -117,6 +127,7 @@ fn a_changed_file_stops_the_stream_with_read_ahead() {
         send(
             root,
             files,
+            &[],
             None,
             Compression::None,
             &mut Recorder::default(),
@@ -168,6 +179,7 @@ fn a_changed_file_stops_the_stream_with_read_ahead() {
     let e = send(
         root,
         &files,
+        &[],
         None,
         Compression::None,
         &mut Recorder::default(),
@@ -175,4 +187,98 @@ fn a_changed_file_stops_the_stream_with_read_ahead() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("symlink"), "{e}");
+}
+
+/// Records each block's bytes under the segment it belongs to.
+#[derive(Default)]
+struct Segments {
+    marks: Vec<usize>,
+    /// Per segment (before any mark: one for the unmarked start), the
+    /// stream bytes of its blocks.
+    bytes: Vec<Vec<u8>>,
+}
+
+impl BlockSink for Segments {
+    fn block(&mut self, tag: u8, payload: &[u8]) -> std::io::Result<()> {
+        assert_eq!(tag, crate::stream::TAG_STORED);
+        if self.bytes.is_empty() {
+            self.bytes.push(Vec::new());
+        }
+        self.bytes.last_mut().unwrap().extend_from_slice(payload);
+        Ok(())
+    }
+    fn segment(&mut self, index: usize) -> std::io::Result<()> {
+        self.marks.push(index);
+        self.bytes.push(Vec::new());
+        Ok(())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The entry names of a stretch of the tar stream, to its end or its zero
+/// blocks.
+fn entry_names(mut stream: &[u8]) -> Vec<usize> {
+    let mut names = Vec::new();
+    while stream.len() >= 512 {
+        let Some(h) = crate::stream::parse_head(stream[..512].try_into().unwrap()).unwrap() else {
+            break;
+        };
+        names.push(h.index);
+        let at = 512 + (h.size as usize).div_ceil(512) * 512;
+        stream = &stream[at..];
+    }
+    names
+}
+
+/// Cuts make segments: each starts a block of its own (a block never
+/// holds two segments' entries), the sink hears each start in order, and
+/// the end-of-archive blocks are a last segment of their own. Without
+/// cuts the sink hears none.
+#[test]
+fn cuts_split_the_stream_into_segments_of_whole_entries() {
+    let contents: Vec<(String, Vec<u8>)> = (0..5)
+        .map(|i| (format!("f{i}.py"), vec![b'a' + i as u8; 700 + i * 300]))
+        .collect();
+    let refs: Vec<(&str, &[u8])> = contents
+        .iter()
+        .map(|(n, c)| (n.as_str(), c.as_slice()))
+        .collect();
+    let dir = venv_with(&refs);
+    let root = dir.path().to_str().unwrap();
+    let files: Vec<SendFile> = contents
+        .iter()
+        .enumerate()
+        .map(|(i, (n, c))| file(i, n, c))
+        .collect();
+    let mut sink = Segments::default();
+    let counters = Counters::default();
+    send(
+        root,
+        &files,
+        &[0, 2, 3],
+        None,
+        Compression::None,
+        &mut sink,
+        &counters,
+    )
+    .unwrap();
+    assert_eq!(sink.marks, [0, 1, 2, 3]);
+    let names: Vec<Vec<usize>> = sink.bytes.iter().map(|b| entry_names(b)).collect();
+    assert_eq!(names, [vec![0, 1], vec![2], vec![3, 4], vec![]]);
+    assert!(sink.bytes[3].len() >= 1024 && sink.bytes[3].iter().all(|b| *b == 0));
+    let mut whole = Segments::default();
+    send(
+        root,
+        &files,
+        &[],
+        None,
+        Compression::None,
+        &mut whole,
+        &counters,
+    )
+    .unwrap();
+    assert!(whole.marks.is_empty());
+    assert_eq!(entry_names(&whole.bytes[0]), [0, 1, 2, 3, 4]);
 }
