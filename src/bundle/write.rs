@@ -93,7 +93,7 @@ pub fn write(index: &BundleIndex, contents: &mut dyn Contents, out: &Path) -> Re
     };
     let io = |e: io::Error| failed(&io_cause(&e));
     {
-        let enc = zstd::Encoder::new(&mut sink, LEVEL).map_err(io)?;
+        let enc = encoder(&mut sink, compress_workers()).map_err(io)?;
         let mut tar = tar::Builder::new(enc);
         let json = serde_json::to_vec(index).map_err(|e| failed(&e))?;
         let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
@@ -119,6 +119,22 @@ pub fn write(index: &BundleIndex, contents: &mut dyn Contents, out: &Path) -> Re
         bytes: body + TRAILER,
         blake3: digest.to_hex().to_string(),
     })
+}
+
+/// Threads that compress a bundle: one per core (at least one).
+fn compress_workers() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
+/// The bundle's zstd stream at [`LEVEL`], compressed by `workers` threads
+/// (zstd's multi-threaded streaming mode; `workers` ≥ 1). Its bytes do not
+/// depend on `workers`, so a bundle packed on a 2-core machine and on a
+/// 128-core one are the same file (`tests::workers_do_not_change_the_bytes`);
+/// they differ from zstd's single-threaded mode, which no bundle uses.
+fn encoder<W: Write>(w: W, workers: u32) -> io::Result<zstd::Encoder<'static, W>> {
+    let mut enc = zstd::Encoder::new(w, LEVEL)?;
+    enc.multithread(workers.max(1))?;
+    Ok(enc)
 }
 
 /// One entry of the index, as the member `venv/PATH`.
@@ -206,5 +222,42 @@ impl Contents for Folder {
     }
     fn shown(&self, path: &str) -> String {
         self.0.join(path).display().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bundle's bytes are the same whatever the number of compressing
+    /// threads: 40 MB of mixed data (several of zstd's jobs), compressed
+    /// by 1, 2 and 5 workers, written in uneven pieces.
+    #[test]
+    fn workers_do_not_change_the_bytes() {
+        let mut data = Vec::with_capacity(40 << 20);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        while data.len() < 40 << 20 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Runs of text and of noise, so that it compresses unevenly.
+            if x % 3 == 0 {
+                data.extend_from_slice(&x.to_le_bytes());
+            } else {
+                data.extend_from_slice(b"import torch  # a line of python\n");
+            }
+        }
+        let pack = |workers: u32| {
+            let mut enc = encoder(Vec::new(), workers).unwrap();
+            for piece in data.chunks(777_777) {
+                enc.write_all(piece).unwrap();
+            }
+            enc.finish().unwrap()
+        };
+        let one = pack(1);
+        assert!(one.len() < data.len());
+        assert!(pack(2) == one, "2 workers gave other bytes than 1");
+        assert!(pack(5) == one, "5 workers gave other bytes than 1");
+        assert_eq!(zstd::decode_all(one.as_slice()).unwrap(), data);
     }
 }

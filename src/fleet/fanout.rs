@@ -312,43 +312,18 @@ fn stream_shared(
         maps,
         own_bytes,
     } = union_of(&sends);
-    let first = &ready[0].1;
-    let (plan, opts) = (&first.plan, &first.opts);
-    let source = plan.source.clone();
-    let request = SendRequest {
-        venv: source.venv.clone(),
-        files,
-        cuts,
-        shebang: Some(ShebangRewrite {
-            from: source.venv.clone(),
-            to: plan.target.venv.clone(),
-        }),
-        compression: route_compression(opts.compression, plan),
-    };
-    let connect = opts.connect.clone();
     let n = ready.len();
-    let fail_all = |ready: &mut [(usize, Box<Ready>)], e: Error, died: bool| {
-        let out = ready
-            .iter_mut()
-            .map(|(_, r)| Err(fail(r, e.clone(), died)))
-            .collect();
-        (out, 0)
-    };
-    let connecting = obs.step(Step::Connect, &source.name);
-    let mut src = match Client::connect(
-        &source.name,
-        &endpoint(&source),
-        source.sudo.as_deref(),
-        &connect,
-    ) {
+    let source = ready[0].1.plan.source.clone();
+    let mut src = match start_source(&ready[0].1, files, cuts, obs) {
         Ok(c) => c,
-        Err(e) => return fail_all(ready, e, false),
+        Err((e, died)) => {
+            let out = ready
+                .iter_mut()
+                .map(|(_, r)| Err(fail(r, e.clone(), died)))
+                .collect();
+            return (out, 0);
+        }
     };
-    connecting.finish();
-    if let Err(e) = src.start_send(request) {
-        let died = src.lost();
-        return fail_all(ready, e, died);
-    }
     // Each target starts its stage; one that cannot is out of the stream.
     let mut out: Vec<Option<Result<Transferred>>> = (0..n).map(|_| None).collect();
     for (j, (_, r)) in ready.iter_mut().enumerate() {
@@ -418,6 +393,44 @@ fn stream_shared(
         .map(|r| r.unwrap_or_else(|| Err(crate::err!("a target was left out of the stream"))))
         .collect();
     (out, read)
+}
+
+/// Connect to the source of `first`'s plan and have it start streaming
+/// `files` in segments from `cuts`, its shebangs rewritten for the targets'
+/// venv path (the same for every target of a share group). The error, and
+/// whether the source's connection died.
+fn start_source(
+    first: &Ready,
+    files: Vec<SendFile>,
+    cuts: Vec<usize>,
+    obs: &dyn Observer,
+) -> std::result::Result<Client, (Error, bool)> {
+    let (plan, opts) = (&first.plan, &first.opts);
+    let source = &plan.source;
+    let request = SendRequest {
+        venv: source.venv.clone(),
+        files,
+        cuts,
+        shebang: Some(ShebangRewrite {
+            from: source.venv.clone(),
+            to: plan.target.venv.clone(),
+        }),
+        compression: route_compression(opts.compression, plan),
+    };
+    let connecting = obs.step(Step::Connect, &source.name);
+    let mut src = Client::connect(
+        &source.name,
+        &endpoint(source),
+        source.sudo.as_deref(),
+        &opts.connect,
+    )
+    .map_err(|e| (e, false))?;
+    connecting.finish();
+    if let Err(e) = src.start_send(request) {
+        let died = src.lost();
+        return Err((e, died));
+    }
+    Ok(src)
 }
 
 /// What one target of a shared stream took of it.
