@@ -171,14 +171,7 @@ impl Bundle {
                 io_cause(&e)
             )
         })?;
-        let wr = |rel: &str, e: io::Error| {
-            err!(
-                hint = "check the free space and permissions there",
-                "Cannot unpack the bundle into {}: {}",
-                out.shown(rel).display(),
-                io_cause(&e)
-            )
-        };
+        let wr = |rel: &str, e: io::Error| unpack_error(&out, rel, e);
         let mut members = self.reader()?;
         let shown = members.shown.clone();
         let mut entries = members
@@ -197,9 +190,12 @@ impl Bundle {
             if name.trim_end_matches('/') != want {
                 return Err(self.bad(&format!("member {name:?} where the index has {want}")));
             }
-            let ty = entry.header().entry_type();
-            let size = entry.header().size().map_err(|e| self.bad(&e))?;
-            let mtime = entry.header().mtime().ok();
+            let header = MemberHeader {
+                ty: entry.header().entry_type(),
+                size: entry.header().size().map_err(|e| self.bad(&e))?,
+                mtime: entry.header().mtime().ok(),
+            };
+            let ty = header.ty;
             if let Some((parent, _)) = e.path.rsplit_once('/') {
                 out.create_dir_all(parent, 0o755)
                     .map_err(|err| wr(parent, err))?;
@@ -221,56 +217,14 @@ impl Bundle {
                     out.symlink(target, &e.path)
                         .map_err(|err| wr(&e.path, err))?;
                 }
-                BundleKind::File {
-                    size: want_size,
-                    mode,
-                    blake3,
-                } => {
-                    if !ty.is_file() || size != *want_size {
-                        return Err(self.bad(&format!(
-                            "{want} is not the index's file of {want_size} bytes"
-                        )));
-                    }
-                    let small_script = e.path.starts_with("bin/") && size < (1 << 20);
-                    let mut reader = Checked {
-                        inner: &mut entry,
-                        hasher: blake3::Hasher::new(),
-                        count: 0,
+                BundleKind::File { size, mode, blake3 } => {
+                    let file = IndexedFile {
+                        rel: &e.path,
+                        size: *size,
+                        mode: *mode,
+                        blake3,
                     };
-                    let f = out
-                        .create_new(&e.path, mode & 0o777)
-                        .map_err(|err| wr(&e.path, err))?;
-                    let mut w = BufWriter::with_capacity(1 << 20, f);
-                    match shebang.filter(|_| small_script) {
-                        Some(rw) => {
-                            let mut buf = Vec::with_capacity(size as usize);
-                            reader.read_to_end(&mut buf).map_err(|err| self.bad(&err))?;
-                            let bytes = rewrite_shebang(&buf, rw).unwrap_or(buf);
-                            w.write_all(&bytes).map_err(|err| wr(&e.path, err))?;
-                        }
-                        None => {
-                            io::copy(&mut reader, &mut w).map_err(|err| wr(&e.path, err))?;
-                        }
-                    }
-                    let f = w
-                        .into_inner()
-                        .map_err(|err| wr(&e.path, err.into_error()))?;
-                    // The mode again: create_new's is masked by the umask.
-                    // No setuid or setgid from a bundle (as from a stream).
-                    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))
-                        .map_err(|err| wr(&e.path, err))?;
-                    // The source's mtime, which the local route carries on.
-                    if let Some(secs) = mtime.filter(|&s| s > 0) {
-                        let _ = f.set_modified(
-                            std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs),
-                        );
-                    }
-                    if reader.count != size || reader.hasher.finalize().to_hex().as_str() != blake3
-                    {
-                        return Err(self.bad(&format!(
-                            "{want}'s bytes do not match its hash in the index"
-                        )));
-                    }
+                    self.extract_file(&out, &file, &header, &mut entry, shebang)?;
                 }
             }
         }
@@ -283,6 +237,96 @@ impl Bundle {
         }
         Ok(())
     }
+
+    /// Write the file member `entry` at `file.rel` beneath `out` (its mode
+    /// masked to `0o777`, the header's mtime; a small script under `bin/`
+    /// with its shebang rewritten by `shebang`), checking it is the index's
+    /// file: type, size and BLAKE3.
+    fn extract_file(
+        &self,
+        out: &Beneath,
+        file: &IndexedFile,
+        header: &MemberHeader,
+        entry: &mut tar::Entry<'_, Box<dyn Read>>,
+        shebang: Option<&ShebangRewrite>,
+    ) -> Result<()> {
+        let IndexedFile {
+            rel,
+            size: want_size,
+            mode,
+            blake3,
+        } = *file;
+        let want = format!("venv/{rel}");
+        let wr = |e: io::Error| unpack_error(out, rel, e);
+        let size = header.size;
+        if !header.ty.is_file() || size != want_size {
+            return Err(self.bad(&format!(
+                "{want} is not the index's file of {want_size} bytes"
+            )));
+        }
+        let small_script = rel.starts_with("bin/") && size < (1 << 20);
+        let mut reader = Checked {
+            inner: entry,
+            hasher: blake3::Hasher::new(),
+            count: 0,
+        };
+        let f = out.create_new(rel, mode & 0o777).map_err(wr)?;
+        let mut w = BufWriter::with_capacity(1 << 20, f);
+        match shebang.filter(|_| small_script) {
+            Some(rw) => {
+                let mut buf = Vec::with_capacity(size as usize);
+                reader.read_to_end(&mut buf).map_err(|err| self.bad(&err))?;
+                let bytes = rewrite_shebang(&buf, rw).unwrap_or(buf);
+                w.write_all(&bytes).map_err(wr)?;
+            }
+            None => {
+                io::copy(&mut reader, &mut w).map_err(wr)?;
+            }
+        }
+        let f = w.into_inner().map_err(|err| wr(err.into_error()))?;
+        // The mode again: create_new's is masked by the umask.
+        // No setuid or setgid from a bundle (as from a stream).
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))
+            .map_err(wr)?;
+        // The source's mtime, which the local route carries on.
+        if let Some(secs) = header.mtime.filter(|&s| s > 0) {
+            let _ = f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
+        }
+        if reader.count != size || reader.hasher.finalize().to_hex().as_str() != blake3 {
+            return Err(self.bad(&format!(
+                "{want}'s bytes do not match its hash in the index"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a member's tar header says: its type, size and mtime.
+struct MemberHeader {
+    ty: tar::EntryType,
+    size: u64,
+    /// `None` when the header's mtime does not parse.
+    mtime: Option<u64>,
+}
+
+/// A file entry of the index: path relative to the venv, size, mode and
+/// BLAKE3 (lowercase hex).
+#[derive(Clone, Copy)]
+struct IndexedFile<'a> {
+    rel: &'a str,
+    size: u64,
+    mode: u32,
+    blake3: &'a str,
+}
+
+/// The error of a failed write of `rel` beneath `out` while unpacking.
+fn unpack_error(out: &Beneath, rel: &str, e: io::Error) -> Error {
+    err!(
+        hint = "check the free space and permissions there",
+        "Cannot unpack the bundle into {}: {}",
+        out.shown(rel).display(),
+        io_cause(&e)
+    )
 }
 
 fn bad(shown: &str, why: &dyn std::fmt::Display) -> Error {

@@ -62,87 +62,10 @@ pub fn plan_from_bundle(opts: &BundlePlanOptions, obs: &dyn Observer) -> Result<
     let shown = opts.bundle.display().to_string();
     let manifest = Manifest::load(&opts.manifest)?;
     let name = source_name(&opts.bundle);
-    if manifest.hosts.contains_key(&name) || manifest.is_group(&name) {
-        return Err(err!(
-            kind = Usage,
-            hint = "rename the bundle file, or that host or group",
-            "{} names a host or group {name}, the name the bundle {shown} takes as the plan's source",
-            manifest.path.display()
-        ));
-    }
-    if let Some(src) = opts
-        .targets
-        .iter()
-        .find(|t| **t == b.index.source_host && manifest.hosts.contains_key(*t))
-    {
-        return Err(err!(
-            kind = Usage,
-            hint = format!(
-                "--bundle takes the place of SOURCE: name only the targets, e.g. `overlay plan --bundle {} TARGET...`",
-                crate::text::shell_quote(&shown)
-            ),
-            "{src} is the host the bundle {shown} was packed from, not a target"
-        ));
-    }
-    // The targets exist (before anything is unpacked).
-    manifest.expand_hosts(&opts.targets)?;
-    if let Some(n) = opts.sets.iter().find(|n| !b.index.sets.contains(n)) {
-        return Err(err!(
-            kind = Usage,
-            hint = format!("sets in the bundle {shown}: {}", b.index.sets.join(", ")),
-            "Unknown set {n:?}: the bundle {shown} does not carry it"
-        ));
-    }
+    check_request(opts, &b, &manifest, &name)?;
     let cache = ensure_cache(&b, &opts.cache_root, obs)?;
     let venv = cache.join(VENV).to_string_lossy().into_owned();
-
-    // The user's manifest with the bundle's sets, [verify] and
-    // [preflight], and the cache folder as one more host; beside the
-    // user's, so that relative paths in it mean the same.
-    let mut table = read_table(&opts.manifest)?;
-    for key in ["sets", "verify", "preflight"] {
-        table.remove(key);
-    }
-    let hosts = table
-        .entry("hosts")
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    if let Some(h) = hosts.as_table_mut() {
-        let mut t = toml::Table::new();
-        t.insert("venv".into(), toml::Value::String(venv));
-        h.insert(name.clone(), toml::Value::Table(t));
-    }
-    let text = format!(
-        "{}{}",
-        toml::to_string(&table).expect("serializes"),
-        b.index.manifest
-    );
-    let dir = opts
-        .manifest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".overlay-bundle.")
-        .suffix(".toml")
-        .tempfile_in(dir)
-        .map_err(|e| {
-            err!(
-                kind = Host,
-                hint = "the plan's manifest is written beside yours for a moment: give write access there",
-                "Cannot write a manifest in {}: {}",
-                dir.display(),
-                io_cause(&e)
-            )
-        })?;
-    std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(|e| {
-        err!(
-            kind = Host,
-            hint = "check the free space there",
-            "Cannot write {}: {}",
-            tmp.path().display(),
-            io_cause(&e)
-        )
-    })?;
+    let tmp = write_manifest(&opts.manifest, &b, &name, venv)?;
     let obs = &Named {
         inner: obs,
         names: vec![(
@@ -196,6 +119,107 @@ pub fn plan_from_bundle(opts: &BundlePlanOptions, obs: &dyn Observer) -> Result<
     }
 }
 
+/// Refuse what `opts` asks of the bundle `b` that cannot be: a `manifest`
+/// host or group named `name` (the bundle's name as the plan's source), the
+/// bundle's source host among the targets, an unknown target, a set the
+/// bundle does not carry (all checked before anything is unpacked).
+fn check_request(
+    opts: &BundlePlanOptions,
+    b: &Bundle,
+    manifest: &Manifest,
+    name: &str,
+) -> Result<()> {
+    let shown = opts.bundle.display().to_string();
+    if manifest.hosts.contains_key(name) || manifest.is_group(name) {
+        return Err(err!(
+            kind = Usage,
+            hint = "rename the bundle file, or that host or group",
+            "{} names a host or group {name}, the name the bundle {shown} takes as the plan's source",
+            manifest.path.display()
+        ));
+    }
+    if let Some(src) = opts
+        .targets
+        .iter()
+        .find(|t| **t == b.index.source_host && manifest.hosts.contains_key(*t))
+    {
+        return Err(err!(
+            kind = Usage,
+            hint = format!(
+                "--bundle takes the place of SOURCE: name only the targets, e.g. `overlay plan --bundle {} TARGET...`",
+                crate::text::shell_quote(&shown)
+            ),
+            "{src} is the host the bundle {shown} was packed from, not a target"
+        ));
+    }
+    // The targets exist (before anything is unpacked).
+    manifest.expand_hosts(&opts.targets)?;
+    if let Some(n) = opts.sets.iter().find(|n| !b.index.sets.contains(n)) {
+        return Err(err!(
+            kind = Usage,
+            hint = format!("sets in the bundle {shown}: {}", b.index.sets.join(", ")),
+            "Unknown set {n:?}: the bundle {shown} does not carry it"
+        ));
+    }
+    Ok(())
+}
+
+/// Write the plan's manifest beside the user's at `user` (so that relative
+/// paths in it mean the same): the user's with the bundle's sets, `[verify]`
+/// and `[preflight]`, and the cache folder's `venv` as one more host `name`.
+/// Gone when the returned file is dropped.
+fn write_manifest(
+    user: &Path,
+    b: &Bundle,
+    name: &str,
+    venv: String,
+) -> Result<tempfile::NamedTempFile> {
+    let mut table = read_table(user)?;
+    for key in ["sets", "verify", "preflight"] {
+        table.remove(key);
+    }
+    let hosts = table
+        .entry("hosts")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let Some(h) = hosts.as_table_mut() {
+        let mut t = toml::Table::new();
+        t.insert("venv".into(), toml::Value::String(venv));
+        h.insert(name.to_string(), toml::Value::Table(t));
+    }
+    let text = format!(
+        "{}{}",
+        toml::to_string(&table).expect("serializes"),
+        b.index.manifest
+    );
+    let dir = user
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".overlay-bundle.")
+        .suffix(".toml")
+        .tempfile_in(dir)
+        .map_err(|e| {
+            err!(
+                kind = Host,
+                hint = "the plan's manifest is written beside yours for a moment: give write access there",
+                "Cannot write a manifest in {}: {}",
+                dir.display(),
+                io_cause(&e)
+            )
+        })?;
+    std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(|e| {
+        err!(
+            kind = Host,
+            hint = "check the free space there",
+            "Cannot write {}: {}",
+            tmp.path().display(),
+            io_cause(&e)
+        )
+    })?;
+    Ok(tmp)
+}
+
 /// The plan's name of the bundle's source: its file name.
 fn source_name(bundle: &Path) -> String {
     bundle
@@ -203,6 +227,7 @@ fn source_name(bundle: &Path) -> String {
         .map_or_else(|| "bundle".into(), |n| n.to_string_lossy().into_owned())
 }
 
+/// The TOML table of the manifest at `path`.
 fn read_table(path: &Path) -> Result<toml::Table> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         err!(

@@ -29,9 +29,9 @@ use crate::plan::{self, FleetPlan, FleetTarget, HostInfo, PLAN_FORMAT, Plan, Sid
 use crate::transport::ConnectOptions;
 
 use crate::ops::plan::{
-    Closing, SourceGroup, StatSide, both, connect_scan, folder_error, folder_host, globs_of,
-    host_info, index, manifest_stamp, mark_from_folder, members_and_order, merge_plans, now,
-    preflight, select_sets, shared_files, source_groups,
+    Closing, Scanned, SourceGroup, StatSide, both, connect_scan, folder_error, folder_host,
+    globs_of, host_info, index, manifest_stamp, mark_from_folder, members_and_order, merge_plans,
+    now, preflight, select_sets, shared_files, source_groups,
 };
 use crate::ops::{Clock, Meter, Observer, Silent, Step};
 
@@ -178,6 +178,10 @@ struct Target<'h> {
     entries: plan::Entries,
 }
 
+/// Plan `sets` from `src_host` for every target of `dst_hosts` (in that
+/// order): connect and scan every host at once, stat and hash the source
+/// once per target venv path, decide each target's plan, then preflight it
+/// with the ELF facts the source read once for all.
 fn make_plans(
     manifest: &Manifest,
     sets: &[crate::model::Set],
@@ -188,85 +192,24 @@ fn make_plans(
 ) -> Result<PlannedMany> {
     let clock = Clock::start(obs);
     let globs = globs_of(sets);
-    // Connect to and scan every host at once.
-    let (src, dsts) = both(
-        || connect_scan(src_host, &globs, opts, obs),
-        || {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = dst_hosts
-                    .iter()
-                    .map(|h| s.spawn(|| connect_scan(h, &globs, opts, obs)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("worker thread panicked"))
-                    .collect::<Vec<_>>()
-            })
-        },
-    );
-    let mut src = src?;
-    let mut targets = Vec::with_capacity(dsts.len());
-    let mut meters = Vec::with_capacity(dsts.len());
-    for (host, d) in dst_hosts.iter().zip(dsts) {
-        let d = d?;
-        meters.push(d.scanning);
-        targets.push(Target {
-            host,
-            client: d.client,
-            scan: d.scan,
-            entries: Default::default(),
-        });
-    }
+    let Connected {
+        mut src,
+        mut targets,
+        meters,
+    } = connect_all(src_host, dst_hosts, &globs, opts, obs)?;
     let source = host_info(src_host, &src.scan);
-    // A folder has no interpreter: its files are taken to be for each
-    // target's Python (docs/design.md, "Sets from a folder").
     let folder = crate::model::folder_of(&src_host.venv).is_some();
-    let source_for = |target: &HostInfo| HostInfo {
-        python: if folder {
-            target.python.clone()
-        } else {
-            source.python.clone()
-        },
-        ..source.clone()
-    };
+    let source_for = |target: &HostInfo| source_as_for(&source, folder, target);
     for t in &targets {
         let target = host_info(t.host, &t.scan);
         plan::check_python(&source_for(&target), &target)?;
     }
     clock.mark("connect and scan");
 
-    // The source's entries for each distinct target venv (see the module doc).
-    let mut venvs: BTreeMap<&str, plan::Entries> = BTreeMap::new();
-    for venv in targets.iter().map(|t| t.host.venv.as_str()) {
-        venvs.entry(venv).or_default();
-    }
-    let mut source_hashed = 0usize;
-    let mut first = true;
-    for (venv, src_entries) in venvs.iter_mut() {
-        let src_side = StatSide {
-            host: &src_host.name,
-            venv: &src_host.venv,
-            shebang: Some(ShebangRewrite {
-                from: src_host.venv.clone(),
-                to: venv.to_string(),
-            }),
-            pycache: true,
-        };
-        let mine: Vec<&mut Target> = targets
-            .iter_mut()
-            .filter(|t| t.host.venv == *venv)
-            .collect();
-        source_hashed += plan_for_venv(
-            sets,
-            &globs,
-            (&src_side, &mut src.client, &src.scan),
-            mine,
-            src_entries,
-            first,
-            obs,
-        )?;
-        first = false;
-    }
+    let SourceEntries {
+        by_venv: venvs,
+        hashed: source_hashed,
+    } = stat_and_hash(sets, &globs, src_host, &mut src, &mut targets, obs)?;
     src.scanning.finish();
     for m in meters {
         m.finish();
@@ -278,46 +221,9 @@ fn make_plans(
 
     // Decide each target's plan, then preflight it; the source reads the
     // ELF facts of what any plan places once.
-    let mut computed = Vec::with_capacity(targets.len());
-    for t in &targets {
-        let src_entries = &venvs[t.host.venv.as_str()];
-        let c = plan::compute_with(
-            sets,
-            &Side {
-                host: &src_host.name,
-                scan: &src.scan,
-                globs: &globs,
-                entries: src_entries,
-            },
-            &Side {
-                host: &t.host.name,
-                scan: &t.scan,
-                globs: &globs,
-                entries: &t.entries,
-            },
-            plan::members_of(sets, &src.scan, &globs),
-            plan::members_of(sets, &t.scan, &globs),
-        )?;
-        computed.push(c);
-    }
+    let computed = decide(sets, &globs, src_host, &src.scan, &targets, &venvs)?;
     clock.mark("decide");
-    let mut shared: BTreeSet<String> = BTreeSet::new();
-    for c in &computed {
-        let (_, placed) = crate::ops::plan::deleted_and_placed(&c.sets);
-        shared.extend(
-            placed
-                .into_iter()
-                .filter(|p| crate::preflight::looks_shared(p))
-                .map(String::from),
-        );
-    }
-    let shared: Vec<String> = shared.into_iter().collect();
-    let infos = if shared.is_empty() {
-        Vec::new()
-    } else {
-        src.client.elf_info(&src_host.venv, shared.clone())?
-    };
-    let known: HashMap<String, Option<ElfInfo>> = shared.into_iter().zip(infos).collect();
+    let known = placed_elf_facts(&mut src.client, &src_host.venv, &computed)?;
     let mut plans = Vec::with_capacity(targets.len());
     // The source's notes are about the source: each is shown once.
     let once = Once {
@@ -364,6 +270,197 @@ fn make_plans(
     let clients: Vec<Client> = std::iter::once(src.client)
         .chain(targets.into_iter().map(|t| t.client))
         .collect();
+    Ok(PlannedMany {
+        plans,
+        source_hashed,
+        closing: close_all(clients),
+    })
+}
+
+/// The `source` as the plan for `target` records it. A folder (`folder`)
+/// has no interpreter: its files are taken to be for the target's Python
+/// (docs/design.md, "Sets from a folder").
+fn source_as_for(source: &HostInfo, folder: bool, target: &HostInfo) -> HostInfo {
+    HostInfo {
+        python: if folder {
+            target.python.clone()
+        } else {
+            source.python.clone()
+        },
+        ..source.clone()
+    }
+}
+
+/// Every host connected and scanned: the source, and the targets in the
+/// order of `dst_hosts`.
+struct Connected<'h> {
+    src: Scanned,
+    targets: Vec<Target<'h>>,
+    /// The targets' scan steps, finished once their members are stated too.
+    meters: Vec<Box<dyn Meter>>,
+}
+
+/// Connect to and scan the source and every target, all at once.
+fn connect_all<'h>(
+    src_host: &Host,
+    dst_hosts: &[&'h Host],
+    globs: &[String],
+    opts: &ConnectOptions,
+    obs: &dyn Observer,
+) -> Result<Connected<'h>> {
+    let (src, dsts) = both(
+        || connect_scan(src_host, globs, opts, obs),
+        || {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = dst_hosts
+                    .iter()
+                    .map(|h| s.spawn(|| connect_scan(h, globs, opts, obs)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("worker thread panicked"))
+                    .collect::<Vec<_>>()
+            })
+        },
+    );
+    let src = src?;
+    let mut targets = Vec::with_capacity(dsts.len());
+    let mut meters = Vec::with_capacity(dsts.len());
+    for (host, d) in dst_hosts.iter().zip(dsts) {
+        let d = d?;
+        meters.push(d.scanning);
+        targets.push(Target {
+            host,
+            client: d.client,
+            scan: d.scan,
+            entries: Default::default(),
+        });
+    }
+    Ok(Connected {
+        src,
+        targets,
+        meters,
+    })
+}
+
+/// The source's entries for each distinct target venv path, and how many
+/// files the source hashed for them all.
+struct SourceEntries<'v> {
+    by_venv: BTreeMap<&'v str, plan::Entries>,
+    hashed: usize,
+}
+
+/// Stat and hash the source once per distinct target venv path (its `bin/`
+/// scripts read with that venv in their shebang, see the module doc) and
+/// every target with it ([`plan_for_venv`]); fills each target's entries.
+fn stat_and_hash<'h>(
+    sets: &[crate::model::Set],
+    globs: &[String],
+    src_host: &Host,
+    src: &mut Scanned,
+    targets: &mut [Target<'h>],
+    obs: &dyn Observer,
+) -> Result<SourceEntries<'h>> {
+    let mut venvs: BTreeMap<&str, plan::Entries> = BTreeMap::new();
+    for venv in targets.iter().map(|t| t.host.venv.as_str()) {
+        venvs.entry(venv).or_default();
+    }
+    let mut source_hashed = 0usize;
+    let mut first = true;
+    for (venv, src_entries) in venvs.iter_mut() {
+        let src_side = StatSide {
+            host: &src_host.name,
+            venv: &src_host.venv,
+            shebang: Some(ShebangRewrite {
+                from: src_host.venv.clone(),
+                to: venv.to_string(),
+            }),
+            pycache: true,
+        };
+        let mine: Vec<&mut Target> = targets
+            .iter_mut()
+            .filter(|t| t.host.venv == *venv)
+            .collect();
+        source_hashed += plan_for_venv(
+            sets,
+            globs,
+            (&src_side, &mut src.client, &src.scan),
+            mine,
+            src_entries,
+            first,
+            obs,
+        )?;
+        first = false;
+    }
+    Ok(SourceEntries {
+        by_venv: venvs,
+        hashed: source_hashed,
+    })
+}
+
+/// Decide each target's plan (in `targets` order) against the source's
+/// entries for the target's venv path.
+fn decide(
+    sets: &[crate::model::Set],
+    globs: &[String],
+    src_host: &Host,
+    src_scan: &ScanReport,
+    targets: &[Target],
+    venvs: &BTreeMap<&str, plan::Entries>,
+) -> Result<Vec<plan::Computed>> {
+    let mut computed = Vec::with_capacity(targets.len());
+    for t in targets {
+        let src_entries = &venvs[t.host.venv.as_str()];
+        let c = plan::compute_with(
+            sets,
+            &Side {
+                host: &src_host.name,
+                scan: src_scan,
+                globs,
+                entries: src_entries,
+            },
+            &Side {
+                host: &t.host.name,
+                scan: &t.scan,
+                globs,
+                entries: &t.entries,
+            },
+            plan::members_of(sets, src_scan, globs),
+            plan::members_of(sets, &t.scan, globs),
+        )?;
+        computed.push(c);
+    }
+    Ok(computed)
+}
+
+/// The ELF facts of the shared objects any of the `computed` plans places,
+/// read on the source (`src`, its venv `venv`) once.
+fn placed_elf_facts(
+    src: &mut Client,
+    venv: &str,
+    computed: &[plan::Computed],
+) -> Result<HashMap<String, Option<ElfInfo>>> {
+    let mut shared: BTreeSet<String> = BTreeSet::new();
+    for c in computed {
+        let (_, placed) = crate::ops::plan::deleted_and_placed(&c.sets);
+        shared.extend(
+            placed
+                .into_iter()
+                .filter(|p| crate::preflight::looks_shared(p))
+                .map(String::from),
+        );
+    }
+    let shared: Vec<String> = shared.into_iter().collect();
+    let infos = if shared.is_empty() {
+        Vec::new()
+    } else {
+        src.elf_info(venv, shared.clone())?
+    };
+    Ok(shared.into_iter().zip(infos).collect())
+}
+
+/// Say goodbye to every client, all at once, on a thread of their own.
+fn close_all(clients: Vec<Client>) -> Closing {
     let closing = std::thread::spawn(move || {
         std::thread::scope(|s| {
             for c in clients {
@@ -373,11 +470,7 @@ fn make_plans(
             }
         });
     });
-    Ok(PlannedMany {
-        plans,
-        source_hashed,
-        closing: Closing(vec![closing]),
-    })
+    Closing(vec![closing])
 }
 
 /// Stat the source once and every target of one venv path at the same
@@ -397,47 +490,7 @@ fn plan_for_venv(
 ) -> Result<usize> {
     let (_, src_order) = members_and_order(sets, src_scan, globs);
     // Phase 1: stat, everyone at once.
-    let (s, d) = both(
-        || {
-            src_side
-                .stat_members(src, sets, globs, &[], &src_order)
-                .map(index)
-        },
-        || {
-            std::thread::scope(|sc| {
-                let handles: Vec<_> = targets
-                    .iter_mut()
-                    .map(|t| {
-                        let src_order = &src_order;
-                        sc.spawn(move || -> Result<plan::Entries> {
-                            let Target {
-                                host, client, scan, ..
-                            } = &mut **t;
-                            let (dst_members, dst_own) = members_and_order(sets, scan, globs);
-                            let extra = plan::sorted_difference(src_order, &dst_own);
-                            let order = plan::stat_order(&dst_members, &extra);
-                            let side = StatSide {
-                                host: &host.name,
-                                venv: &host.venv,
-                                shebang: None,
-                                pycache: true,
-                            };
-                            side.stat_members(client, sets, globs, &extra, &order)
-                                .map(index)
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("worker thread panicked"))
-                    .collect::<Vec<_>>()
-            })
-        },
-    );
-    *src_entries = s?;
-    for (t, e) in targets.iter_mut().zip(d) {
-        t.entries = e?;
-    }
+    *src_entries = stat_everyone(sets, globs, (src_side, src), &src_order, &mut targets)?;
     if prefetch_elf {
         src.prefetch_elf(src_side.venv, shared_files(src_entries))?;
     }
@@ -495,6 +548,59 @@ fn plan_for_venv(
         t.entries.extend(index(e?));
     }
     Ok(n_src)
+}
+
+/// Phase 1 of [`plan_for_venv`], everyone at once: stat the source's
+/// members in `src_order`, and each target's own members and the source's
+/// others. Sets each target's entries; returns the source's.
+fn stat_everyone(
+    sets: &[crate::model::Set],
+    globs: &[String],
+    (src_side, src): (&StatSide, &mut Client),
+    src_order: &[&str],
+    targets: &mut [&mut Target],
+) -> Result<plan::Entries> {
+    let (s, d) = both(
+        || {
+            src_side
+                .stat_members(src, sets, globs, &[], src_order)
+                .map(index)
+        },
+        || {
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = targets
+                    .iter_mut()
+                    .map(|t| {
+                        sc.spawn(move || -> Result<plan::Entries> {
+                            let Target {
+                                host, client, scan, ..
+                            } = &mut **t;
+                            let (dst_members, dst_own) = members_and_order(sets, scan, globs);
+                            let extra = plan::sorted_difference(src_order, &dst_own);
+                            let order = plan::stat_order(&dst_members, &extra);
+                            let side = StatSide {
+                                host: &host.name,
+                                venv: &host.venv,
+                                shebang: None,
+                                pycache: true,
+                            };
+                            side.stat_members(client, sets, globs, &extra, &order)
+                                .map(index)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("worker thread panicked"))
+                    .collect::<Vec<_>>()
+            })
+        },
+    );
+    let src_entries = s?;
+    for (t, e) in targets.iter_mut().zip(d) {
+        t.entries = e?;
+    }
+    Ok(src_entries)
 }
 
 /// Stat each target's own `paths` (in `targets` order) at the same time,
