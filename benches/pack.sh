@@ -55,7 +55,8 @@ for rep in $(seq "$REPS"); do
     esac
     s=$(echo "$t1 - $t0" | bc)
     T[$m]="${T[$m]:-} $s"
-    size=$(stat -c %s "$m".* | head -1)
+    case $m in tar-zstd) f=$m.tar.zst;; *) f=$m.ovl;; esac
+    size=$(stat -c %s "$f")
     echo "rep $rep $m: $s s, $size bytes"
   done
 done

@@ -412,6 +412,95 @@ fn a_set_from_a_folder_in_a_plan_of_three_targets() {
     }
 }
 
+/// `pack` reads a set from a folder beside the source's sets: the bundle
+/// holds the folder's files under site-packages, and applying the bundle
+/// leaves a target exactly as a live apply of the same manifest leaves its
+/// twin. A folder's symlink that leaves the folder is refused by `pack`
+/// too, with its line, and nothing is written.
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_set_from_a_folder_in_pack() {
+    let tb = Testbed::new(3);
+    let snap = tb.work.join("snapshots/ddtree");
+    make_snapshot(&tb, &snap);
+    tb.write_manifest(&manifest("./snapshots/ddtree"));
+    let out = ok(
+        tb.overlay(&["pack", "src", "-o", "stack.ovl", "--json"])
+            .output()
+            .unwrap(),
+        "pack with a set from a folder",
+    );
+    let packed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(packed["sets"], serde_json::json!(["torch", "patches"]));
+    // The bundle names the folder's files where the target has them.
+    let listing = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("zstd -dcq stack.ovl | tar -t")
+        .current_dir(&tb.work)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    for rel in [CHANGED, ADDED] {
+        assert!(
+            listing.lines().any(|l| l == format!("venv/{SITE}/{rel}")),
+            "venv/{SITE}/{rel} in the bundle:\n{listing}"
+        );
+    }
+    // dst from the bundle, dst2 live: the same result.
+    ok(
+        tb.overlay(&["plan", "--bundle", "stack.ovl", "dst", "-o", "b.json"])
+            .output()
+            .unwrap(),
+        "plan --bundle",
+    );
+    ok(
+        tb.overlay(&["apply", "b.json"]).output().unwrap(),
+        "apply the bundle's plan",
+    );
+    ok(
+        tb.overlay(&["plan", "src", "dst2", "-o", "live.json"])
+            .output()
+            .unwrap(),
+        "plan live",
+    );
+    ok(
+        tb.overlay(&["apply", "live.json"]).output().unwrap(),
+        "apply live",
+    );
+    for rel in [CHANGED, ADDED] {
+        assert_eq!(
+            fs::read(tb.site_packages(1).join(rel)).unwrap(),
+            fs::read(snap.join(rel)).unwrap(),
+            "{rel} from the bundle is the snapshot's"
+        );
+    }
+    assert_same(
+        &snapshot(tb.host_venv_dir(2)),
+        &snapshot(tb.host_venv_dir(1)),
+        "the bundle's target against the live one",
+    );
+    // A symlink out of the folder: refused, no bundle written.
+    std::os::unix::fs::symlink(
+        "/etc/passwd",
+        snap.join("minisglang/srt/speculative/out.py"),
+    )
+    .unwrap();
+    let out = tb
+        .overlay(&["pack", "src", "-o", "bad.ovl"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("overlay.toml:") && err.contains("leaves the folder"),
+        "{err}"
+    );
+    assert!(!tb.work.join("bad.ovl").exists());
+}
+
 /// A slow target holds only its own slot: with `--parallel 2`, the third
 /// target starts as soon as the second is done, while the first is still
 /// verifying. (Sets from a folder make each target a unit of its own; the

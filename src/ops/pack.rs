@@ -26,8 +26,11 @@ use crate::model::{BundleIndex, BundleKind, Compression, ShebangRewrite};
 use crate::transport::ConnectOptions;
 
 use super::apply::{ApplyOptions, ApplyReport, apply};
-use super::pack_source::{SourceStream, ToPack, what_to_pack};
-use super::plan::{PlanOptions, plan, save, select_sets};
+use super::pack_source::{FolderPack, SourceStream, Streams, merge_packs, what_to_pack};
+use super::plan::{
+    PlanOptions, check_folder_link, folder_error, folder_host, plan, save, select_sets,
+    source_groups,
+};
 use super::{Meter, Observer, Step};
 
 /// The manifest name of the folder a bundle is unpacked to (the source).
@@ -67,41 +70,17 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
     let manifest = Manifest::load(&opts.manifest)?;
     let src = manifest.host(&opts.source)?.clone();
     let sets = select_sets(&manifest, &opts.sets)?;
-    if let Some((set, from)) = sets
-        .iter()
-        .find_map(|s| Some((&s.name, manifest.from.get(&s.name)?)))
-    {
-        return Err(err!(
-            kind = Usage,
-            hint = "leave the set out with --set (pack the live sets), or apply it from the controller",
-            "Set {set} takes its files from a folder ({} at {}): `overlay pack` does not read folders yet",
-            from.value,
-            from.at
-        ));
-    }
-    let connecting = obs.step(Step::Connect, &src.name);
-    let mut client = super::connect(
-        &super::HostRef {
-            name: src.name.clone(),
-            endpoint: src.endpoint.clone(),
-            venv: src.venv.clone(),
-            sudo: src.sudo.clone(),
-        },
-        &opts.connect,
-    )?;
-    connecting.finish();
     let set_names: Vec<String> = sets.iter().map(|s| s.name.clone()).collect();
-    let ToPack { index, files } = what_to_pack(&mut client, &src, &sets, obs)?;
+    let (index, mut sources) = what_to_pack_by_source(&manifest, &src, &sets, opts, obs)?;
     let index = BundleIndex {
         manifest: manifest_toml(&opts.manifest, &set_names)?,
         sets: set_names.clone(),
         ..index
     };
-    let local = matches!(src.endpoint, crate::model::Endpoint::Local);
-    let mut stream = SourceStream::start(&mut client, &src.venv, files, local, obs)?;
-    let written = bundle::write(&index, &mut stream, &opts.out)?;
-    stream.finish()?;
-    let _ = client.close();
+    let written = write_streams(&index, &mut sources, &opts.out, obs)?;
+    for s in sources {
+        let _ = s.client.close();
+    }
     let files: Vec<_> = index
         .entries
         .iter()
@@ -120,6 +99,129 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
         dists: index.dists.len(),
         python: index.python,
     })
+}
+
+/// A source of a bundle being packed: its agent, and the files it streams.
+struct PackSource {
+    client: crate::client::Client,
+    host: crate::manifest::Host,
+    files: Vec<crate::model::SendFile>,
+    /// Its entries' paths in the bundle, each with its path in the
+    /// source's own index (different for a `from` folder).
+    paths: Vec<(String, String)>,
+}
+
+/// What the sets place, source by source ([`super::plan::source_groups`]):
+/// the source host's sets from its venv (the source host is asked even
+/// when every set has a `from`: its Python and layout are the bundle's),
+/// each `from` folder's from an agent over the folder (on this machine, or
+/// on the host `host:/path` names); one index of them all.
+fn what_to_pack_by_source(
+    manifest: &Manifest,
+    src: &crate::manifest::Host,
+    sets: &[crate::model::Set],
+    opts: &PackOptions,
+    obs: &dyn Observer,
+) -> Result<(BundleIndex, Vec<PackSource>)> {
+    let groups = source_groups(manifest, sets);
+    let connect = |host: &crate::manifest::Host| {
+        let connecting = obs.step(Step::Connect, &host.name);
+        let c = super::connect(
+            &super::HostRef {
+                name: host.name.clone(),
+                endpoint: host.endpoint.clone(),
+                venv: host.venv.clone(),
+                sudo: host.sudo.clone(),
+            },
+            &opts.connect,
+        )?;
+        connecting.finish();
+        Ok::<_, crate::error::Error>(c)
+    };
+    let mut client = connect(src)?;
+    let main_sets: Vec<crate::model::Set> = groups
+        .iter()
+        .find(|g| g.from.is_none())
+        .map(|g| g.sets.clone())
+        .unwrap_or_default();
+    let main = what_to_pack(&mut client, src, &main_sets, obs)?;
+    let mut sources = vec![PackSource {
+        client,
+        host: src.clone(),
+        files: Vec::new(),
+        paths: paths_of(&main.index, |p| p.to_string()),
+    }];
+    let mut folders = Vec::new();
+    for g in &groups {
+        let Some(f) = g.from else { continue };
+        let host = folder_host(manifest, f)?;
+        let mut client = connect(&host).map_err(|e| folder_error(e, &host, f))?;
+        let tp = what_to_pack(&mut client, &host, &g.sets, obs)
+            .map_err(|e| folder_error(e, &host, f))?;
+        let names: Vec<&str> = g.sets.iter().map(|s| s.name.as_str()).collect();
+        for file in &tp.files {
+            if let crate::model::Kind::Symlink { target } = &file.kind {
+                check_folder_link(f, &names.join(", "), &file.path, target)?;
+            }
+        }
+        let site = &main.index.site_packages;
+        sources.push(PackSource {
+            client,
+            host,
+            files: Vec::new(),
+            paths: paths_of(&tp.index, |p| format!("{site}/{p}")),
+        });
+        folders.push(FolderPack {
+            to_pack: tp,
+            shown: f.value.clone(),
+        });
+    }
+    let (index, files) = merge_packs(main, folders)?;
+    for (s, f) in sources.iter_mut().zip(files) {
+        s.files = f;
+    }
+    Ok((index, sources))
+}
+
+/// The paths of the files and symlinks of `index` in the bundle
+/// (`in_bundle` of each) with their own.
+fn paths_of(index: &BundleIndex, in_bundle: impl Fn(&str) -> String) -> Vec<(String, String)> {
+    index
+        .entries
+        .iter()
+        .filter(|e| !matches!(e.kind, BundleKind::Dir { .. }))
+        .map(|e| (in_bundle(&e.path), e.path.clone()))
+        .collect()
+}
+
+/// Have every source stream its files and write them into the bundle at
+/// `out`, each entry from its source's stream.
+fn write_streams(
+    index: &BundleIndex,
+    sources: &mut [PackSource],
+    out: &Path,
+    obs: &dyn Observer,
+) -> Result<bundle::Packed> {
+    let mut at = std::collections::HashMap::new();
+    let mut streams = Vec::new();
+    for (i, s) in sources.iter_mut().enumerate() {
+        for (path, own) in &s.paths {
+            at.insert(path.clone(), (i, own.clone()));
+        }
+        let local = matches!(s.host.endpoint, crate::model::Endpoint::Local);
+        let files = std::mem::take(&mut s.files);
+        streams.push(SourceStream::start(
+            &mut s.client,
+            &s.host.venv,
+            files,
+            local,
+            obs,
+        )?);
+    }
+    let mut streams = Streams { streams, at };
+    let written = bundle::write(index, &mut streams, out)?;
+    streams.finish()?;
+    Ok(written)
 }
 
 fn write_file(path: &Path, text: &str) -> Result<()> {

@@ -199,8 +199,11 @@ fn index_of(scan: &ScanReport, src: &Host, placed: Vec<(String, Kind)>) -> ToPac
         }
     }
     let mut dirs: BTreeSet<String> = BTreeSet::new();
-    dirs.insert(site.clone());
-    above(site, &mut dirs);
+    if !site.is_empty() {
+        // A `from` folder is its own site-packages: no directory above.
+        dirs.insert(site.clone());
+        above(site, &mut dirs);
+    }
     for rel in by_path.keys() {
         above(rel, &mut dirs);
     }
@@ -210,7 +213,7 @@ fn index_of(scan: &ScanReport, src: &Host, placed: Vec<(String, Kind)>) -> ToPac
     let packed_dists: Vec<&crate::model::Dist> = scan
         .dists
         .iter()
-        .filter(|d| dirs.contains(&format!("{site}/{}", d.dist_info)))
+        .filter(|d| dirs.contains(&under(site, &d.dist_info)))
         .collect();
     let mut owner: BTreeMap<String, &str> = BTreeMap::new();
     for d in &packed_dists {
@@ -277,6 +280,127 @@ fn index_of(scan: &ScanReport, src: &Host, placed: Vec<(String, Kind)>) -> ToPac
             entries,
         },
         files,
+    }
+}
+
+/// `rel` (relative to site-packages) relative to the venv whose
+/// site-packages is `site` (empty: a folder that is its own).
+fn under(site: &str, rel: &str) -> String {
+    if site.is_empty() {
+        rel.to_string()
+    } else {
+        format!("{site}/{rel}")
+    }
+}
+
+/// What a `from` folder's sets place, packed beside the source's.
+pub(super) struct FolderPack {
+    pub to_pack: ToPack,
+    /// The folder, as the manifest names it, for errors.
+    pub shown: String,
+}
+
+/// One bundle of the sets of several sources: the source host's
+/// (`main`, whose index names the Python, layout and host) and each `from`
+/// folder's (its entries under the source's site-packages, as the target
+/// will have them). The index's entries sorted by path, directories once;
+/// a path two sources would both place is refused. Returns the index and,
+/// per source in the order given (`main` first), the files it streams.
+pub(super) fn merge_packs(
+    main: ToPack,
+    folders: Vec<FolderPack>,
+) -> Result<(BundleIndex, Vec<Vec<SendFile>>)> {
+    let site = main.index.site_packages.clone();
+    let mut index = main.index;
+    let mut files = vec![main.files];
+    let mut from: BTreeMap<String, String> = index
+        .entries
+        .iter()
+        .map(|e| {
+            (
+                e.path.clone(),
+                format!("{}:{}", index.source_host, index.source_venv),
+            )
+        })
+        .collect();
+    for f in folders {
+        for mut e in f.to_pack.index.entries {
+            e.path = under(&site, &e.path);
+            match (from.get(&e.path), &e.kind) {
+                (Some(_), BundleKind::Dir { .. }) => continue,
+                (Some(other), _) => {
+                    return Err(err!(
+                        kind = Usage,
+                        hint = "name each path in one set only, or give both sets the same source",
+                        "{} comes from {other} and from the folder {}: a bundle holds one of them",
+                        e.path,
+                        f.shown
+                    ));
+                }
+                (None, _) => {
+                    from.insert(e.path.clone(), f.shown.clone());
+                    index.entries.push(e);
+                }
+            }
+        }
+        index.dists.extend(f.to_pack.index.dists);
+        files.push(f.to_pack.files);
+    }
+    index.entries.sort_by(|a, b| a.path.cmp(&b.path));
+    index.dists.sort_by(|a, b| a.dist_info.cmp(&b.dist_info));
+    Ok((index, files))
+}
+
+/// The streams of several sources read as one bundle's contents: each
+/// entry taken from the stream of the source it comes from (each source
+/// streams its own files in the index's order, so each stream is read in
+/// its own order).
+pub(super) struct Streams<'c> {
+    pub streams: Vec<SourceStream<'c>>,
+    /// An entry's source (its stream) and its path in that source's
+    /// index, by its path in the bundle.
+    pub at: std::collections::HashMap<String, (usize, String)>,
+}
+
+impl<'c> Streams<'c> {
+    /// The stream of `e` and `e` as that stream's index has it.
+    fn route(&mut self, e: &BundleEntry) -> Result<(&mut SourceStream<'c>, BundleEntry)> {
+        let (i, path) = self.at.get(&e.path).cloned().ok_or_else(|| {
+            err!(
+                kind = Internal,
+                "{} is in no source's part of the bundle",
+                e.path
+            )
+        })?;
+        let own = BundleEntry { path, ..e.clone() };
+        Ok((&mut self.streams[i], own))
+    }
+
+    /// The rest of every stream.
+    pub(super) fn finish(self) -> Result<()> {
+        for s in self.streams {
+            s.finish()?;
+        }
+        Ok(())
+    }
+}
+
+impl Contents for Streams<'_> {
+    fn file<'a>(&'a mut self, e: &BundleEntry, size: u64) -> Result<(u64, Box<dyn Read + 'a>)> {
+        let (s, own) = self.route(e)?;
+        s.file(&own, size)
+    }
+
+    fn symlink(&mut self, e: &BundleEntry, target: &str) -> Result<()> {
+        let (s, own) = self.route(e)?;
+        s.symlink(&own, target)
+    }
+
+    fn shown(&self, path: &str) -> String {
+        match self.at.get(path) {
+            Some((i, own)) => self.streams[*i].shown(own),
+            None => path.to_string(),
+        }
     }
 }
 

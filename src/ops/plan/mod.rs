@@ -42,7 +42,8 @@ pub use preflight::{Preflighted, deleted_and_placed, preflight};
 pub use save::{ManifestStamp, manifest_stamp, save, write_atomic};
 use sources::plan_by_source;
 pub use sources::{
-    SourceGroup, folder_error, folder_host, mark_from_folder, merge_plans, source_groups,
+    SourceGroup, check_folder_link, folder_error, folder_host, mark_from_folder, merge_plans,
+    source_groups,
 };
 pub use stat::{StatSide, index, members_and_order, stat_sides};
 

@@ -172,27 +172,31 @@ pub fn folder_host(manifest: &Manifest, f: &SetFrom) -> Result<Host> {
 pub(super) fn check_folder_links(f: &SetFrom, set_plans: &[SetPlan]) -> Result<()> {
     for s in set_plans {
         for c in &s.changes {
-            let Some(Kind::Symlink { target }) = &c.source else {
-                continue;
-            };
-            let dir = c.path.rsplit_once('/').map_or("", |(d, _)| d);
-            let joined = if dir.is_empty() {
-                target.clone()
-            } else {
-                format!("{dir}/{target}")
-            };
-            if target.starts_with('/') || crate::model::venv_relative("", &joined).is_none() {
-                return Err(err!(
-                    kind = Usage,
-                    hint = "replace the symlink in the folder by the file it points to, or point it inside the folder",
-                    "{}: set {}: {} in the folder {} is a symlink to {target:?}, which leaves the folder",
-                    f.at,
-                    s.name,
-                    c.path,
-                    f.path
-                ));
+            if let Some(Kind::Symlink { target }) = &c.source {
+                check_folder_link(f, &s.name, &c.path, target)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// One symlink of a `from` folder, at `path` (relative to the folder) in
+/// set(s) `sets`: refused when it points outside the folder.
+pub fn check_folder_link(f: &SetFrom, sets: &str, path: &str, target: &str) -> Result<()> {
+    let dir = path.rsplit_once('/').map_or("", |(d, _)| d);
+    let joined = if dir.is_empty() {
+        target.to_string()
+    } else {
+        format!("{dir}/{target}")
+    };
+    if target.starts_with('/') || crate::model::venv_relative("", &joined).is_none() {
+        return Err(err!(
+            kind = Usage,
+            hint = "replace the symlink in the folder by the file it points to, or point it inside the folder",
+            "{}: set {sets}: {path} in the folder {} is a symlink to {target:?}, which leaves the folder",
+            f.at,
+            f.path
+        ));
     }
     Ok(())
 }
