@@ -241,7 +241,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             // Runs of text and of noise, so that it compresses unevenly.
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 data.extend_from_slice(&x.to_le_bytes());
             } else {
                 data.extend_from_slice(b"import torch  # a line of python\n");
