@@ -33,7 +33,7 @@ dists = ["nvidia-*", "cuda-*"]
 [sets.torchvision]
 dists = ["torchvision"]
 TOML
-cold() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+cold() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "(could not drop the page cache)" >&2; }
 now() { date +%s.%N; }
 hashcache() { rm -rf "$HOME/.cache/overlay/hashes"; }
 
@@ -53,7 +53,7 @@ for rep in $(seq "$REPS"); do
         cmp -s first.ovl "$m.ovl" || { echo "pack-warm: not byte-identical to the first pack" >&2; exit 1; };;
       tar-zstd) t0=$(now); tar -C "$SRC" --no-recursion -cf - -T files.txt | zstd -T0 -3 -q -f -o "$m.tar.zst"; sync -f "$m.tar.zst"; t1=$(now);;
     esac
-    s=$(echo "$t1 - $t0" | bc)
+    s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
     T[$m]="${T[$m]:-} $s"
     case $m in tar-zstd) f=$m.tar.zst;; *) f=$m.ovl;; esac
     size=$(stat -c %s "$f")
@@ -64,5 +64,5 @@ med() { printf '%s\n' $1 | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)
 tz=$(med "${T[tar-zstd]}")
 for m in pack-cold pack-warm tar-zstd; do
   mm=$(med "${T[$m]}")
-  echo "median $m: $mm s ($(echo "scale=2; $mm / $tz" | bc)x tar|zstd)"
+  echo "median $m: $mm s ($(awk -v a="$mm" -v b="$tz" 'BEGIN { printf "%.2f", a / b }')x tar|zstd)"
 done
