@@ -101,7 +101,7 @@ fn other_python_bundle(dir: &Path) -> PathBuf {
         },
         owner: None,
     });
-    let index = BundleIndex {
+    let mut index = BundleIndex {
         format: BUNDLE_FORMAT,
         python: "3.12".into(),
         site_packages: site.into(),
@@ -113,7 +113,7 @@ fn other_python_bundle(dir: &Path) -> PathBuf {
         entries,
     };
     let out = dir.join("py312.ovl");
-    overlay::bundle::write(&index, &mut overlay::bundle::Folder(stage), &out).unwrap();
+    overlay::bundle::write(&mut index, &mut overlay::bundle::Folder(stage), &out).unwrap();
     out
 }
 

@@ -16,7 +16,10 @@
 //!   count (u64 little-endian).
 //!
 //! Deterministic: sorted order, uid and gid 0, no user or group names,
-//! zstd level 3 on one thread, no timestamp of the run anywhere; a file's
+//! zstd level 3 (the entries by one thread per core, in zstd's
+//! multi-threaded mode, whose bytes do not depend on the thread count; the
+//! index by one, as its own frame, before a skippable frame that fills its
+//! room), no timestamp of the run anywhere; a file's
 //! header carries the source file's mtime (whole seconds: a `.py` must keep
 //! the mtime its packed bytecode records), every other header mtime 0. The
 //! same source files and index give the same bytes.
@@ -581,13 +584,13 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let index = staged(&t.path().join("stage"));
         let a = write(
-            &index,
+            &mut index.clone(),
             &mut Folder(t.path().join("stage")),
             &t.path().join("a.ovl"),
         )
         .unwrap();
         let b = write(
-            &index,
+            &mut index.clone(),
             &mut Folder(t.path().join("stage")),
             &t.path().join("b.ovl"),
         )
@@ -597,6 +600,41 @@ mod tests {
             std::fs::read(t.path().join("a.ovl")).unwrap(),
             std::fs::read(t.path().join("b.ovl")).unwrap()
         );
+        // Files whose hashes the index leaves empty are hashed as they are
+        // written (one read): the index records them, and the bundle is
+        // the same file.
+        let mut blank = index.clone();
+        for e in &mut blank.entries {
+            if let BundleKind::File { blake3, .. } = &mut e.kind {
+                blake3.clear();
+            }
+        }
+        let c = write(
+            &mut blank,
+            &mut Folder(t.path().join("stage")),
+            &t.path().join("c.ovl"),
+        )
+        .unwrap();
+        assert_eq!(blank, index, "the writer filled in the hashes");
+        assert_eq!(c.blake3, a.blake3);
+        // zstd reads it as one stream of one tar (the index's frame, its
+        // room's skippable frame, the entries' frame, the trailer).
+        let listed = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("zstd -dcq a.ovl | tar -t")
+            .current_dir(t.path())
+            .output()
+            .unwrap();
+        let listed = String::from_utf8_lossy(&listed.stdout);
+        assert_eq!(listed.lines().next(), Some(INDEX_NAME), "{listed}");
+        for e in index
+            .entries
+            .iter()
+            .filter(|e| !matches!(e.kind, BundleKind::Dir { .. }))
+        {
+            let name = format!("venv/{}", e.path);
+            assert!(listed.lines().any(|l| l == name), "{name} in {listed}");
+        }
         let opened = Bundle::open(&t.path().join("a.ovl")).unwrap();
         assert_eq!(opened.index, index);
         let out = t.path().join("out");
@@ -625,7 +663,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let index = staged(&t.path().join("stage"));
         let p = t.path().join("a.ovl");
-        write(&index, &mut Folder(t.path().join("stage")), &p).unwrap();
+        write(&mut index.clone(), &mut Folder(t.path().join("stage")), &p).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
             std::fs::write(&p, &bytes[..cut]).unwrap();

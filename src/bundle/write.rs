@@ -6,7 +6,7 @@
 //! and BLAKE3 as it is written, so a bundle never holds bytes its index
 //! does not vouch for.
 
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::{INDEX_NAME, LEVEL, SKIPPABLE_MAGIC, TAG, TRAILER};
@@ -32,24 +32,10 @@ pub trait Contents {
     fn symlink(&mut self, entry: &BundleEntry, target: &str) -> Result<()>;
     /// How to name `path` (relative to the venv) in an error.
     fn shown(&self, path: &str) -> String;
-}
-
-/// Counts and hashes what passes through to the file.
-struct Hashing<W: Write> {
-    inner: W,
-    hasher: blake3::Hasher,
-    count: u64,
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.count += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
+    /// After the last entry, before the bundle is kept: `index` as written
+    /// (every hash known). An error here leaves no bundle.
+    fn end(&mut self, _index: &BundleIndex) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -67,9 +53,19 @@ pub(super) fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header 
 
 /// Write the bundle of `index` to `out` atomically (a temporary file beside
 /// it, renamed over it once complete and synced), taking each file's bytes
-/// and each symlink's check from `contents`. Each file is checked against
-/// the index's size and hash as it is written.
-pub fn write(index: &BundleIndex, contents: &mut dyn Contents, out: &Path) -> Result<Packed> {
+/// and each symlink's check from `contents`, in one read of them. Each file
+/// is checked against the index's size and hash as it is written; a file
+/// whose hash the index leaves empty is hashed as it is written, and the
+/// index records that hash.
+///
+/// The index is the tar's first member, but it is complete only once the
+/// last file has been read. So the entries are written first, compressed,
+/// at an offset that leaves room for the index's own zstd frame (the most
+/// zstd can make of its member, whose length is known before the hashes
+/// are: every hash is 64 hex digits); then the index's frame goes at the
+/// start, and a skippable frame fills the rest of its room. A reader sees
+/// one zstd stream of one tar; the bytes depend only on the files.
+pub fn write(index: &mut BundleIndex, contents: &mut dyn Contents, out: &Path) -> Result<Packed> {
     let dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -81,44 +77,105 @@ pub fn write(index: &BundleIndex, contents: &mut dyn Contents, out: &Path) -> Re
             out.display()
         )
     };
+    let io = |e: io::Error| failed(&io_cause(&e));
     let tmp = tempfile::Builder::new()
         .prefix(".overlay-pack.")
         .tempfile_in(&dir)
         .map_err(|e| failed(&io_cause(&e)))?;
-    let file = tmp.as_file().try_clone().map_err(|e| failed(&e))?;
-    let mut sink = Hashing {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        hasher: blake3::Hasher::new(),
-        count: 0,
-    };
-    let io = |e: io::Error| failed(&io_cause(&e));
+    let mut file = tmp.as_file().try_clone().map_err(|e| failed(&e))?;
+    let unhashed: Vec<bool> = index
+        .entries
+        .iter_mut()
+        .map(|e| match &mut e.kind {
+            BundleKind::File { blake3, .. } if blake3.is_empty() => {
+                *blake3 = UNHASHED.to_string();
+                true
+            }
+            _ => false,
+        })
+        .collect();
+    let room = zstd::zstd_safe::compress_bound(index_member(index, &failed)?.len()) as u64
+        + SKIPPABLE_HEAD;
+    file.seek(SeekFrom::Start(room)).map_err(io)?;
     {
+        let mut sink = BufWriter::with_capacity(1 << 20, &mut file);
         let enc = encoder(&mut sink, compress_workers()).map_err(io)?;
         let mut tar = tar::Builder::new(enc);
-        let json = serde_json::to_vec(index).map_err(|e| failed(&e))?;
-        let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
-        tar.append_data(&mut h, INDEX_NAME, json.as_slice())
-            .map_err(io)?;
-        for e in &index.entries {
-            append(&mut tar, e, contents, &failed)?;
+        for (e, unhashed) in index.entries.iter_mut().zip(unhashed) {
+            let read = append(&mut tar, e, contents, unhashed, &failed)?;
+            if let (Some(h), BundleKind::File { blake3, .. }) = (read, &mut e.kind) {
+                *blake3 = h;
+            }
         }
         let enc = tar.into_inner().map_err(io)?;
         enc.finish().map_err(io)?;
+        sink.flush().map_err(io)?;
     }
-    let body = sink.count;
-    let digest = sink.hasher.finalize();
-    let mut w = sink.inner;
-    w.write_all(&trailer(&digest, body)).map_err(io)?;
-    let f = w.into_inner().map_err(|e| io(e.into_error()))?;
+    contents.end(index)?;
+    let body = file.stream_position().map_err(io)?;
+    let frame = zstd::bulk::compress(&index_member(index, &failed)?, LEVEL).map_err(io)?;
+    let gap = room
+        .checked_sub(frame.len() as u64 + SKIPPABLE_HEAD)
+        .ok_or_else(|| err!(kind = Internal, "the bundle's index outgrew its room"))?;
+    let mut head = frame;
+    head.extend_from_slice(&PAD_MAGIC.to_le_bytes());
+    head.extend_from_slice(&(gap as u32).to_le_bytes());
+    head.resize(room as usize, 0);
+    file.seek(SeekFrom::Start(0)).map_err(io)?;
+    file.write_all(&head).map_err(io)?;
+    let digest = hash_of(&mut file, body).map_err(io)?;
+    file.seek(SeekFrom::Start(body)).map_err(io)?;
+    file.write_all(&trailer(&digest, body)).map_err(io)?;
     // Not secret: readable as any copied file (the temporary one is 0600).
-    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .map_err(io)?;
-    f.sync_all().map_err(io)?;
+    file.sync_all().map_err(io)?;
     tmp.persist(out).map_err(|e| io(e.error))?;
     Ok(Packed {
         bytes: body + TRAILER,
         blake3: digest.to_hex().to_string(),
     })
+}
+
+/// What an index's hash holds while its file is still to be read: as long
+/// as a BLAKE3 in hex, so the index's length is known before the hashes.
+const UNHASHED: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+/// The skippable frame that fills the rest of the index's room (a magic of
+/// its own, not the trailer's).
+const PAD_MAGIC: u32 = 0x184D_2A5D;
+/// A skippable frame's magic and size.
+const SKIPPABLE_HEAD: u64 = 8;
+
+/// The index as the tar's first member: its header, its JSON, padded to
+/// the tar's 512-byte blocks (no end-of-archive: the entries follow).
+fn index_member(
+    index: &BundleIndex,
+    failed: &dyn Fn(&dyn std::fmt::Display) -> crate::error::Error,
+) -> Result<Vec<u8>> {
+    let json = serde_json::to_vec(index).map_err(|e| failed(&e))?;
+    let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
+    h.set_path(INDEX_NAME).map_err(|e| failed(&e))?;
+    h.set_cksum();
+    let mut member = h.as_bytes().to_vec();
+    member.extend_from_slice(&json);
+    member.resize(member.len().div_ceil(512) * 512, 0);
+    Ok(member)
+}
+
+/// The BLAKE3 of the first `len` bytes of `file`, read back in large
+/// pieces each hashed on every core.
+fn hash_of(file: &mut std::fs::File, len: u64) -> io::Result<blake3::Hash> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 16 << 20];
+    let mut left = len;
+    while left > 0 {
+        let n = (left.min(buf.len() as u64)) as usize;
+        file.read_exact(&mut buf[..n])?;
+        hasher.update_rayon(&buf[..n]);
+        left -= n as u64;
+    }
+    Ok(hasher.finalize())
 }
 
 /// Threads that compress a bundle: one per core (at least one).
@@ -137,13 +194,16 @@ fn encoder<W: Write>(w: W, workers: u32) -> io::Result<zstd::Encoder<'static, W>
     Ok(enc)
 }
 
-/// One entry of the index, as the member `venv/PATH`.
+/// One entry of the index, as the member `venv/PATH`. A file whose hash
+/// the index does not know yet (`unhashed`) is hashed as it is written:
+/// that hash is returned.
 fn append<W: Write>(
     tar: &mut tar::Builder<W>,
     e: &BundleEntry,
     contents: &mut dyn Contents,
+    unhashed: bool,
     failed: &dyn Fn(&dyn std::fmt::Display) -> crate::error::Error,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let io = |err: io::Error| failed(&io_cause(&err));
     let name = format!("venv/{}", e.path);
     match &e.kind {
@@ -168,12 +228,16 @@ fn append<W: Write>(
             let mut h = header(tar::EntryType::Regular, *mode, *size);
             h.set_mtime(mtime);
             tar.append_data(&mut h, &name, &mut reader).map_err(io)?;
-            if reader.count != *size || reader.hasher.finalize().to_hex().as_str() != blake3 {
+            let read = reader.hasher.finalize().to_hex().to_string();
+            if reader.count != *size || (!unhashed && read != *blake3) {
                 return Err(failed(&format!("{shown} changed while it was packed")));
+            }
+            if unhashed {
+                return Ok(Some(read));
             }
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The trailer after `body` bytes whose BLAKE3 is `digest`.

@@ -72,12 +72,12 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
     let sets = select_sets(&manifest, &opts.sets)?;
     let set_names: Vec<String> = sets.iter().map(|s| s.name.clone()).collect();
     let (index, mut sources) = what_to_pack_by_source(&manifest, &src, &sets, opts, obs)?;
-    let index = BundleIndex {
+    let mut index = BundleIndex {
         manifest: manifest_toml(&opts.manifest, &set_names)?,
         sets: set_names.clone(),
         ..index
     };
-    let written = write_streams(&index, &mut sources, &opts.out, obs)?;
+    let written = write_streams(&mut index, &mut sources, &opts.out, obs)?;
     for s in sources {
         let _ = s.client.close();
     }
@@ -197,17 +197,19 @@ fn paths_of(index: &BundleIndex, in_bundle: impl Fn(&str) -> String) -> Vec<(Str
 /// Have every source stream its files and write them into the bundle at
 /// `out`, each entry from its source's stream.
 fn write_streams(
-    index: &BundleIndex,
+    index: &mut BundleIndex,
     sources: &mut [PackSource],
     out: &Path,
     obs: &dyn Observer,
 ) -> Result<bundle::Packed> {
     let mut at = std::collections::HashMap::new();
     let mut streams = Vec::new();
+    let mut sent = Vec::new();
     for (i, s) in sources.iter_mut().enumerate() {
         for (path, own) in &s.paths {
             at.insert(path.clone(), (i, own.clone()));
         }
+        sent.push(s.paths.iter().map(|(p, _)| p.clone()).collect());
         let local = matches!(s.host.endpoint, crate::model::Endpoint::Local);
         let files = std::mem::take(&mut s.files);
         streams.push(SourceStream::start(
@@ -218,9 +220,8 @@ fn write_streams(
             obs,
         )?);
     }
-    let mut streams = Streams { streams, at };
+    let mut streams = Streams { streams, at, sent };
     let written = bundle::write(index, &mut streams, out)?;
-    streams.finish()?;
     Ok(written)
 }
 

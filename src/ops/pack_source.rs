@@ -4,13 +4,17 @@
 //! agent's stream of those files, read as a bundle's [`Contents`]
 //! ([`SourceStream`]).
 //!
-//! Every file is hashed on the source before the stream starts (from the
-//! agent's hash cache where it still vouches, read otherwise): the bundle's
-//! index, its first member, carries each file's BLAKE3, and the bundle is
-//! written in one pass as the stream arrives, each file checked against
-//! that hash as it is written. Nothing is staged on this machine and no
+//! One read of the source: a file the agent's hash cache vouches for goes
+//! with that hash, and the bundle's writer checks it as it writes it; any
+//! other file the source hashes as it reads it into the stream (its stamp
+//! checked before and after), the writer hashes it as it writes it, the
+//! index records that hash, and the two must agree ([`Streams`]'s end)
+//! before the bundle is kept (`bundle::write` puts the index first once
+//! every hash is known). Nothing is staged on this machine and no
 //! generation is applied anywhere; the scripts travel as the source has
-//! them (no shebang rewrite), with their own mtimes.
+//! them (no shebang rewrite), with their own mtimes. Sets from a `from`
+//! folder come from the folder's own agent, their streams read beside the
+//! source's ([`Streams`], [`merge_packs`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -119,7 +123,6 @@ pub(super) fn what_to_pack(
         .filter(|c| c.action != Action::Delete)
         .filter_map(|c| Some((c.path, c.source?)))
         .collect();
-    let placed = hashed(client, &side, placed, obs)?;
     Ok(index_of(&scan, src, placed))
 }
 
@@ -133,45 +136,6 @@ fn missing(path: &str) -> (String, Entry) {
             pyc: Vec::new(),
         },
     )
-}
-
-/// `placed` with every regular file's BLAKE3 (the source's cache, or read).
-fn hashed(
-    client: &mut Client,
-    side: &StatSide,
-    placed: Vec<(String, Kind)>,
-    obs: &dyn Observer,
-) -> Result<Vec<(String, Kind)>> {
-    let unhashed: Vec<String> = placed
-        .iter()
-        .filter(|(_, k)| matches!(k, Kind::File { blake3: None, .. }))
-        .map(|(p, _)| p.clone())
-        .collect();
-    let meter = obs.step(Step::Hash, side.host);
-    let mut fresh = index(side.stat(client, unhashed, HashMode::All, &*meter)?);
-    meter.finish();
-    placed
-        .into_iter()
-        .map(|(p, k)| match (k, fresh.remove(&p)) {
-            (Kind::File { blake3: None, .. }, Some(e))
-                if matches!(
-                    e.kind,
-                    Kind::File {
-                        blake3: Some(_),
-                        ..
-                    }
-                ) =>
-            {
-                Ok((p, e.kind))
-            }
-            (Kind::File { blake3: None, .. }, _) => Err(err!(
-                kind = Drift,
-                hint = "the source changed while it was read; run `overlay pack` again",
-                "Source file {p} could not be hashed as the plan saw it"
-            )),
-            (k, _) => Ok((p, k)),
-        })
-        .collect()
 }
 
 /// Add the directories above `rel` to `dirs` (each chain once: a
@@ -360,6 +324,8 @@ pub(super) struct Streams<'c> {
     /// An entry's source (its stream) and its path in that source's
     /// index, by its path in the bundle.
     pub at: std::collections::HashMap<String, (usize, String)>,
+    /// Per stream, the bundle paths of its files, in the order sent.
+    pub sent: Vec<Vec<String>>,
 }
 
 impl<'c> Streams<'c> {
@@ -375,14 +341,6 @@ impl<'c> Streams<'c> {
         let own = BundleEntry { path, ..e.clone() };
         Ok((&mut self.streams[i], own))
     }
-
-    /// The rest of every stream.
-    pub(super) fn finish(self) -> Result<()> {
-        for s in self.streams {
-            s.finish()?;
-        }
-        Ok(())
-    }
 }
 
 impl Contents for Streams<'_> {
@@ -394,6 +352,37 @@ impl Contents for Streams<'_> {
     fn symlink(&mut self, e: &BundleEntry, target: &str) -> Result<()> {
         let (s, own) = self.route(e)?;
         s.symlink(&own, target)
+    }
+
+    /// Every stream to its end. A file the source's hash cache had no hash
+    /// of, the source hashed as it read it (checking its stamp before and
+    /// after), and the writer as it wrote it: the two must agree, or the
+    /// bundle is not kept.
+    fn end(&mut self, index: &BundleIndex) -> Result<()> {
+        let written: BTreeMap<&str, &str> = index
+            .entries
+            .iter()
+            .filter_map(|e| match &e.kind {
+                BundleKind::File { blake3, .. } => Some((e.path.as_str(), blake3.as_str())),
+                _ => None,
+            })
+            .collect();
+        for (s, paths) in self.streams.iter_mut().zip(&self.sent) {
+            let sent = s.end()?;
+            for h in &sent.hashes {
+                let path = paths.get(h.index).map(String::as_str);
+                if path.and_then(|p| written.get(p)) != Some(&h.blake3.as_str()) {
+                    return Err(err!(
+                        kind = Drift,
+                        hint = "the source changed while it was packed; run `overlay pack` again",
+                        "{}: {} was read as other bytes than were written into the bundle",
+                        s.shown(""),
+                        path.unwrap_or("a file")
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn shown(&self, path: &str) -> String {
@@ -463,8 +452,8 @@ impl<'c> SourceStream<'c> {
 
     /// The rest of the stream (its end of archive), and what the source
     /// says it sent.
-    pub(super) fn finish(mut self) -> Result<Sent> {
-        std::io::copy(&mut self, &mut std::io::sink()).map_err(|e| self.broken(&e))?;
+    fn end(&mut self) -> Result<Sent> {
+        std::io::copy(&mut *self, &mut std::io::sink()).map_err(|e| self.broken(&e))?;
         self.meter.finish();
         self.sent.take().ok_or_else(|| {
             err!(
