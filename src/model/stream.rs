@@ -36,7 +36,12 @@ impl std::str::FromStr for Compression {
     }
 }
 
-/// One file for the source to send: its path and what the plan saw.
+/// One file for the source to send: its path and what the plan saw. A
+/// regular file's `blake3`: the plan's hash (the receiver checks it, the
+/// source does not hash); `None`: unhashed in the plan (the source checks
+/// its stamp before and after reading it, hashes it, and sends the hash at
+/// the end); `Some("")`: the receiver hashes it itself (`pack`'s bundle
+/// writer), and the source only checks its stamp.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SendFile {
     /// Its index in the generation's change list: the tar entry's name.

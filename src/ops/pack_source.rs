@@ -6,11 +6,12 @@
 //!
 //! One read of the source: a file the agent's hash cache vouches for goes
 //! with that hash, and the bundle's writer checks it as it writes it; any
-//! other file the source hashes as it reads it into the stream (its stamp
-//! checked before and after), the writer hashes it as it writes it, the
-//! index records that hash, and the two must agree ([`Streams`]'s end)
-//! before the bundle is kept (`bundle::write` puts the index first once
-//! every hash is known). Nothing is staged on this machine and no
+//! other file the source reads into the stream with its stamp checked
+//! before and after (not hashed there: `SendFile`'s empty hash), and the
+//! writer hashes it as it writes it and the index records that hash
+//! (`bundle::write` puts the index first once every hash is known). A
+//! source that does send hashes of what it read has them compared with the
+//! written ones ([`Streams`]'s end) before the bundle is kept. Nothing is staged on this machine and no
 //! generation is applied anywhere; the scripts travel as the source has
 //! them (no shebang rewrite), with their own mtimes. Sets from a `from`
 //! folder come from the folder's own agent, their streams read beside the
@@ -219,6 +220,22 @@ fn index_of(scan: &ScanReport, src: &Host, placed: Vec<(String, Kind)>) -> ToPac
             },
             _ => continue,
         };
+        // Read once, into the stream: the bundle's writer hashes what its
+        // index has no hash of yet; the source only checks its stamp.
+        let kind = match kind {
+            Kind::File {
+                size,
+                mode,
+                blake3: None,
+                stamp,
+            } => Kind::File {
+                size,
+                mode,
+                blake3: Some(String::new()),
+                stamp,
+            },
+            k => k,
+        };
         files.push(SendFile {
             index: files.len(),
             path,
@@ -354,10 +371,9 @@ impl Contents for Streams<'_> {
         s.symlink(&own, target)
     }
 
-    /// Every stream to its end. A file the source's hash cache had no hash
-    /// of, the source hashed as it read it (checking its stamp before and
-    /// after), and the writer as it wrote it: the two must agree, or the
-    /// bundle is not kept.
+    /// Every stream to its end. Where a source sent the hashes of files it
+    /// read, they must be those the writer computed of what it wrote, or
+    /// the bundle is not kept.
     fn end(&mut self, index: &BundleIndex) -> Result<()> {
         let written: BTreeMap<&str, &str> = index
             .entries

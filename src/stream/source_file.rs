@@ -101,8 +101,10 @@ impl FileToSend<'_> {
         };
         let src = self.src;
         let is_file = FileType::from_raw_mode(self.meta.st_mode) == FileType::RegularFile;
-        // Unhashed in the plan: the stamp must be as the plan saw it.
-        if !is_file || (blake3.is_none() && *stamp != Some(stamp_of(self.meta))) {
+        // Unhashed in the plan (or hashed by the receiver): the stamp must
+        // be as the plan saw it.
+        let by_stamp = blake3.as_deref().is_none_or(str::is_empty);
+        if !is_file || (by_stamp && *stamp != Some(stamp_of(self.meta))) {
             return Err(src.changed());
         }
         walker.open(src.rel).map_err(|b| src.blocked(b))
@@ -123,10 +125,11 @@ impl FileToSend<'_> {
         let Kind::File { blake3, stamp, .. } = self.kind else {
             unreachable!("called for regular files only");
         };
-        match blake3 {
-            Some(want) if digest.is_some_and(|d| d != want) => Err(self.src.changed()),
+        let moved = || rustix::fs::fstat(file).map(|m| stamp_of(&m)).ok() != *stamp;
+        match blake3.as_deref() {
             // Read while something wrote to it: the stamp moved.
-            None if rustix::fs::fstat(file).map(|m| stamp_of(&m)).ok() != *stamp => {
+            None | Some("") if moved() => Err(self.src.changed()),
+            Some(want) if !want.is_empty() && digest.is_some_and(|d| d != want) => {
                 Err(self.src.changed())
             }
             _ => Ok(()),

@@ -158,6 +158,19 @@ fn a_changed_file_stops_the_stream_with_read_ahead() {
     assert!(e.to_string().contains("big.bin"), "{e}");
     assert!(e.to_string().contains("changed since the plan"), "{e}");
     assert_eq!(e.kind, crate::error::ErrorKind::Drift);
+    // Hashed by the receiver (an empty hash: `pack`'s bundle writer): the
+    // source does not hash it, but checks its stamp all the same.
+    let mut by_receiver = unhashed.clone();
+    if let Kind::File { blake3, .. } = &mut by_receiver[1].kind {
+        *blake3 = Some(String::new());
+    }
+    let e = send_all(&by_receiver).unwrap_err();
+    assert!(e.to_string().contains("changed since the plan"), "{e}");
+    if let Kind::File { stamp, .. } = &mut by_receiver[1].kind {
+        *stamp = Some(stamp_of(&stat(&site.join("big.bin"))));
+    }
+    let sent = send_all(&by_receiver).unwrap();
+    assert!(sent.hashes.is_empty(), "not hashed: {:?}", sent.hashes);
     // A parent swapped for a symlink to a look-alike outside the venv.
     std::fs::write(site.join("big.bin"), &big).unwrap();
     let outside = tempfile::tempdir().unwrap();
