@@ -48,6 +48,16 @@ pub fn plan_json(plan: &Plan) -> String {
     serde_json::to_string_pretty(&doc).expect("plan serializes") + "\n"
 }
 
+/// A host of a plan as its header names it: `name (venv, Python X.Y)`.
+fn host_line(h: &crate::plan::HostInfo) -> String {
+    format!(
+        "{} ({}, Python {})",
+        quote(&h.name),
+        quote(&h.venv),
+        quote(&h.python)
+    )
+}
+
 /// The text form: per set, version transitions, counts and bytes, and with
 /// `verbose` every changed path. Names, versions and paths are shown with
 /// [`quote`]: control characters in them are escaped, git style.
@@ -56,13 +66,9 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{} ({}, Python {}) -> {} ({}, Python {})",
-        quote(&plan.source.name),
-        quote(&plan.source.venv),
-        quote(&plan.source.python),
-        quote(&plan.target.name),
-        quote(&plan.target.venv),
-        quote(&plan.target.python)
+        "{} -> {}",
+        host_line(&plan.source),
+        host_line(&plan.target)
     );
     sets_and_summary(&mut out, plan, verbose, paint);
     out
@@ -166,10 +172,8 @@ pub fn fleet_text(plans: &[Plan], verbose: bool, color: bool) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "{} ({}, Python {}) -> {} target{}: {}",
-        quote(&first.source.name),
-        quote(&first.source.venv),
-        quote(&first.source.python),
+        "{} -> {} target{}: {}",
+        host_line(&first.source),
         plans.len(),
         if plans.len() == 1 { "" } else { "s" },
         names.join(", ")

@@ -439,21 +439,9 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
             (u.manifest.display().to_string(), shown),
         ],
     };
-    let planned = plan(
-        &PlanOptions {
-            manifest: u.manifest.clone(),
-            source: BUNDLE_HOST.into(),
-            target: LOCAL_HOST.into(),
-            sets: u.index.sets.clone(),
-            strict: false,
-            connect: ConnectOptions::default(),
-        },
-        obs,
-    )
-    .map_err(|e| obs.fix_error(e))?;
-    planned.closing.wait();
+    let planned = plan_unpacked(&u, obs).map_err(|e| obs.fix_error(e))?;
     let plan_file = u.work.path().join("plan.json");
-    save(&planned.plan, &plan_file)?;
+    save(&planned, &plan_file)?;
     apply(
         &ApplyOptions {
             plan: plan_file,
@@ -480,6 +468,12 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
 /// Plan the unpacked bundle against the venv (read-only).
 pub fn plan_bundle(bundle: &Path, venv: &str, obs: &dyn Observer) -> Result<crate::plan::Plan> {
     let u = unpack(bundle, venv)?;
+    plan_unpacked(&u, obs)
+}
+
+/// The plan of an unpacked bundle's sets (the folder, [`BUNDLE_HOST`])
+/// against the venv ([`LOCAL_HOST`]), its agents closed.
+fn plan_unpacked(u: &Unpacked, obs: &dyn Observer) -> Result<crate::plan::Plan> {
     let planned = plan(
         &PlanOptions {
             manifest: u.manifest.clone(),
