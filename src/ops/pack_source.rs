@@ -151,6 +151,59 @@ fn above(rel: &str, dirs: &mut BTreeSet<String>) {
     }
 }
 
+/// A file as the source sends it into a bundle: read once, into the
+/// stream; the bundle's writer hashes what its index has no hash of yet
+/// (`SendFile`'s empty hash), and the source only checks its stamp.
+fn hashed_by_writer(kind: Kind) -> Kind {
+    match kind {
+        Kind::File {
+            size,
+            mode,
+            blake3: None,
+            stamp,
+        } => Kind::File {
+            size,
+            mode,
+            blake3: Some(String::new()),
+            stamp,
+        },
+        k => k,
+    }
+}
+
+/// The packed distributions (those whose dist-info is among `dirs`), as a
+/// scan of the packed venv would find them, sorted by dist-info; and which
+/// of them lists each path (relative to the venv) first.
+fn packed_dists(
+    scan: &ScanReport,
+    dirs: &BTreeSet<String>,
+) -> (Vec<BundleDist>, BTreeMap<String, String>) {
+    let site = &scan.site_packages;
+    let packed: Vec<&crate::model::Dist> = scan
+        .dists
+        .iter()
+        .filter(|d| dirs.contains(&under(site, &d.dist_info)))
+        .collect();
+    let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    for d in &packed {
+        for f in &d.files {
+            if let Some(rel) = venv_relative(site, f) {
+                owner.entry(rel).or_insert_with(|| d.name.clone());
+            }
+        }
+    }
+    let mut dists: Vec<BundleDist> = packed
+        .iter()
+        .map(|d| BundleDist {
+            name: d.name.clone(),
+            version: d.version.clone(),
+            dist_info: d.dist_info.clone(),
+        })
+        .collect();
+    dists.sort_by(|a, b| a.dist_info.cmp(&b.dist_info));
+    (dists, owner)
+}
+
 /// The index of what is placed (paths relative to site-packages, as RECORD
 /// spells them) and the files to stream, both sorted by path relative to
 /// the venv; every directory above an entry is an entry too (mode 0755),
@@ -172,31 +225,7 @@ fn index_of(scan: &ScanReport, src: &Host, placed: Vec<(String, Kind)>) -> ToPac
     for rel in by_path.keys() {
         above(rel, &mut dirs);
     }
-    // The distributions whose dist-info is packed, as a scan of the
-    // packed venv would find them (sorted by dist-info), and which of them
-    // lists each path first.
-    let packed_dists: Vec<&crate::model::Dist> = scan
-        .dists
-        .iter()
-        .filter(|d| dirs.contains(&under(site, &d.dist_info)))
-        .collect();
-    let mut owner: BTreeMap<String, &str> = BTreeMap::new();
-    for d in &packed_dists {
-        for f in &d.files {
-            if let Some(rel) = venv_relative(site, f) {
-                owner.entry(rel).or_insert(&d.name);
-            }
-        }
-    }
-    let mut dists: Vec<BundleDist> = packed_dists
-        .iter()
-        .map(|d| BundleDist {
-            name: d.name.clone(),
-            version: d.version.clone(),
-            dist_info: d.dist_info.clone(),
-        })
-        .collect();
-    dists.sort_by(|a, b| a.dist_info.cmp(&b.dist_info));
+    let (dists, owner) = packed_dists(scan, &dirs);
     let mut entries: Vec<BundleEntry> = dirs
         .into_iter()
         .map(|d| BundleEntry {
@@ -220,26 +249,10 @@ fn index_of(scan: &ScanReport, src: &Host, placed: Vec<(String, Kind)>) -> ToPac
             },
             _ => continue,
         };
-        // Read once, into the stream: the bundle's writer hashes what its
-        // index has no hash of yet; the source only checks its stamp.
-        let kind = match kind {
-            Kind::File {
-                size,
-                mode,
-                blake3: None,
-                stamp,
-            } => Kind::File {
-                size,
-                mode,
-                blake3: Some(String::new()),
-                stamp,
-            },
-            k => k,
-        };
         files.push(SendFile {
             index: files.len(),
             path,
-            kind,
+            kind: hashed_by_writer(kind),
         });
         entries.push(BundleEntry {
             owner: owner.get(&rel).map(|o| o.to_string()),
