@@ -32,9 +32,9 @@ pub trait Contents {
     fn symlink(&mut self, entry: &BundleEntry, target: &str) -> Result<()>;
     /// How to name `path` (relative to the venv) in an error.
     fn shown(&self, path: &str) -> String;
-    /// After the last entry, before the bundle is kept: `index` as written
-    /// (every hash known). An error here leaves no bundle.
-    fn end(&mut self, _index: &BundleIndex) -> Result<()> {
+    /// After the last entry, before the bundle is kept. An error here
+    /// leaves no bundle.
+    fn end(&mut self) -> Result<()> {
         Ok(())
     }
 }
@@ -111,7 +111,7 @@ pub fn write(index: &mut BundleIndex, contents: &mut dyn Contents, out: &Path) -
         enc.finish().map_err(io)?;
         sink.flush().map_err(io)?;
     }
-    contents.end(index)?;
+    contents.end()?;
     let body = file.stream_position().map_err(io)?;
     let frame = zstd::bulk::compress(&index_member(index, &failed)?, LEVEL).map_err(io)?;
     let gap = room

@@ -204,12 +204,10 @@ fn write_streams(
 ) -> Result<bundle::Packed> {
     let mut at = std::collections::HashMap::new();
     let mut streams = Vec::new();
-    let mut sent = Vec::new();
     for (i, s) in sources.iter_mut().enumerate() {
         for (path, own) in &s.paths {
             at.insert(path.clone(), (i, own.clone()));
         }
-        sent.push(s.paths.iter().map(|(p, _)| p.clone()).collect());
         let local = matches!(s.host.endpoint, crate::model::Endpoint::Local);
         let files = std::mem::take(&mut s.files);
         streams.push(SourceStream::start(
@@ -220,7 +218,7 @@ fn write_streams(
             obs,
         )?);
     }
-    let mut streams = Streams { streams, at, sent };
+    let mut streams = Streams { streams, at };
     let written = bundle::write(index, &mut streams, out)?;
     Ok(written)
 }

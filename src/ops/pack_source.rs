@@ -9,9 +9,7 @@
 //! other file the source reads into the stream with its stamp checked
 //! before and after (not hashed there: `SendFile`'s empty hash), and the
 //! writer hashes it as it writes it and the index records that hash
-//! (`bundle::write` puts the index first once every hash is known). A
-//! source that does send hashes of what it read has them compared with the
-//! written ones ([`Streams`]'s end) before the bundle is kept. Nothing is staged on this machine and no
+//! (`bundle::write` puts the index first once every hash is known). Nothing is staged on this machine and no
 //! generation is applied anywhere; the scripts travel as the source has
 //! them (no shebang rewrite), with their own mtimes. Sets from a `from`
 //! folder come from the folder's own agent, their streams read beside the
@@ -354,8 +352,6 @@ pub(super) struct Streams<'c> {
     /// An entry's source (its stream) and its path in that source's
     /// index, by its path in the bundle.
     pub at: std::collections::HashMap<String, (usize, String)>,
-    /// Per stream, the bundle paths of its files, in the order sent.
-    pub sent: Vec<Vec<String>>,
 }
 
 impl<'c> Streams<'c> {
@@ -384,32 +380,11 @@ impl Contents for Streams<'_> {
         s.symlink(&own, target)
     }
 
-    /// Every stream to its end. Where a source sent the hashes of files it
-    /// read, they must be those the writer computed of what it wrote, or
-    /// the bundle is not kept.
-    fn end(&mut self, index: &BundleIndex) -> Result<()> {
-        let written: BTreeMap<&str, &str> = index
-            .entries
-            .iter()
-            .filter_map(|e| match &e.kind {
-                BundleKind::File { blake3, .. } => Some((e.path.as_str(), blake3.as_str())),
-                _ => None,
-            })
-            .collect();
-        for (s, paths) in self.streams.iter_mut().zip(&self.sent) {
-            let sent = s.end()?;
-            for h in &sent.hashes {
-                let path = paths.get(h.index).map(String::as_str);
-                if path.and_then(|p| written.get(p)) != Some(&h.blake3.as_str()) {
-                    return Err(err!(
-                        kind = Drift,
-                        hint = "the source changed while it was packed; run `overlay pack` again",
-                        "{}: {} was read as other bytes than were written into the bundle",
-                        s.shown(""),
-                        path.unwrap_or("a file")
-                    ));
-                }
-            }
+    /// Every stream to its end (its end of archive and its summary): a
+    /// source that fails there leaves no bundle.
+    fn end(&mut self) -> Result<()> {
+        for s in &mut self.streams {
+            s.end()?;
         }
         Ok(())
     }
