@@ -57,6 +57,20 @@ fn four_targets(more: &str) -> Testbed {
 
 const TARGETS: [&str; 4] = ["dst", "dst2", "dst3", "dst4"];
 
+/// Each of `targets` got exactly its own plan: planning them again from
+/// src finds nothing to change, as after an apply of each alone.
+fn nothing_left_to_plan(tb: &Testbed, targets: &[&str]) {
+    let mut args = vec!["plan", "src"];
+    args.extend(targets);
+    args.extend(["--json", "-o", "again.json"]);
+    let again = json_of(&ok(tb.overlay(&args).output().unwrap(), "plan again"));
+    for t in again["targets"].as_array().unwrap() {
+        for s in t["sets"].as_array().unwrap() {
+            assert_eq!(s["changes"], json!([]), "{}", t["target"]);
+        }
+    }
+}
+
 fn json_of(out: &std::process::Output) -> Value {
     serde_json::from_slice(&out.stdout).expect("--json prints JSON")
 }
@@ -464,26 +478,7 @@ fn one_read_of_the_source_feeds_every_target_and_one_dying_in_the_stream_stops_o
     );
     // The others each got exactly their own plan: planning again finds
     // nothing to change, as after an apply of each alone.
-    let again = json_of(&ok(
-        tb.overlay(&[
-            "plan",
-            "src",
-            "dst",
-            "dst2",
-            "dst4",
-            "--json",
-            "-o",
-            "again.json",
-        ])
-        .output()
-        .unwrap(),
-        "plan again",
-    ));
-    for t in again["targets"].as_array().unwrap() {
-        for s in t["sets"].as_array().unwrap() {
-            assert_eq!(s["changes"], json!([]), "{}", t["target"]);
-        }
-    }
+    nothing_left_to_plan(&tb, &["dst", "dst2", "dst4"]);
     common::assert_same(
         &snapshot(tb.host_venv_dir(1)),
         &snapshot(tb.host_venv_dir(2)),
@@ -607,26 +602,7 @@ fn targets_that_need_different_files_each_receive_only_their_own_bytes() {
         "one read of the source: dst3's files, which hold the others'"
     );
     // Each got exactly its own plan: planning again finds nothing to do.
-    let again = json_of(&ok(
-        tb.overlay(&[
-            "plan",
-            "src",
-            "dst",
-            "dst2",
-            "dst3",
-            "--json",
-            "-o",
-            "again.json",
-        ])
-        .output()
-        .unwrap(),
-        "plan again",
-    ));
-    for t in again["targets"].as_array().unwrap() {
-        for s in t["sets"].as_array().unwrap() {
-            assert_eq!(s["changes"], json!([]), "{}", t["target"]);
-        }
-    }
+    nothing_left_to_plan(&tb, &["dst", "dst2", "dst3"]);
     for i in 1..4 {
         common::assert_same(
             &snapshot(tb.host_venv_dir(3)),
