@@ -57,9 +57,11 @@ const SKIPPABLE_MAGIC: u32 = 0x184D_2A5E;
 const TAG: &[u8; 8] = b"OVLBNDL1";
 const TRAILER: u64 = 4 + 4 + 8 + 32 + 8;
 
+mod source;
 mod write;
 
 use write::Checked;
+pub use source::BundleSource;
 pub use write::{Contents, Folder, Packed, write};
 #[cfg(test)]
 use write::{header, trailer};
@@ -136,6 +138,7 @@ impl Bundle {
                 sets: Vec::new(),
                 dists: Vec::new(),
                 entries: Vec::new(),
+                facts: Default::default(),
             },
             blake3: digest.to_hex().to_string(),
             body,
@@ -302,6 +305,36 @@ impl Bundle {
         }
         Ok(())
     }
+}
+
+/// The BLAKE3 the trailer of the bundle at `path` records (of every byte
+/// before it), read from its last bytes: which bundle the file holds, not
+/// whether it is intact ([`Bundle::open`] checks that).
+pub fn sealed_blake3(path: &Path) -> Result<String> {
+    let shown = path.display();
+    let mut f = File::open(path).map_err(|e| {
+        err!(
+            kind = Usage,
+            "Cannot open the bundle {shown}: {}",
+            io_cause(&e)
+        )
+    })?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut t = [0u8; TRAILER as usize];
+    if len < TRAILER
+        || f.seek(SeekFrom::Start(len - TRAILER))
+            .and_then(|_| f.read_exact(&mut t))
+            .is_err()
+        || t[0..4] != SKIPPABLE_MAGIC.to_le_bytes()
+        || &t[8..16] != TAG
+    {
+        return Err(err!(
+            kind = Protocol,
+            "Bundle {shown} does not end with overlay's trailer"
+        ));
+    }
+    let hash: [u8; 32] = t[16..48].try_into().expect("32 bytes");
+    Ok(blake3::Hash::from_bytes(hash).to_hex().to_string())
 }
 
 /// What a member's tar header says: its type, size and mtime.
@@ -556,6 +589,7 @@ mod tests {
             sets: vec!["pkg".into()],
             dists: Vec::new(),
             entries,
+            facts: Default::default(),
         }
     }
 
