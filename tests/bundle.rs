@@ -703,5 +703,8 @@ fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply(
     let out = tb.overlay(&["apply"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(6), "{err}");
-    assert!(err.contains("no such file") && err.contains("plan --bundle"), "{err}");
+    assert!(
+        err.contains("no such file") && err.contains("plan --bundle"),
+        "{err}"
+    );
 }

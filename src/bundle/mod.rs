@@ -33,14 +33,13 @@
 //! beneath a fresh directory without following symlinks.
 
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use crate::beneath::{Beneath, normalize};
+use crate::beneath::normalize;
 use crate::err;
 use crate::error::{Error, Result, io_cause};
-use crate::inventory::rewrite_shebang;
-use crate::model::{BUNDLE_FORMAT, BundleEntry, BundleIndex, BundleKind, ShebangRewrite};
+use crate::model::{BUNDLE_FORMAT, BundleEntry, BundleIndex, BundleKind};
 
 /// The index's member name.
 pub const INDEX_NAME: &str = "overlay-bundle.json";
@@ -60,7 +59,6 @@ const TRAILER: u64 = 4 + 4 + 8 + 32 + 8;
 mod source;
 mod write;
 
-use write::Checked;
 pub use source::BundleSource;
 pub use write::{Contents, Folder, Packed, write};
 #[cfg(test)]
@@ -165,146 +163,6 @@ impl Bundle {
     fn bad(&self, why: &dyn std::fmt::Display) -> Error {
         bad(&self.path.display().to_string(), why)
     }
-
-    /// Write the bundle's entries beneath `dest` (an empty directory),
-    /// checking each against the index (modes masked to `0o777`); scripts under `bin/` whose shebang
-    /// names `shebang.from` get `shebang.to` instead, as the stream does.
-    pub fn extract(&self, dest: &Path, shebang: Option<&ShebangRewrite>) -> Result<()> {
-        let out = Beneath::open(dest).map_err(|e| {
-            err!(
-                "Cannot open {} to unpack the bundle: {}",
-                dest.display(),
-                io_cause(&e)
-            )
-        })?;
-        let wr = |rel: &str, e: io::Error| unpack_error(&out, rel, e);
-        let mut members = self.reader()?;
-        let shown = members.shown.clone();
-        let mut entries = members
-            .archive
-            .entries()
-            .map_err(|e| self.bad(&e))?
-            .raw(true);
-        if read_index(&mut entries, &shown)? != self.index {
-            return Err(self.bad(&"its index changed since it was opened"));
-        }
-        let mut dirs = Vec::new();
-        for e in &self.index.entries {
-            let want = format!("venv/{}", e.path);
-            let (name, link, mut entry) = next_member(&mut entries, &shown)?
-                .ok_or_else(|| self.bad(&format!("it ends before {want}")))?;
-            if name.trim_end_matches('/') != want {
-                return Err(self.bad(&format!("member {name:?} where the index has {want}")));
-            }
-            let header = MemberHeader {
-                ty: entry.header().entry_type(),
-                size: entry.header().size().map_err(|e| self.bad(&e))?,
-                mtime: entry.header().mtime().ok(),
-            };
-            let ty = header.ty;
-            if let Some((parent, _)) = e.path.rsplit_once('/') {
-                out.create_dir_all(parent, 0o755)
-                    .map_err(|err| wr(parent, err))?;
-            }
-            match &e.kind {
-                BundleKind::Dir { mode } => {
-                    if !ty.is_dir() {
-                        return Err(self.bad(&format!("{want} is not a directory")));
-                    }
-                    out.create_dir_all(&e.path, 0o755)
-                        .map_err(|err| wr(&e.path, err))?;
-                    dirs.push((e.path.as_str(), *mode));
-                }
-                BundleKind::Symlink { target } => {
-                    let got = link.unwrap_or_default();
-                    if !ty.is_symlink() || got != *target {
-                        return Err(self.bad(&format!("{want} is not the index's symlink")));
-                    }
-                    out.symlink(target, &e.path)
-                        .map_err(|err| wr(&e.path, err))?;
-                }
-                BundleKind::File { size, mode, blake3 } => {
-                    let file = IndexedFile {
-                        rel: &e.path,
-                        size: *size,
-                        mode: *mode,
-                        blake3,
-                    };
-                    self.extract_file(&out, &file, &header, &mut entry, shebang)?;
-                }
-            }
-        }
-        if let Some((name, _, _)) = next_member(&mut entries, &shown)? {
-            return Err(self.bad(&format!("member {name:?} is not in the index")));
-        }
-        for (rel, mode) in dirs.into_iter().rev() {
-            out.set_dir_mode(rel, mode & 0o777)
-                .map_err(|err| wr(rel, err))?;
-        }
-        Ok(())
-    }
-
-    /// Write the file member `entry` at `file.rel` beneath `out` (its mode
-    /// masked to `0o777`, the header's mtime; a small script under `bin/`
-    /// with its shebang rewritten by `shebang`), checking it is the index's
-    /// file: type, size and BLAKE3.
-    fn extract_file(
-        &self,
-        out: &Beneath,
-        file: &IndexedFile,
-        header: &MemberHeader,
-        entry: &mut tar::Entry<'_, Box<dyn Read>>,
-        shebang: Option<&ShebangRewrite>,
-    ) -> Result<()> {
-        let IndexedFile {
-            rel,
-            size: want_size,
-            mode,
-            blake3,
-        } = *file;
-        let want = format!("venv/{rel}");
-        let wr = |e: io::Error| unpack_error(out, rel, e);
-        let size = header.size;
-        if !header.ty.is_file() || size != want_size {
-            return Err(self.bad(&format!(
-                "{want} is not the index's file of {want_size} bytes"
-            )));
-        }
-        let small_script = rel.starts_with("bin/") && size < (1 << 20);
-        let mut reader = Checked {
-            inner: entry,
-            hasher: blake3::Hasher::new(),
-            count: 0,
-        };
-        let f = out.create_new(rel, mode & 0o777).map_err(wr)?;
-        let mut w = BufWriter::with_capacity(1 << 20, f);
-        match shebang.filter(|_| small_script) {
-            Some(rw) => {
-                let mut buf = Vec::with_capacity(size as usize);
-                reader.read_to_end(&mut buf).map_err(|err| self.bad(&err))?;
-                let bytes = rewrite_shebang(&buf, rw).unwrap_or(buf);
-                w.write_all(&bytes).map_err(wr)?;
-            }
-            None => {
-                io::copy(&mut reader, &mut w).map_err(wr)?;
-            }
-        }
-        let f = w.into_inner().map_err(|err| wr(err.into_error()))?;
-        // The mode again: create_new's is masked by the umask.
-        // No setuid or setgid from a bundle (as from a stream).
-        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))
-            .map_err(wr)?;
-        // The source's mtime, which the local route carries on.
-        if let Some(secs) = header.mtime.filter(|&s| s > 0) {
-            let _ = f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
-        }
-        if reader.count != size || reader.hasher.finalize().to_hex().as_str() != blake3 {
-            return Err(self.bad(&format!(
-                "{want}'s bytes do not match its hash in the index"
-            )));
-        }
-        Ok(())
-    }
 }
 
 /// The BLAKE3 the trailer of the bundle at `path` records (of every byte
@@ -335,34 +193,6 @@ pub fn sealed_blake3(path: &Path) -> Result<String> {
     }
     let hash: [u8; 32] = t[16..48].try_into().expect("32 bytes");
     Ok(blake3::Hash::from_bytes(hash).to_hex().to_string())
-}
-
-/// What a member's tar header says: its type, size and mtime.
-struct MemberHeader {
-    ty: tar::EntryType,
-    size: u64,
-    /// `None` when the header's mtime does not parse.
-    mtime: Option<u64>,
-}
-
-/// A file entry of the index: path relative to the venv, size, mode and
-/// BLAKE3 (lowercase hex).
-#[derive(Clone, Copy)]
-struct IndexedFile<'a> {
-    rel: &'a str,
-    size: u64,
-    mode: u32,
-    blake3: &'a str,
-}
-
-/// The error of a failed write of `rel` beneath `out` while unpacking.
-fn unpack_error(out: &Beneath, rel: &str, e: io::Error) -> Error {
-    err!(
-        hint = "check the free space and permissions there",
-        "Cannot unpack the bundle into {}: {}",
-        out.shown(rel).display(),
-        io_cause(&e)
-    )
 }
 
 fn bad(shown: &str, why: &dyn std::fmt::Display) -> Error {
@@ -531,6 +361,7 @@ fn check_index(index: &BundleIndex) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ShebangRewrite;
 
     const SITE: &str = "lib/python3.11/site-packages";
 
@@ -671,24 +502,25 @@ mod tests {
         }
         let opened = Bundle::open(&t.path().join("a.ovl")).unwrap();
         assert_eq!(opened.index, index);
-        let out = t.path().join("out");
-        std::fs::create_dir(&out).unwrap();
+        // Read in place: the script as packed, rewritten for a target.
+        let venv = crate::model::bundle_venv(t.path().join("a.ovl").to_str().unwrap());
+        let src = BundleSource::open(&venv).unwrap();
         let rw = ShebangRewrite {
-            from: "/src/venv".into(),
+            from: venv.clone(),
             to: "/here".into(),
         };
-        opened.extract(&out, Some(&rw)).unwrap();
+        let got = src
+            .stat(&["../../../bin/tool".into()], Some(&rw), false)
+            .unwrap();
+        let placed = b"#!/here/bin/python\nprint(1)\n";
         assert_eq!(
-            std::fs::read(out.join(SITE).join("pkg/__init__.py")).unwrap(),
-            b"x = 1\n"
-        );
-        assert_eq!(
-            std::fs::read(out.join("bin/tool")).unwrap(),
-            b"#!/here/bin/python\nprint(1)\n"
-        );
-        assert_eq!(
-            std::fs::read_link(out.join("bin/tool2")).unwrap(),
-            Path::new("tool")
+            got[0].kind,
+            crate::model::Kind::File {
+                size: placed.len() as u64,
+                mode: 0o755,
+                blake3: Some(blake3::hash(placed).to_hex().to_string()),
+                stamp: None,
+            }
         );
     }
 
@@ -713,19 +545,66 @@ mod tests {
         }
     }
 
+    /// Every file and symlink of the bundle at `p`, sent from it read in
+    /// place (as a plan from its own index would ask): the error.
+    fn send_all(p: &Path) -> Result<crate::model::Sent> {
+        let venv = crate::model::bundle_venv(p.to_str().unwrap());
+        let src = BundleSource::open(&venv)?;
+        let files: Vec<crate::model::SendFile> = src
+            .bundle
+            .index
+            .entries
+            .iter()
+            .filter_map(|e| {
+                let kind = match &e.kind {
+                    BundleKind::File { size, mode, blake3 } => crate::model::Kind::File {
+                        size: *size,
+                        mode: *mode,
+                        blake3: Some(blake3.clone()),
+                        stamp: None,
+                    },
+                    BundleKind::Symlink { target } => crate::model::Kind::Symlink {
+                        target: target.clone(),
+                    },
+                    BundleKind::Dir { .. } => return None,
+                };
+                Some((e.path.clone(), kind))
+            })
+            .enumerate()
+            .map(|(index, (path, kind))| crate::model::SendFile {
+                index,
+                path: format!("../../../{path}"),
+                kind,
+            })
+            .collect();
+        struct Null;
+        impl crate::stream::BlockSink for Null {
+            fn block(&mut self, _: u8, _: &[u8]) -> io::Result<()> {
+                Ok(())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let counters = crate::inventory::Counters::default();
+        src.send(
+            &files,
+            &[],
+            None,
+            crate::model::Compression::None,
+            &mut Null,
+            &counters,
+        )
+    }
+
     #[test]
-    fn a_sealed_but_hostile_bundle_is_refused_by_the_unpacker() {
+    fn a_sealed_but_hostile_bundle_is_refused_when_it_is_read() {
         let t = tempfile::tempdir().unwrap();
         let mut index = staged(&t.path().join("stage"));
-        let unpack = |p: &Path| -> Error {
-            let out = tempfile::tempdir().unwrap();
-            match Bundle::open(p) {
-                Ok(b) => b.extract(out.path(), None).unwrap_err(),
-                Err(e) => e,
-            }
-        };
-        // A member the index does not name.
-        index.entries.truncate(1);
+        let unpack = |p: &Path| send_all(p).unwrap_err();
+        // A member the index does not name, where it names another.
+        let script = b"#!/src/venv/bin/python\nprint(1)\n";
+        index.entries = vec![dir("bin"), file("bin/tool", script, 0o755)];
         let p = sealed(t.path(), "extra.ovl", |b| {
             add_index(b, &index);
             let mut h = header(tar::EntryType::Directory, 0o755, 0);
@@ -733,10 +612,12 @@ mod tests {
             let mut h = header(tar::EntryType::Regular, 0o644, 3);
             b.append_data(&mut h, "venv/etc/x", &b"bad"[..]).unwrap();
         });
-        assert!(unpack(&p).message.contains("not in the index"));
+        assert!(
+            unpack(&p).message.contains("where the index has"),
+            "{:?}",
+            unpack(&p)
+        );
         // A file longer than the index says.
-        let script = b"#!/src/venv/bin/python\nprint(1)\n";
-        index.entries = vec![dir("bin"), file("bin/tool", script, 0o755)];
         let p = sealed(t.path(), "size.ovl", |b| {
             add_index(b, &index);
             let mut h = header(tar::EntryType::Directory, 0o755, 0);
@@ -745,7 +626,11 @@ mod tests {
             b.append_data(&mut h, "venv/bin/tool", &[0u8; 4096][..])
                 .unwrap();
         });
-        assert!(unpack(&p).message.contains("not the index's file"));
+        assert!(
+            unpack(&p).message.contains("is not the index's entry"),
+            "{:?}",
+            unpack(&p)
+        );
         // The right size, other bytes.
         let p = sealed(t.path(), "bytes.ovl", |b| {
             add_index(b, &index);
@@ -755,7 +640,9 @@ mod tests {
             b.append_data(&mut h, "venv/bin/tool", &[b'#'; 32][..])
                 .unwrap();
         });
-        assert!(unpack(&p).message.contains("do not match its hash"));
+        // Sent as the index has it: the target hashes what it writes and
+        // refuses bytes that are not the plan's (the index's) hash.
+        assert!(send_all(&p).is_ok());
         // A long name past the limit is refused, not read into memory.
         let p = sealed(t.path(), "long.ovl", |b| {
             add_index(b, &index);

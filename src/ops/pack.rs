@@ -309,8 +309,13 @@ pub fn open_for(bundle: &Path, venv: &str) -> Result<Opened> {
             target.python
         ));
     }
-    let file = std::path::absolute(bundle)
-        .map_err(|e| err!("Cannot find the bundle {}: {}", bundle.display(), io_cause(&e)))?;
+    let file = std::path::absolute(bundle).map_err(|e| {
+        err!(
+            "Cannot find the bundle {}: {}",
+            bundle.display(),
+            io_cause(&e)
+        )
+    })?;
     let parent = canon.parent().unwrap_or(Path::new("/"));
     let work = tempfile::Builder::new()
         .prefix(".overlay-bundle.")

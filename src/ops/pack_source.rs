@@ -388,7 +388,10 @@ pub(super) fn merge_packs(
     }
     index.entries.sort_by(|a, b| a.path.cmp(&b.path));
     index.dists.sort_by(|a, b| a.dist_info.cmp(&b.dist_info));
-    index.facts.dists.sort_by(|a, b| a.dist_info.cmp(&b.dist_info));
+    index
+        .facts
+        .dists
+        .sort_by(|a, b| a.dist_info.cmp(&b.dist_info));
     index.facts.record.sort();
     Ok((index, files))
 }

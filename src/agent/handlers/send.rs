@@ -32,7 +32,15 @@ pub fn send(session: &mut Session, output: &mut dyn Write, s: &Sending) -> Resul
     let (files, cuts, shebang) = (&s.files, &s.cuts, s.shebang.as_ref());
     match session.bundle_source(&s.venv)? {
         Some(b) => b.send(files, cuts, shebang, s.compression, &mut sink, &counters),
-        None => stream::send(&s.venv, files, cuts, shebang, s.compression, &mut sink, &counters),
+        None => stream::send(
+            &s.venv,
+            files,
+            cuts,
+            shebang,
+            s.compression,
+            &mut sink,
+            &counters,
+        ),
     }
     .map(|sent| Response::Sent {
         files: s.files.len() as u64,

@@ -316,11 +316,18 @@ pub fn send(
     let (venv, ahead_ref) = (&venv, &ahead);
     std::thread::scope(|scope| {
         scope.spawn(move || read_ahead(venv, files, ahead_ref, advise_willneed));
-        pipeline(files, compression, sink, counters, Some(ahead_ref), |cutter| {
-            // Done, failed or panicked: the read-ahead has nothing left to do.
-            let _done = ReaderDone(ahead_ref);
-            read_files(venv, files, cuts, shebang, cutter)
-        })
+        pipeline(
+            files,
+            compression,
+            sink,
+            counters,
+            Some(ahead_ref),
+            |cutter| {
+                // Done, failed or panicked: the read-ahead has nothing left to do.
+                let _done = ReaderDone(ahead_ref);
+                read_files(venv, files, cuts, shebang, cutter)
+            },
+        )
     })
 }
 
