@@ -26,7 +26,10 @@
 //!
 //! Reading trusts nothing: [`Bundle::open`] checks the trailer's length and
 //! hash over the whole file before it parses anything (a truncated or
-//! altered bundle is refused before anything is written), the index is read
+//! altered bundle is refused before anything is written); with a trust
+//! file ([`Bundle::open_trusted`], `sign`) the signature beside the bundle
+//! is checked against the trailer first, before the whole-file hash. Every
+//! later read is from the file opened then (not its path again), the index is read
 //! with a size limit, the tar is read raw (GNU long names bounded by
 //! [`PATH_LIMIT`], no PAX), and [`Bundle::extract`] accepts only the members
 //! the index names, in its order, with its sizes, modes and hashes, writing
@@ -57,6 +60,9 @@ const SKIPPABLE_MAGIC: u32 = 0x184D_2A5E;
 const TAG: &[u8; 8] = b"OVLBNDL1";
 const TRAILER: u64 = 4 + 4 + 8 + 32 + 8;
 
+mod agent;
+pub mod allowed;
+pub mod sign;
 mod write;
 
 use write::Checked;
@@ -73,12 +79,29 @@ pub struct Bundle {
     pub blake3: String,
     /// Bytes before the trailer.
     body: u64,
+    /// The file as opened and checked: every later read is from it.
+    file: std::sync::Arc<File>,
+    /// What the check of its signature found ([`Bundle::open_trusted`];
+    /// [`sign::Checked::Unsigned`] from [`Bundle::open`], which checks none).
+    pub signature: sign::Checked,
 }
 
 impl Bundle {
     /// Open `path`: check its trailer and whole-file hash, then read and
-    /// check its index. Nothing is written.
+    /// check its index. Nothing is written. Its signature is not looked at
+    /// ([`Bundle::open_trusted`] does).
     pub fn open(path: &Path) -> Result<Bundle> {
+        Self::open_checked(path, None)
+    }
+
+    /// [`Bundle::open`], with the signature beside the bundle checked
+    /// against `trust` ([`sign::check`]) once the trailer is read: before
+    /// the whole-file hash and before any byte is parsed.
+    pub fn open_trusted(path: &Path, trust: &sign::Trust) -> Result<Bundle> {
+        Self::open_checked(path, Some(trust))
+    }
+
+    fn open_checked(path: &Path, trust: Option<&sign::Trust>) -> Result<Bundle> {
         let shown = path.display().to_string();
         let damaged = |why: &str| {
             err!(
@@ -115,6 +138,11 @@ impl Bundle {
                 len - TRAILER
             )));
         }
+        let claimed = crate::text::hex(&t[16..48]);
+        let signature = match trust {
+            Some(trust) => sign::check(path, &claimed, body, trust)?,
+            None => sign::Checked::Unsigned,
+        };
         f.seek(SeekFrom::Start(0))
             .map_err(|e| damaged(&io_cause(&e)))?;
         let mut hasher = blake3::Hasher::new();
@@ -139,6 +167,8 @@ impl Bundle {
             },
             blake3: digest.to_hex().to_string(),
             body,
+            file: std::sync::Arc::new(f),
+            signature,
         };
         let mut members = b.reader()?;
         let shown = members.shown.clone();
@@ -147,8 +177,16 @@ impl Bundle {
         Ok(b)
     }
 
+    /// Bytes before the trailer (what its BLAKE3 covers).
+    pub fn body_len(&self) -> u64 {
+        self.body
+    }
+
     fn reader(&self) -> Result<Members> {
-        let f = File::open(&self.path).map_err(|e| self.bad(&io_cause(&e)))?;
+        let f = At {
+            file: self.file.clone(),
+            pos: 0,
+        };
         let take = BufReader::with_capacity(1 << 20, f).take(self.body);
         let mut dec = zstd::Decoder::with_buffer(take).map_err(|e| self.bad(&e))?;
         dec.window_log_max(WINDOW_LOG_MAX)
@@ -301,6 +339,23 @@ impl Bundle {
             )));
         }
         Ok(())
+    }
+}
+
+/// A reader of the opened file from `pos` on, by positional reads: every
+/// reader of a bundle reads the file that was checked, whatever its path
+/// names since.
+struct At {
+    file: std::sync::Arc<File>,
+    pos: u64,
+}
+
+impl Read for At {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
     }
 }
 
