@@ -58,7 +58,7 @@ pub(crate) const LEVEL: i32 = 3;
 /// The trailer: skippable-frame magic, its payload size, tag, hash, length.
 const SKIPPABLE_MAGIC: u32 = 0x184D_2A5E;
 const TAG: &[u8; 8] = b"OVLBNDL1";
-const TRAILER: u64 = 4 + 4 + 8 + 32 + 8;
+pub(crate) const TRAILER: u64 = 4 + 4 + 8 + 32 + 8;
 
 mod agent;
 pub mod allowed;

@@ -324,16 +324,13 @@ fn self_check(sig: &SshSig, msg: &str) -> std::result::Result<Signer, String> {
 pub fn sign(bundle: &Path, blake3: &str, body: u64, key: &str) -> Result<Signer> {
     let msg = message(blake3, body);
     let sig = match signing_key(key)? {
-        KeySource::Private(k) => {
-            k.sign(NAMESPACE, HashAlg::Sha512, msg.as_bytes())
-                .map_err(|e| {
-                    err!(
-                        kind = Usage,
-                        hint = "use an ed25519 or RSA key (`ssh-keygen -t ed25519`)",
-                        "Cannot sign with the key {key}: {e}"
-                    )
-                })?
-        }
+        KeySource::Private(k) => sign_private(&k, msg.as_bytes()).map_err(|e| {
+            err!(
+                kind = Usage,
+                hint = "use an ed25519 or RSA key (`ssh-keygen -t ed25519`)",
+                "Cannot sign with the key {key}: {e}"
+            )
+        })?,
         KeySource::Agent(want) => {
             super::agent::sign(key, want.as_ref(), NAMESPACE, msg.as_bytes())?
         }
@@ -350,6 +347,42 @@ pub fn sign(bundle: &Path, blake3: &str, body: u64, key: &str) -> Result<Signer>
     let path = sig_path(bundle);
     write_atomic(&path, pem.as_bytes())?;
     Ok(signer)
+}
+
+/// An SSHSIG of `msg` by the private key `k`. RSA keys sign through the
+/// `rsa` crate here (`rsa-sha2-512`, as ssh-keygen): ssh-key 0.6 builds
+/// the RSA key from p twice instead of p and q, so its own RSA signing
+/// fails (fixed in its 0.7).
+fn sign_private(k: &PrivateKey, msg: &[u8]) -> ssh_key::Result<SshSig> {
+    let ssh_key::private::KeypairData::Rsa(rsa_key) = k.key_data() else {
+        return k.sign(NAMESPACE, HashAlg::Sha512, msg);
+    };
+    use rsa::signature::SignatureEncoding as _;
+    use rsa::signature::Signer as _;
+    let big = |m: &ssh_key::Mpint| rsa::BigUint::try_from(m);
+    let key = rsa::RsaPrivateKey::from_components(
+        big(&rsa_key.public.n)?,
+        big(&rsa_key.public.e)?,
+        big(&rsa_key.private.d)?,
+        vec![big(&rsa_key.private.p)?, big(&rsa_key.private.q)?],
+    )
+    .map_err(|_| ssh_key::Error::Crypto)?;
+    let data = SshSig::signed_data(NAMESPACE, HashAlg::Sha512, msg)?;
+    let signed = rsa::pkcs1v15::SigningKey::<rsa::sha2::Sha512>::new(key)
+        .try_sign(&data)
+        .map_err(|_| ssh_key::Error::Crypto)?;
+    let signature = ssh_key::Signature::new(
+        ssh_key::Algorithm::Rsa {
+            hash: Some(HashAlg::Sha512),
+        },
+        signed.to_vec(),
+    )?;
+    SshSig::new(
+        k.public_key().key_data().clone(),
+        NAMESPACE,
+        HashAlg::Sha512,
+        signature,
+    )
 }
 
 /// Write `bytes` to `path` through a temporary file beside it.

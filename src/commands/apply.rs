@@ -100,6 +100,7 @@ fn run_from_bundle(
             strict: false,
             connect: global.connect_options(),
             cache_root: bundle_cache::cache_root(&out),
+            trust: args.trust.choice(),
         },
         &console,
     )?;
@@ -214,6 +215,8 @@ fn run_bundle(
         force: args.force,
         verify: args.verify,
         rollback_on_failure: args.rollback_on_failure,
+        // On the host itself: no manifest, so --trust, else the system's.
+        trust: args.trust.choice().resolve(None),
     };
     let done = match apply_bundle(&opts, &console) {
         Ok(done) => done,

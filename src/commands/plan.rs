@@ -71,6 +71,7 @@ fn run_from_bundle(
         strict: args.strict,
         connect: global.connect_options(),
         cache_root: bundle_cache::cache_root(&args.out),
+        trust: args.trust.choice(),
     };
     match plan_from_bundle(&opts, &Console::new(global))? {
         BundlePlanned::One(planned) => show_one(global, args, *planned),
@@ -136,7 +137,8 @@ fn run_bundle(
     bundle: &std::path::Path,
     venv: &str,
 ) -> Result<u8> {
-    let plan = overlay::ops::pack::plan_bundle(bundle, venv, &Console::new(global))?;
+    let trust = args.trust.choice().resolve(None);
+    let plan = overlay::ops::pack::plan_bundle(bundle, venv, &trust, &Console::new(global))?;
     print_plan(global, args, &plan);
     if !global.quiet {
         eprintln!(

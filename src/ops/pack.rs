@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::bundle::{self, Bundle};
+use crate::bundle::{self, sign::Trust};
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Venv;
@@ -47,6 +47,8 @@ pub struct PackOptions {
     pub sets: Vec<String>,
     pub out: PathBuf,
     pub connect: ConnectOptions,
+    /// `--sign KEY`: sign the bundle once written (`super::trust`).
+    pub sign: Option<String>,
 }
 
 /// A bundle written.
@@ -60,6 +62,9 @@ pub struct Packed {
     pub file_bytes: u64,
     pub dists: usize,
     pub python: String,
+    /// With `--sign`: the signature written beside the bundle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed: Option<super::trust::Signed>,
 }
 
 /// Write the bundle of `opts.sets` from the live source, in one read of
@@ -81,6 +86,25 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
     for s in sources {
         let _ = s.client.close();
     }
+    let signed = match &opts.sign {
+        Some(key) => Some(
+            super::trust::sign_sealed(
+                &opts.out,
+                &written.blake3,
+                written.bytes - bundle::TRAILER,
+                key,
+            )
+            .map_err(|mut e| {
+                e.message = format!(
+                    "Packed {} but did not sign it: {}",
+                    opts.out.display(),
+                    e.message
+                );
+                e
+            })?,
+        ),
+        None => None,
+    };
     let files: Vec<_> = index
         .entries
         .iter()
@@ -98,6 +122,7 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
         file_bytes: files.iter().sum(),
         dists: index.dists.len(),
         python: index.python,
+        signed,
     })
 }
 
@@ -272,13 +297,15 @@ pub struct Unpacked {
     pub blake3: String,
     /// The venv's absolute path (symlinks kept unless it has `..`).
     pub venv: String,
+    /// Where its files come from: the bundle, its hash and signer.
+    pub provenance: crate::model::Provenance,
 }
 
-/// Check `bundle` whole, compare its Python minor with `venv`'s, and
-/// unpack it beside the venv. Nothing in the venv is touched; a refused
-/// bundle leaves nothing behind.
-pub fn unpack(bundle: &Path, venv: &str) -> Result<Unpacked> {
-    let b = Bundle::open(bundle)?;
+/// Check `bundle`'s signature against `trust` and the bundle whole,
+/// compare its Python minor with `venv`'s, and unpack it beside the venv.
+/// Nothing in the venv is touched; a refused bundle leaves nothing behind.
+pub fn unpack(bundle: &Path, venv: &str, trust: &Trust, obs: &dyn Observer) -> Result<Unpacked> {
+    let b = super::trust::open_bundle(bundle, trust, obs)?;
     let cannot = |e: std::io::Error| {
         err!(
             hint = "give the venv's path with --venv",
@@ -352,9 +379,11 @@ pub fn unpack(bundle: &Path, venv: &str) -> Result<Unpacked> {
     );
     let manifest = work.path().join("overlay.toml");
     write_file(&manifest, &text)?;
+    let provenance = super::trust::of_bundle(&b, &bundle.display().to_string());
     Ok(Unpacked {
         work,
         manifest,
+        provenance,
         index: b.index,
         blake3: b.blake3,
         venv: venv_str,
@@ -371,6 +400,8 @@ pub struct BundleApply {
     pub force: bool,
     pub verify: bool,
     pub rollback_on_failure: bool,
+    /// The allowed_signers file the bundle must be signed by, if any.
+    pub trust: Trust,
 }
 
 /// An observer that names the bundle where the plan and apply would name
@@ -425,7 +456,7 @@ impl Observer for Named<'_> {
 /// Plan the unpacked bundle against the venv and apply it through the
 /// journal, as a live local pair.
 pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyReport> {
-    let u = unpack(&opts.bundle, &opts.venv)?;
+    let u = unpack(&opts.bundle, &opts.venv, &opts.trust, obs)?;
     let shown = opts.bundle.display().to_string();
     let obs = &Named {
         inner: obs,
@@ -437,7 +468,8 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
             (u.manifest.display().to_string(), shown),
         ],
     };
-    let planned = plan_unpacked(&u, obs).map_err(|e| obs.fix_error(e))?;
+    let mut planned = plan_unpacked(&u, obs).map_err(|e| obs.fix_error(e))?;
+    planned.provenance = Some(u.provenance.clone());
     let plan_file = u.work.path().join("plan.json");
     save(&planned, &plan_file)?;
     apply(
@@ -464,9 +496,16 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
 }
 
 /// Plan the unpacked bundle against the venv (read-only).
-pub fn plan_bundle(bundle: &Path, venv: &str, obs: &dyn Observer) -> Result<crate::plan::Plan> {
-    let u = unpack(bundle, venv)?;
-    plan_unpacked(&u, obs)
+pub fn plan_bundle(
+    bundle: &Path,
+    venv: &str,
+    trust: &Trust,
+    obs: &dyn Observer,
+) -> Result<crate::plan::Plan> {
+    let u = unpack(bundle, venv, trust, obs)?;
+    let mut planned = plan_unpacked(&u, obs)?;
+    planned.provenance = Some(u.provenance.clone());
+    Ok(planned)
 }
 
 /// The plan of an unpacked bundle's sets (the folder, [`BUNDLE_HOST`])
