@@ -108,28 +108,38 @@ impl Checked {
         }
     }
 
-    /// A line for stderr about `bundle`: a note, or (`true`) a warning.
-    pub fn line(&self, bundle: &Path) -> (bool, String) {
+    /// A line for stderr about `bundle`, and how loud: a status line for a
+    /// trusted signer, a note (`-v`) where no trust is configured, a
+    /// warning where a bundle passed without it.
+    pub fn line(&self, bundle: &Path) -> (Loudness, String) {
         let b = bundle.display();
         match self {
-            Checked::Trusted(s) => (false, format!("Bundle {b}: {}", s.describe())),
+            Checked::Trusted(s) => (Loudness::Status, format!("Bundle {b}: {}", s.describe())),
             Checked::Unsigned => (
-                false,
+                Loudness::Note,
                 format!(
                     "Bundle {b} is not signed (no {}); nothing checks who packed it (see `--trust`, docs/pack.md)",
                     sig_path(bundle).display()
                 ),
             ),
             Checked::Unchecked(s) => (
-                false,
+                Loudness::Note,
                 format!(
                     "Bundle {b} is {}: give --trust ALLOWED_SIGNERS to check who signed it",
                     s.describe()
                 ),
             ),
-            Checked::Insecure(why) => (true, format!("{why}; applied anyway")),
+            Checked::Insecure(why) => (Loudness::Warning, format!("{why}; applied anyway")),
         }
     }
+}
+
+/// How loud [`Checked::line`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loudness {
+    Status,
+    Note,
+    Warning,
 }
 
 /// Check the signature of `bundle`, whose trailer says `blake3` over `body`

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::bundle::Bundle;
-use crate::bundle::sign::{self, Trust};
+use crate::bundle::sign::{self, Loudness, Trust};
 use crate::error::Result;
 use crate::model::{BundleOrigin, Provenance, Signer};
 
@@ -43,8 +43,9 @@ impl TrustChoice {
 pub fn open_bundle(path: &Path, trust: &Trust, obs: &dyn Observer) -> Result<Bundle> {
     let b = Bundle::open_trusted(path, trust)?;
     match b.signature.line(path) {
-        (true, line) => obs.warn(&line),
-        (false, line) => obs.note(&line),
+        (Loudness::Status, line) => obs.status(&line),
+        (Loudness::Note, line) => obs.note(&line),
+        (Loudness::Warning, line) => obs.warn(&line),
     }
     Ok(b)
 }
