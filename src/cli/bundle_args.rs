@@ -41,7 +41,7 @@ pub struct SignArgs {
 
     /// Sign with this key: an OpenSSH private key file, a public key file
     /// whose private half ssh-agent holds (so does an encrypted private
-    /// key), or `agent:` (the agent's only key) / `agent:SHA256:...`.
+    /// key), or `agent:` (the only key ssh-agent holds) / `agent:SHA256:...`.
     /// Writes BUNDLE.sig.
     #[arg(long, value_name = "KEY")]
     pub key: Option<String>,
