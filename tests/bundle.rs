@@ -145,6 +145,7 @@ fn other_python_bundle(dir: &Path) -> PathBuf {
         sets: vec!["x".into()],
         dists: Vec::new(),
         entries,
+        facts: Default::default(),
     };
     let out = dir.join("py312.ovl");
     overlay::bundle::write(&mut index, &mut overlay::bundle::Folder(stage), &out).unwrap();
@@ -671,7 +672,7 @@ fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply(
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("dst, dst2"), "grouped: {text}");
-    // The scripts unpacked for the controller are not taken for hand patches.
+    // The scripts, read from the bundle as packed, are not taken for hand patches.
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("differs from its RECORD"), "{err}");
     let files = state(&tb);
@@ -682,14 +683,17 @@ fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply(
         serde_json::from_slice(&fs::read(tb.work.join(".overlay/plan.d/dst.json")).unwrap())
             .unwrap();
     assert_eq!(plan["source"]["name"], "stack.ovl", "{plan}");
-    assert!(
-        plan["bundle"]["cache"]
-            .as_str()
-            .unwrap()
-            .contains("/bundles/")
+    // Read in place: no folder unpacked, the plan names the bundle itself.
+    let abs = tb.work.join("stack.ovl");
+    assert_eq!(
+        plan["source"]["venv"].as_str(),
+        Some(format!("bundle:{}", abs.display()).as_str()),
+        "{plan}"
     );
-    // Applied (and checked with the bundle's [verify]) from the unpacked
-    // bundle: each target equals the live apply.
+    assert!(plan["bundle"].get("cache").is_none(), "{plan}");
+    assert!(!tb.work.join(".overlay/bundles").exists());
+    // Applied (and checked with the bundle's [verify]) from the bundle
+    // read in place: each target equals the live apply.
     let out = tb.overlay(&["apply", "--verify"]).output().unwrap();
     ok(out, "apply of the bundle's plans");
     for i in [1, 2] {
@@ -709,51 +713,46 @@ fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply(
         assert_same(&before[i - 1], &snapshot(tb.host_venv_dir(i)), "rollback");
     }
 
-    // A saved plan whose unpacked bundle was altered, then is gone:
-    // refused, dst unchanged.
+    // A saved plan whose bundle was damaged, replaced, then is gone:
+    // refused, dst unchanged; nothing unpacked anywhere meanwhile.
     ok(
         tb.overlay(&["plan", "--bundle", "stack.ovl", "dst"])
             .output()
             .unwrap(),
         "plan --bundle dst",
     );
-    let cache = tb.work.join(".overlay/bundles");
-    // A .py the bundle carries (its index lists it), in a stable order.
-    let victim = walkdir::WalkDir::new(&cache)
-        .sort_by_file_name()
-        .into_iter()
-        .map(|e| e.unwrap().into_path())
-        .find(|p| {
-            p.extension().is_some_and(|x| x == "py")
-                && p.to_string_lossy()
-                    .contains(&format!("/venv/{}/minitorch/", common::SITE))
-        })
-        .unwrap();
-    fs::write(&victim, "x = 'not from the bundle'\n").unwrap();
+    let good = fs::read(&stack).unwrap();
+    fs::write(&stack, &bad).unwrap();
+    let out = tb.overlay(&["apply"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(10), "damaged after the plan: {err}");
+    assert!(err.contains("does not match"), "{err}");
+    assert_same(&before[0], &snapshot(tb.host_venv_dir(1)), "damaged: dst");
+    fs::copy(tb.work.join("py312.ovl"), &stack).unwrap();
     let out = tb.overlay(&["apply"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(6), "{err}");
     assert!(
-        err.contains("was altered") && err.contains("plan --bundle"),
+        err.contains("another bundle") && err.contains("plan --bundle"),
         "{err}"
     );
-    assert_same(&before[0], &snapshot(tb.host_venv_dir(1)), "altered: dst");
-    // Plan and apply in one: the altered folder is unpacked again.
-    let out = ok(
+    assert_same(&before[0], &snapshot(tb.host_venv_dir(1)), "replaced: dst");
+    // Plan and apply in one, from the bundle as it was.
+    fs::write(&stack, &good).unwrap();
+    ok(
         tb.overlay(&["apply", "--bundle", "stack.ovl", "dst"])
             .output()
             .unwrap(),
         "apply --bundle dst",
     );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("unpacking the bundle stack.ovl again"),
-        "{err}"
-    );
     assert_same(&live, &snapshot(tb.host_venv_dir(1)), "apply --bundle dst");
-    fs::remove_dir_all(&cache).unwrap();
+    assert!(!tb.work.join(".overlay/bundles").exists());
+    fs::remove_file(&stack).unwrap();
     let out = tb.overlay(&["apply"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(6), "{err}");
-    assert!(err.contains("gone"), "{err}");
+    assert!(
+        err.contains("no such file") && err.contains("plan --bundle"),
+        "{err}"
+    );
 }

@@ -73,16 +73,16 @@ impl Session {
             Request::Receive { venv, generation } => return h::receive(input, &venv, &generation),
             Request::Stage { shared } => return Ok(h::stage(self, input, shared.as_deref())),
             Request::EndData { .. } => Err(err!(kind = Protocol, "EndData without Stage")),
-            Request::Scan { venv, file_globs } => h::scan(&venv, &file_globs),
+            Request::Scan { venv, file_globs } => h::scan(self, &venv, &file_globs),
             Request::Stat { venv, paths, hash, shebang, pycache } =>
-                h::stat(output, &venv, &paths, &StatHow { hash, shebang, pycache }),
+                h::stat(self, output, &venv, &paths, &StatHow { hash, shebang, pycache }),
             Request::StatMembers {
                 venv, sets, globs, extra, count, check, hash, shebang, pycache,
             } =>
                 h::stat_members(self, output, &Members { venv, sets, globs, extra, count, check },
                     &StatHow { hash, shebang, pycache }),
             Request::Send { venv, files, cuts, shebang, compression } =>
-                h::send(output, &Sending { venv, files, cuts, shebang, compression }),
+                h::send(self, output, &Sending { venv, files, cuts, shebang, compression }),
             Request::SendDirect {
                 venv, files, shebang, compression,
                 ssh, proxy_jump, agent, target_venv, generation, connect_timeout_secs,
@@ -108,7 +108,7 @@ impl Session {
             Request::PrefetchPreflight { venv } => h::prefetch_preflight(self, venv),
             Request::Preflight(req) => h::preflight(self, output, &req),
             Request::Doctor(req) => h::doctor(output, &req),
-            Request::RecordCheck(req) => h::record_check(output, &req),
+            Request::RecordCheck(req) => h::record_check(self, output, &req),
         };
         Ok(Next::Answer(
             answer.unwrap_or_else(|e| Response::Error(explain_denied(e))),

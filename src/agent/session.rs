@@ -44,6 +44,27 @@ pub(super) struct Session {
     pub(super) elf_prefetch: Option<ElfPrefetch>,
     /// Whether input waits to be read, or has ended (see `super::session::serve_with`).
     pub(super) pending: Option<fn() -> bool>,
+    /// The bundle read in place that source requests named last
+    /// (`bundle:/abs/file.ovl`), opened (and checked whole) once.
+    pub(super) bundle: Option<std::sync::Arc<crate::bundle::BundleSource>>,
+}
+
+impl Session {
+    /// The bundle source `venv` names, if it names one: opened on first use.
+    pub(super) fn bundle_source(
+        &mut self,
+        venv: &str,
+    ) -> Result<Option<std::sync::Arc<crate::bundle::BundleSource>>> {
+        if crate::model::bundle_of(venv).is_none() {
+            return Ok(None);
+        }
+        if let Some(b) = self.bundle.as_ref().filter(|b| b.venv() == venv) {
+            return Ok(Some(b.clone()));
+        }
+        let b = std::sync::Arc::new(crate::bundle::BundleSource::open(venv)?);
+        self.bundle = Some(b.clone());
+        Ok(Some(b))
+    }
 }
 
 /// The ELF facts a `PrefetchElf` is reading: of these `paths` of `venv`.

@@ -62,9 +62,12 @@ pub(crate) const TRAILER: u64 = 4 + 4 + 8 + 32 + 8;
 
 mod agent;
 pub mod allowed;
+mod at;
 pub mod sign;
+mod source;
 mod write;
 
+pub use source::BundleSource;
 use write::Checked;
 pub use write::{Contents, Folder, Packed, write};
 #[cfg(test)]
@@ -164,6 +167,7 @@ impl Bundle {
                 sets: Vec::new(),
                 dists: Vec::new(),
                 entries: Vec::new(),
+                facts: Default::default(),
             },
             blake3: digest.to_hex().to_string(),
             body,
@@ -183,10 +187,7 @@ impl Bundle {
     }
 
     fn reader(&self) -> Result<Members> {
-        let f = At {
-            file: self.file.clone(),
-            pos: 0,
-        };
+        let f = at::At::new(self.file.clone());
         let take = BufReader::with_capacity(1 << 20, f).take(self.body);
         let mut dec = zstd::Decoder::with_buffer(take).map_err(|e| self.bad(&e))?;
         dec.window_log_max(WINDOW_LOG_MAX)
@@ -342,21 +343,34 @@ impl Bundle {
     }
 }
 
-/// A reader of the opened file from `pos` on, by positional reads: every
-/// reader of a bundle reads the file that was checked, whatever its path
-/// names since.
-struct At {
-    file: std::sync::Arc<File>,
-    pos: u64,
-}
-
-impl Read for At {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        use std::os::unix::fs::FileExt;
-        let n = self.file.read_at(buf, self.pos)?;
-        self.pos += n as u64;
-        Ok(n)
+/// The BLAKE3 the trailer of the bundle at `path` records (of every byte
+/// before it), read from its last bytes: which bundle the file holds, not
+/// whether it is intact ([`Bundle::open`] checks that).
+pub fn sealed_blake3(path: &Path) -> Result<String> {
+    let shown = path.display();
+    let mut f = File::open(path).map_err(|e| {
+        err!(
+            kind = Usage,
+            "Cannot open the bundle {shown}: {}",
+            io_cause(&e)
+        )
+    })?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut t = [0u8; TRAILER as usize];
+    if len < TRAILER
+        || f.seek(SeekFrom::Start(len - TRAILER))
+            .and_then(|_| f.read_exact(&mut t))
+            .is_err()
+        || t[0..4] != SKIPPABLE_MAGIC.to_le_bytes()
+        || &t[8..16] != TAG
+    {
+        return Err(err!(
+            kind = Protocol,
+            "Bundle {shown} does not end with overlay's trailer"
+        ));
     }
+    let hash: [u8; 32] = t[16..48].try_into().expect("32 bytes");
+    Ok(blake3::Hash::from_bytes(hash).to_hex().to_string())
 }
 
 /// What a member's tar header says: its type, size and mtime.
@@ -611,6 +625,7 @@ mod tests {
             sets: vec!["pkg".into()],
             dists: Vec::new(),
             entries,
+            facts: Default::default(),
         }
     }
 

@@ -15,7 +15,6 @@ use overlay::fleet::bundle_plan::{BundlePlanOptions, BundlePlanned, plan_from_bu
 use overlay::fleet::plan_many;
 use overlay::ops::Observer;
 use overlay::ops::apply::{Applied, ApplyOptions, ApplyReport, apply};
-use overlay::ops::bundle_cache;
 use overlay::text;
 
 use crate::cli::{ApplyArgs, DEFAULT_PLAN, GlobalArgs};
@@ -99,7 +98,6 @@ fn run_from_bundle(
             sets: Vec::new(),
             strict: false,
             connect: global.connect_options(),
-            cache_root: bundle_cache::cache_root(&out),
             trust: args.trust.choice(),
         },
         &console,

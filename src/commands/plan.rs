@@ -10,7 +10,6 @@ use overlay::err;
 use overlay::error::{EXIT_CHANGES, EXIT_OK, Result};
 use overlay::fleet::bundle_plan::{BundlePlanOptions, BundlePlanned, plan_from_bundle};
 use overlay::fleet::plan_many::{self, PlanManyOptions, PlannedMany};
-use overlay::ops::bundle_cache;
 use overlay::ops::plan::{PlanOptions, Planned, plan, save};
 use overlay::plan::Plan;
 use overlay::report;
@@ -70,7 +69,6 @@ fn run_from_bundle(
         sets: args.sets.clone(),
         strict: args.strict,
         connect: global.connect_options(),
-        cache_root: bundle_cache::cache_root(&args.out),
         trust: args.trust.choice(),
     };
     match plan_from_bundle(&opts, &Console::new(global))? {

@@ -4,18 +4,16 @@
 //! "From the controller").
 //!
 //! The bundle is checked whole ([`Bundle::open`]) before anything else, then
-//! unpacked once into a cache folder on this machine keyed by its BLAKE3
-//! ([`ensure_cache`], `crate::ops::bundle_cache`). The unpacked venv is an
-//! ordinary local source: the plan of one target
-//! ([`crate::ops::plan::plan`]) or of several
+//! read in place by a local agent (`bundle:/abs/file.ovl`,
+//! `crate::bundle::BundleSource`): nothing is unpacked. The plan of one
+//! target ([`crate::ops::plan::plan`]) or of several
 //! ([`super::plan_many::plan_many`]) runs against it through a manifest
 //! that is the user's (hosts, groups, `[apply]`) with the bundle's sets,
-//! `[verify]` and `[preflight]` and one more host, the cache folder. Each
-//! plan records the bundle ([`PlanBundle`]) and names the bundle's own
-//! manifest (`bundles/<blake3>/overlay.toml`), so `overlay apply` of the
-//! saved plan needs no `--bundle`; `ops::bundle_cache::check_cache` refuses it when the
-//! cache folder is gone or altered (the stream's own checks refuse bytes
-//! that changed since the plan anyway).
+//! `[verify]` and `[preflight]` and one more host, the bundle. Each plan
+//! records the bundle ([`PlanBundle`]: its file, hash and own manifest)
+//! and names the user's manifest, so `overlay apply` of the saved plan
+//! needs no `--bundle`; it refuses the plan when the file holds another
+//! bundle since (the stream's own checks refuse bytes that changed anyway).
 
 use std::path::{Path, PathBuf};
 
@@ -27,7 +25,6 @@ use crate::plan::{Plan, PlanBundle};
 use crate::transport::ConnectOptions;
 
 use crate::ops::Observer;
-use crate::ops::bundle_cache::{MANIFEST, VENV, ensure_cache};
 use crate::ops::pack::Named;
 use crate::ops::plan::{PlanOptions, Planned, manifest_stamp, plan};
 use crate::ops::trust::{TrustChoice, of_bundle, open_bundle};
@@ -46,8 +43,6 @@ pub struct BundlePlanOptions {
     pub sets: Vec<String>,
     pub strict: bool,
     pub connect: ConnectOptions,
-    /// Where bundles are unpacked (`bundles/` beside the plan file).
-    pub cache_root: PathBuf,
     /// `--trust`, `--insecure-unsigned` (with the manifest's `[apply]
     /// trust`, the allowed_signers file the bundle must be signed by).
     pub trust: TrustChoice,
@@ -69,8 +64,9 @@ pub fn plan_from_bundle(opts: &BundlePlanOptions, obs: &dyn Observer) -> Result<
     let shown = opts.bundle.display().to_string();
     let name = source_name(&opts.bundle);
     check_request(opts, &b, &manifest, &name)?;
-    let cache = ensure_cache(&b, &opts.cache_root, obs)?;
-    let venv = cache.join(VENV).to_string_lossy().into_owned();
+    let file = std::path::absolute(&opts.bundle)
+        .map_err(|e| err!("Cannot find the bundle {shown}: {}", io_cause(&e)))?;
+    let venv = crate::model::bundle_venv(&file.to_string_lossy());
     let tmp = write_manifest(&opts.manifest, &b, &name, venv)?;
     let obs = &Named {
         inner: obs,
@@ -79,12 +75,13 @@ pub fn plan_from_bundle(opts: &BundlePlanOptions, obs: &dyn Observer) -> Result<
             format!("{} (with the sets of {shown})", opts.manifest.display()),
         )],
     };
-    let stamp = manifest_stamp(&cache.join(MANIFEST))?;
+    let stamp = manifest_stamp(&opts.manifest)?;
     let record = PlanBundle {
         file: shown.clone(),
         blake3: b.blake3.clone(),
-        cache: cache.to_string_lossy().into_owned(),
+        cache: None,
         source_venv: Some(b.index.source_venv.clone()),
+        manifest: b.index.manifest.clone(),
     };
     let provenance = of_bundle(&b, &shown);
     let mark = |p: &mut Plan| {
@@ -160,7 +157,7 @@ fn check_request(
             "{src} is the host the bundle {shown} was packed from, not a target"
         ));
     }
-    // The targets exist (before anything is unpacked).
+    // The targets exist (before any agent starts).
     manifest.expand_hosts(&opts.targets)?;
     if let Some(n) = opts.sets.iter().find(|n| !b.index.sets.contains(n)) {
         return Err(err!(
@@ -174,7 +171,7 @@ fn check_request(
 
 /// Write the plan's manifest beside the user's at `user` (so that relative
 /// paths in it mean the same): the user's with the bundle's sets, `[verify]`
-/// and `[preflight]`, and the cache folder's `venv` as one more host `name`.
+/// and `[preflight]`, and the bundle's "venv" as one more host `name`.
 /// Gone when the returned file is dropped.
 fn write_manifest(
     user: &Path,

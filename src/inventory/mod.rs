@@ -35,7 +35,7 @@ mod walk;
 pub use hash::{
     ContentHasher, Hashed, content_hex, hash_file, hash_open, rewrite_shebang, stamp_of,
 };
-pub use scan::{Header, parse_metadata, parse_record, record_rows, scan};
+pub use scan::{Header, glob_matcher, host_facts, parse_metadata, parse_record, record_rows, scan};
 pub use stat::stat;
 pub use walk::{Blocked, Walker};
 
@@ -55,6 +55,13 @@ impl Venv {
     /// `lib/pythonX.Y/site-packages` (with several, `pyvenv.cfg`'s version
     /// picks one).
     pub fn open(root: &str) -> Result<Venv> {
+        if let Some(file) = crate::model::bundle_of(root) {
+            return Err(err!(
+                kind = Usage,
+                hint = "a bundle is a source: apply it to a venv with `overlay apply --bundle FILE --venv PATH`",
+                "{file} is a bundle, not a venv"
+            ));
+        }
         let rootp = PathBuf::from(root);
         match std::fs::metadata(&rootp) {
             Ok(m) if m.is_dir() => {}
@@ -142,6 +149,14 @@ impl Venv {
     /// refused) and has no interpreter (`python` is empty). Paths in it are
     /// reached as in a venv: from its fd, never through a symlink.
     pub fn open_source(root: &str) -> Result<Venv> {
+        if let Some(file) = crate::model::bundle_of(root) {
+            // Served by `crate::bundle::BundleSource`, never as a directory.
+            return Err(err!(
+                kind = Usage,
+                hint = "a bundle is streamed through this machine: apply without --direct",
+                "the bundle {file} is read only by its own agent's scan, stat and send, not as a directory"
+            ));
+        }
         let Some(folder) = crate::model::folder_of(root) else {
             return Venv::open(root);
         };

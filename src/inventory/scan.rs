@@ -278,22 +278,29 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
     })
 }
 
-/// The files under site-packages that the file glob `g` matches, sorted
-/// (`__pycache__` never searched). A glob that leaves site-packages, or
-/// does not parse, is refused.
-fn glob_matches(venv: &Venv, g: &str) -> Result<Vec<String>> {
-    if venv_relative(&venv.site_rel, g).is_none_or(|r| !r.starts_with(&venv.site_rel)) {
+/// The matcher of the file glob `g` (relative to site-packages `site_rel`,
+/// `*` not crossing `/`); a glob that leaves site-packages, or does not
+/// parse, is refused.
+pub fn glob_matcher(site_rel: &str, g: &str) -> Result<globset::GlobMatcher> {
+    if venv_relative(site_rel, g).is_none_or(|r| !r.starts_with(site_rel)) {
         return Err(err!(
             kind = Usage,
             hint = "file globs are relative to site-packages",
             "file glob {g:?} escapes site-packages"
         ));
     }
-    let matcher = globset::GlobBuilder::new(g)
+    Ok(globset::GlobBuilder::new(g)
         .literal_separator(true)
         .build()
         .map_err(|e| err!(kind = Usage, "bad glob {g:?}: {e}"))?
-        .compile_matcher();
+        .compile_matcher())
+}
+
+/// The files under site-packages that the file glob `g` matches, sorted
+/// (`__pycache__` never searched). A glob that leaves site-packages, or
+/// does not parse, is refused.
+fn glob_matches(venv: &Venv, g: &str) -> Result<Vec<String>> {
+    let matcher = glob_matcher(&venv.site_rel, g)?;
     let site = venv.site();
     let base = glob_base(g);
     let mut found = Vec::new();
@@ -346,9 +353,18 @@ fn facts(venv: &Venv) -> Facts {
         })
         .filter(|v| v.split('.').count() >= 2)
         .unwrap_or_else(|| format!("{}.0", venv.python));
-    let uname = rustix::system::uname();
     Facts {
         python_full,
+        ..host_facts(&venv.python)
+    }
+}
+
+/// This host's kernel facts, with Python `X.Y.0` for an interpreter of
+/// minor `python` whose full version is unknown.
+pub fn host_facts(python: &str) -> Facts {
+    let uname = rustix::system::uname();
+    Facts {
+        python_full: format!("{python}.0"),
         machine: uname.machine().to_string_lossy().into_owned(),
         release: uname.release().to_string_lossy().into_owned(),
         kernel_version: uname.version().to_string_lossy().into_owned(),

@@ -57,7 +57,9 @@ impl Locator<'_> {
     /// the host's own `route` overrides.
     pub(super) fn host(&self, name: String, host: RawHost, route: RouteSetting) -> Result<Host> {
         let venv = host.venv.get_ref().trim_end_matches('/').to_string();
-        if !venv.starts_with('/') {
+        // `bundle:/abs/file.ovl`: a bundle read in place, as a source only.
+        let path = crate::model::bundle_of(&venv).unwrap_or(&venv);
+        if !path.starts_with('/') {
             return Err(self.at(
                 host.venv.span(),
                 format!(

@@ -1,10 +1,18 @@
 //! A bundle's index (`overlay pack`, docs/pack.md): what the bundle holds,
 //! stored as its first member. Paths are relative to the venv, sorted.
+//! Beside the entries it carries what the source's agent said of them when
+//! they were packed ([`SourceFacts`]), so that a bundle read in place
+//! answers a planner as the live source would (`crate::bundle::source`).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// Version of the bundle format; a reader refuses any other.
-pub const BUNDLE_FORMAT: u32 = 1;
+use super::{Dist, ElfInfo, Finding};
+
+/// Version of the bundle format; a reader refuses any other (2: the
+/// index carries [`SourceFacts`]).
+pub const BUNDLE_FORMAT: u32 = 2;
 
 /// The index of a bundle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,6 +34,32 @@ pub struct BundleIndex {
     pub dists: Vec<BundleDist>,
     /// Every file, symlink and directory, sorted by path.
     pub entries: Vec<BundleEntry>,
+    /// What the source's agents said of the packed files.
+    pub facts: SourceFacts,
+}
+
+/// What the source's agents answered at pack time that the entries do not
+/// say: the packed distributions as their scan found them, the ELF facts
+/// of the packed shared objects and the packed files that differ from their
+/// own RECORD. A bundle read in place answers `Scan`, `ElfInfo` and
+/// `RecordCheck` from these (docs/design.md, "Sources"); they are the
+/// source's word, vouched for by the bundle's hash, as the files are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceFacts {
+    /// The source interpreter's full version (`pyvenv.cfg`), for markers.
+    pub python_full: String,
+    /// The packed distributions, as the source's scan found them, sorted by
+    /// dist-info.
+    pub dists: Vec<Dist>,
+    /// ELF facts of the packed shared objects (paths relative to
+    /// site-packages); one that is no ELF object is absent.
+    pub elf: BTreeMap<String, ElfInfo>,
+    /// Whether the source checked the packed files against their RECORD
+    /// (`record` is then what it found).
+    pub record_checked: bool,
+    /// The packed files that differ from their own RECORD.
+    pub record: Vec<Finding>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -55,6 +55,23 @@ pub fn folder_of(venv: &str) -> Option<&str> {
     venv.strip_prefix(FOLDER_VENV)
 }
 
+/// The prefix of a "venv" that is a bundle read in place
+/// (`bundle:/abs/file.ovl`, docs/design.md "Sources"): a source with no
+/// directory, its entries answered from the bundle's index and its files
+/// read from its tar. Only the source side's readers accept it
+/// (`crate::bundle::source`); everything else refuses it as no venv.
+pub const BUNDLE_VENV: &str = "bundle:";
+
+/// The "venv" a source agent reads the bundle file `abs` through.
+pub fn bundle_venv(abs: &str) -> String {
+    format!("{BUNDLE_VENV}{abs}")
+}
+
+/// The bundle file of a [`bundle_venv`], if `venv` is one.
+pub fn bundle_of(venv: &str) -> Option<&str> {
+    venv.strip_prefix(BUNDLE_VENV)
+}
+
 /// Is this path (relative to anything) inside a `__pycache__` directory?
 pub fn in_pycache(path: &str) -> bool {
     path.split('/').any(|c| c == "__pycache__")

@@ -19,7 +19,6 @@
 //! ([`load_plan`]) and connecting ([`connect`]).
 
 pub mod apply;
-pub mod bundle_cache;
 pub mod doctor;
 pub mod history;
 pub mod pack;

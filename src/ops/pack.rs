@@ -1,6 +1,6 @@
 //! `overlay pack`: the sets of a live source written into one bundle
 //! (`crate::bundle`, docs/pack.md), and the other way round, a bundle
-//! served as a source on the host itself ([`unpack`]).
+//! served as a source on the host itself ([`open_for`]).
 //!
 //! Packing reads the source once ([`super::pack_source`]): the planner
 //! decides what the sets would place in an empty venv, the source's agent
@@ -9,11 +9,12 @@
 //! each file checked against the index as it goes. Nothing is staged and
 //! nothing applied; the scripts go as the source has them.
 //!
-//! Unpacking is the reverse: the bundle's whole-file hash is checked, its
-//! Python minor compared with the venv's, and its files unpacked (each
-//! checked against the index) into a folder beside the venv, which then
-//! serves as an ordinary local source: `plan --bundle` and `apply --bundle`
-//! run the same plan and apply (journal, backups, verify) as a live pair.
+//! Applying is the reverse: the bundle's whole-file hash is checked and its
+//! Python minor compared with the venv's; then a local agent serves the
+//! bundle in place as the source (`bundle:/abs/file.ovl`,
+//! `crate::bundle::BundleSource`: no folder is unpacked), so `plan
+//! --bundle` and `apply --bundle` run the same plan and apply (journal,
+//! backups, verify) as a live pair, its files streamed from the bundle's tar.
 
 use std::path::{Path, PathBuf};
 
@@ -22,7 +23,8 @@ use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Venv;
 use crate::manifest::Manifest;
-use crate::model::{BundleIndex, BundleKind, Compression, ShebangRewrite};
+use crate::model::{BundleIndex, BundleKind, Compression};
+use crate::plan::PlanBundle;
 use crate::transport::ConnectOptions;
 
 use super::apply::{ApplyOptions, ApplyReport, apply};
@@ -285,26 +287,26 @@ fn manifest_toml(path: &Path, sets: &[String]) -> Result<String> {
     Ok(out)
 }
 
-/// A bundle unpacked beside a venv, ready to serve as a local source.
-pub struct Unpacked {
-    /// The folder holding the unpacked venv and the manifest; removed on drop.
+/// A bundle opened to serve as a source on this host, read in place.
+pub struct Opened {
+    /// A folder holding the manifest and the plan; removed on drop.
     pub work: tempfile::TempDir,
-    /// The manifest naming [`BUNDLE_HOST`] (the unpacked folder) and
+    /// The manifest naming [`BUNDLE_HOST`] (the bundle, read in place) and
     /// [`LOCAL_HOST`] (the venv), with the bundle's sets and `[verify]`.
     pub manifest: PathBuf,
     pub index: BundleIndex,
-    /// The bundle's whole-file BLAKE3.
-    pub blake3: String,
+    /// What the plan records of the bundle.
+    pub record: PlanBundle,
     /// The venv's absolute path (symlinks kept unless it has `..`).
     pub venv: String,
     /// Where its files come from: the bundle, its hash and signer.
     pub provenance: crate::model::Provenance,
 }
 
-/// Check `bundle`'s signature against `trust` and the bundle whole,
-/// compare its Python minor with `venv`'s, and unpack it beside the venv.
-/// Nothing in the venv is touched; a refused bundle leaves nothing behind.
-pub fn unpack(bundle: &Path, venv: &str, trust: &Trust, obs: &dyn Observer) -> Result<Unpacked> {
+/// Check `bundle`'s signature against `trust` and the bundle whole, and
+/// compare its Python minor with `venv`'s. Nothing is written but a
+/// manifest in a folder of its own beside the venv.
+pub fn open_for(bundle: &Path, venv: &str, trust: &Trust, obs: &dyn Observer) -> Result<Opened> {
     let b = super::trust::open_bundle(bundle, trust, obs)?;
     let cannot = |e: std::io::Error| {
         err!(
@@ -335,37 +337,28 @@ pub fn unpack(bundle: &Path, venv: &str, trust: &Trust, obs: &dyn Observer) -> R
             target.python
         ));
     }
+    let file = std::path::absolute(bundle).map_err(|e| {
+        err!(
+            "Cannot find the bundle {}: {}",
+            bundle.display(),
+            io_cause(&e)
+        )
+    })?;
     let parent = canon.parent().unwrap_or(Path::new("/"));
     let work = tempfile::Builder::new()
         .prefix(".overlay-bundle.")
         .tempdir_in(parent)
         .map_err(|e| {
             err!(
-                hint =
-                    "the bundle is unpacked beside the venv: make room or give write access there",
-                "Cannot make a folder in {} to unpack the bundle: {}",
+                hint = "the plan of the bundle is written beside the venv for the moment it is applied: give write access there",
+                "Cannot make a folder in {} for the bundle's plan: {}",
                 parent.display(),
                 io_cause(&e)
             )
         })?;
-    let stage = work.path().join("venv");
-    std::fs::create_dir(&stage)
-        .map_err(|e| err!("Cannot create {}: {}", stage.display(), io_cause(&e)))?;
-    let stage_str = stage.to_string_lossy().into_owned();
-    // Scripts name the venv they go to already (the plan's own rewrite,
-    // from this folder, then finds nothing to do): as the live stream
-    // writes them, and with the source's RECORD hashes when the paths agree.
-    b.extract(
-        &stage,
-        Some(&ShebangRewrite {
-            from: b.index.source_venv.clone(),
-            to: venv_str.clone(),
-        }),
-    )?;
-    std::fs::create_dir_all(stage.join(&b.index.site_packages))
-        .map_err(|e| err!("Cannot create {}: {}", stage.display(), io_cause(&e)))?;
+    let source = crate::model::bundle_venv(&file.to_string_lossy());
     let mut hosts = toml::Table::new();
-    for (name, path) in [(BUNDLE_HOST, &stage_str), (LOCAL_HOST, &venv_str)] {
+    for (name, path) in [(BUNDLE_HOST, &source), (LOCAL_HOST, &venv_str)] {
         let mut t = toml::Table::new();
         t.insert("venv".into(), toml::Value::String(path.clone()));
         hosts.insert(name.into(), toml::Value::Table(t));
@@ -380,12 +373,18 @@ pub fn unpack(bundle: &Path, venv: &str, trust: &Trust, obs: &dyn Observer) -> R
     let manifest = work.path().join("overlay.toml");
     write_file(&manifest, &text)?;
     let provenance = super::trust::of_bundle(&b, &bundle.display().to_string());
-    Ok(Unpacked {
+    Ok(Opened {
         work,
         manifest,
         provenance,
+        record: PlanBundle {
+            file: bundle.display().to_string(),
+            blake3: b.blake3.clone(),
+            cache: None,
+            source_venv: Some(b.index.source_venv.clone()),
+            manifest: b.index.manifest.clone(),
+        },
         index: b.index,
-        blake3: b.blake3,
         venv: venv_str,
     })
 }
@@ -456,7 +455,7 @@ impl Observer for Named<'_> {
 /// Plan the unpacked bundle against the venv and apply it through the
 /// journal, as a live local pair.
 pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyReport> {
-    let u = unpack(&opts.bundle, &opts.venv, &opts.trust, obs)?;
+    let u = open_for(&opts.bundle, &opts.venv, &opts.trust, obs)?;
     let shown = opts.bundle.display().to_string();
     let obs = &Named {
         inner: obs,
@@ -468,8 +467,7 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
             (u.manifest.display().to_string(), shown),
         ],
     };
-    let mut planned = plan_unpacked(&u, obs).map_err(|e| obs.fix_error(e))?;
-    planned.provenance = Some(u.provenance.clone());
+    let planned = plan_opened(&u, obs).map_err(|e| obs.fix_error(e))?;
     let plan_file = u.work.path().join("plan.json");
     save(&planned, &plan_file)?;
     apply(
@@ -502,15 +500,13 @@ pub fn plan_bundle(
     trust: &Trust,
     obs: &dyn Observer,
 ) -> Result<crate::plan::Plan> {
-    let u = unpack(bundle, venv, trust, obs)?;
-    let mut planned = plan_unpacked(&u, obs)?;
-    planned.provenance = Some(u.provenance.clone());
-    Ok(planned)
+    let u = open_for(bundle, venv, trust, obs)?;
+    plan_opened(&u, obs)
 }
 
-/// The plan of an unpacked bundle's sets (the folder, [`BUNDLE_HOST`])
+/// The plan of an opened bundle's sets ([`BUNDLE_HOST`], read in place)
 /// against the venv ([`LOCAL_HOST`]), its agents closed.
-fn plan_unpacked(u: &Unpacked, obs: &dyn Observer) -> Result<crate::plan::Plan> {
+fn plan_opened(u: &Opened, obs: &dyn Observer) -> Result<crate::plan::Plan> {
     let planned = plan(
         &PlanOptions {
             manifest: u.manifest.clone(),
@@ -523,5 +519,8 @@ fn plan_unpacked(u: &Unpacked, obs: &dyn Observer) -> Result<crate::plan::Plan> 
         obs,
     )?;
     planned.closing.wait();
-    Ok(planned.plan)
+    let mut plan = planned.plan;
+    plan.bundle = Some(u.record.clone());
+    plan.provenance = Some(u.provenance.clone());
+    Ok(plan)
 }

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::manifest::Host;
 use crate::model::{
     Action, BUNDLE_FORMAT, BundleDist, BundleEntry, BundleIndex, BundleKind, Compression, Entry,
-    HashMode, Kind, ScanReport, SendFile, Sent, Set, venv_relative,
+    HashMode, Kind, ScanReport, SendFile, Sent, Set, SourceFacts, venv_relative,
 };
 use crate::plan::{self, Side};
 use crate::stream::{TAR_BLOCK, parse_head, unpack_block};
@@ -113,6 +113,11 @@ pub(super) fn what_to_pack(
     for s in &mut set_plans {
         s.keep_carried_bytecode(&vouched);
     }
+    let (record_checked, record) = match &answer {
+        Some(Ok(findings)) => (true, findings.clone()),
+        Some(Err(_)) => (false, Vec::new()),
+        None => (true, Vec::new()),
+    };
     if let Some(answer) = answer {
         super::record_note::record_note(answer, (&src.name, &scan), &set_plans, obs);
     }
@@ -122,7 +127,42 @@ pub(super) fn what_to_pack(
         .filter(|c| c.action != Action::Delete)
         .filter_map(|c| Some((c.path, c.source?)))
         .collect();
-    Ok(index_of(&scan, src, placed))
+    // The ELF facts a plan from the bundle asks of its source.
+    let shared: Vec<String> = placed
+        .iter()
+        .filter(|(p, _)| crate::preflight::looks_shared(p))
+        .map(|(p, _)| p.clone())
+        .collect();
+    let elf = if shared.is_empty() {
+        BTreeMap::new()
+    } else {
+        let infos = client.elf_info(&src.venv, shared.clone())?;
+        shared
+            .into_iter()
+            .zip(infos)
+            .filter_map(|(p, i)| Some((p, i?)))
+            .collect()
+    };
+    let mut to_pack = index_of(&scan, src, placed);
+    let packed: BTreeSet<&str> = to_pack
+        .index
+        .dists
+        .iter()
+        .map(|d| d.dist_info.as_str())
+        .collect();
+    to_pack.index.facts = SourceFacts {
+        python_full: scan.facts.python_full.clone(),
+        dists: scan
+            .dists
+            .iter()
+            .filter(|d| packed.contains(d.dist_info.as_str()))
+            .cloned()
+            .collect(),
+        elf,
+        record_checked,
+        record,
+    };
+    Ok(to_pack)
 }
 
 /// A path the empty target lacks.
@@ -270,6 +310,7 @@ fn index_of(scan: &ScanReport, src: &Host, placed: Vec<(String, Kind)>) -> ToPac
             sets: Vec::new(),
             dists,
             entries,
+            facts: SourceFacts::default(),
         },
         files,
     }
@@ -336,10 +377,22 @@ pub(super) fn merge_packs(
             }
         }
         index.dists.extend(f.to_pack.index.dists);
+        // A folder is its own site-packages: its facts' paths are the
+        // bundle's already.
+        let facts = f.to_pack.index.facts;
+        index.facts.dists.extend(facts.dists);
+        index.facts.elf.extend(facts.elf);
+        index.facts.record.extend(facts.record);
+        index.facts.record_checked &= facts.record_checked;
         files.push(f.to_pack.files);
     }
     index.entries.sort_by(|a, b| a.path.cmp(&b.path));
     index.dists.sort_by(|a, b| a.dist_info.cmp(&b.dist_info));
+    index
+        .facts
+        .dists
+        .sort_by(|a, b| a.dist_info.cmp(&b.dist_info));
+    index.facts.record.sort();
     Ok((index, files))
 }
 

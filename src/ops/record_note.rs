@@ -37,17 +37,7 @@ pub fn record_request(
     scan: &ScanReport,
     set_plans: &[SetPlan],
 ) -> Option<RecordCheckRequest> {
-    let mut placed = placed_sets(set_plans);
-    // A bundle unpacked on the controller has its scripts name the folder
-    // (`super::bundle_cache`), so they differ from the RECORD of the
-    // source they were packed from by that alone: the bundle's own hash
-    // vouched for them.
-    if super::bundle_cache::is_cache_venv(venv) {
-        placed.retain(|p, _| {
-            !crate::model::venv_relative(&scan.site_packages, p)
-                .is_some_and(|r| r.starts_with("bin/"))
-        });
-    }
+    let placed = placed_sets(set_plans);
     check_of(venv, scan, placed.keys().copied())
 }
 

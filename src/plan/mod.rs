@@ -87,13 +87,18 @@ pub struct PlanBundle {
     pub file: String,
     /// Its whole-file BLAKE3 (its trailer's).
     pub blake3: String,
-    /// The folder it was unpacked to (absolute): the venv `venv/` and the
-    /// bundle's own manifest `overlay.toml`.
-    pub cache: String,
-    /// The venv the bundle was packed from, which its RECORDs' script rows
-    /// describe (the unpacked scripts name the folder instead).
+    /// The folder an older overlay unpacked it to; such a plan is refused
+    /// (a bundle is read in place now: plan again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
+    /// The venv the bundle was packed from, which its scripts' shebangs and
+    /// its RECORDs' script rows name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_venv: Option<String>,
+    /// The bundle's own manifest (its sets, `[verify]` and `[preflight]`),
+    /// as TOML: `apply --verify` of the plan runs its check.
+    #[serde(default)]
+    pub manifest: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

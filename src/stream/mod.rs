@@ -61,7 +61,7 @@ mod write;
 pub use head::{EntryHead, TAR_BLOCK, parse_head};
 pub use local::copy_local;
 pub use receive::{ChannelReader, check_staged, unpack, unpack_block};
-pub use send::send;
+pub use send::{TarWriter, send, send_tar};
 
 /// The first byte of a packed block: stored as is.
 pub const TAG_STORED: u8 = 0;

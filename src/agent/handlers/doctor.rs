@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use crate::agent::session::with_progress;
+use crate::agent::session::{Session, with_progress};
 use crate::error::Result;
 use crate::inventory::Counters;
 use crate::model::{DoctorRequest, RecordCheckRequest};
@@ -15,7 +15,16 @@ pub fn doctor(output: &mut dyn Write, req: &DoctorRequest) -> Result<Response> {
     with_progress(output, &counters, || crate::doctor::run(req, &counters))?.map(Response::Doctor)
 }
 
-pub fn record_check(output: &mut dyn Write, req: &RecordCheckRequest) -> Result<Response> {
+pub fn record_check(
+    session: &mut Session,
+    output: &mut dyn Write,
+    req: &RecordCheckRequest,
+) -> Result<Response> {
+    if let Some(b) = session.bundle_source(&req.venv)? {
+        return b
+            .record_check(req)
+            .map(|findings| Response::RecordChecked { findings });
+    }
     let counters = Counters::default();
     with_progress(output, &counters, || {
         crate::doctor::record_check(req, &counters)

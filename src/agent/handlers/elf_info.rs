@@ -15,6 +15,10 @@ use crate::preflight::facts;
 use crate::protocol::Response;
 
 pub fn prefetch_elf(session: &mut Session, venv: String, paths: Vec<String>) -> Result<Response> {
+    if session.bundle_source(&venv)?.is_some() {
+        // Answered from the index: nothing to read ahead.
+        return Ok(Response::Prefetching);
+    }
     let (root, wanted) = (venv.clone(), paths.clone());
     session.elf_prefetch = Some(ElfPrefetch {
         venv,
@@ -32,6 +36,11 @@ pub fn elf_info(
     venv: &str,
     paths: &[String],
 ) -> Result<Response> {
+    if let Some(b) = session.bundle_source(venv)? {
+        return Ok(Response::ElfInfo {
+            infos: b.elf_info(paths),
+        });
+    }
     let counters = Counters::default();
     let ahead = session.elf_prefetch.take().filter(|p| p.venv == venv);
     with_progress(output, &counters, || -> Result<Vec<Option<ElfInfo>>> {

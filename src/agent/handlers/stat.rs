@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use crate::agent::session::with_progress;
+use crate::agent::session::{Session, with_progress};
 use crate::error::Result;
 use crate::inventory::{self, Counters};
 use crate::model::{HashMode, ShebangRewrite, StatEntry};
@@ -16,13 +16,22 @@ pub struct StatHow {
     pub pycache: bool,
 }
 
-/// Stat `paths` (with progress frames) into a `Stat` answer.
+/// Stat `paths` (with progress frames) into a `Stat` answer; of a bundle
+/// read in place, from its index.
 pub fn stat(
+    session: &mut Session,
     output: &mut dyn Write,
     venv: &str,
     paths: &[String],
     how: &StatHow,
 ) -> Result<Response> {
+    if let Some(b) = session.bundle_source(venv)? {
+        return b
+            .stat(paths, how.shebang.as_ref(), how.pycache)
+            .map(|entries| Response::Stat {
+                entries: entries.into_iter().map(StatEntry::from_entry).collect(),
+            });
+    }
     let counters = Counters::default();
     with_progress(output, &counters, || {
         inventory::stat(

@@ -24,7 +24,7 @@ pub struct Members {
 }
 
 pub fn stat_members(
-    session: &Session,
+    session: &mut Session,
     output: &mut dyn Write,
     m: &Members,
     how: &StatHow,
@@ -53,7 +53,7 @@ pub fn stat_members(
         ));
     }
     let paths: Vec<String> = order.iter().map(|p| p.to_string()).collect();
-    stat(output, venv, &paths, how)
+    stat(session, output, venv, &paths, how)
 }
 
 #[cfg(test)]

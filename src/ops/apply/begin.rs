@@ -4,7 +4,7 @@
 
 use crate::client::Client;
 use crate::err;
-use crate::error::Result;
+use crate::error::{Result, io_cause};
 use crate::interrupt;
 use crate::model::{Action, GenChange, PrepareRequest, ShebangRewrite, VerifyRequest};
 use crate::ops::{Observer, Step, endpoint, load_plan};
@@ -44,7 +44,7 @@ pub fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
     }
     same_manifest(&plan, opts)?;
     if !opts.resume {
-        crate::ops::bundle_cache::check_cache(&plan, &opts.plan)?;
+        check_bundle(&plan, &opts.plan)?;
     }
     let tname = plan.target.name.clone();
     if !opts.resume && plan.has_changes() {
@@ -191,6 +191,47 @@ pub(super) fn same_manifest(plan: &Plan, opts: &ApplyOptions) -> Result<()> {
     ))
 }
 
+/// A plan whose source is a bundle: the file must still hold that bundle
+/// (its trailer's hash; the source's agent checks the whole file before it
+/// reads a byte of it), and the plan must not be one that an older overlay
+/// made against the bundle unpacked.
+fn check_bundle(plan: &Plan, planfile: &std::path::Path) -> Result<()> {
+    let Some(b) = &plan.bundle else {
+        return Ok(());
+    };
+    let Some(file) = crate::model::bundle_of(&plan.source.venv) else {
+        return Ok(());
+    };
+    let hint = format!(
+        "plan again: `overlay plan --bundle {} {}`",
+        crate::text::shell_quote(&b.file),
+        crate::text::shell_quote(&plan.target.name)
+    );
+    if b.cache.is_some() {
+        return Err(err!(
+            kind = Usage,
+            hint = hint,
+            "The plan {} was made by an older overlay against the bundle {} unpacked; {} is unchanged",
+            planfile.display(),
+            b.file,
+            plan.target.name
+        ));
+    }
+    let why = match crate::bundle::sealed_blake3(std::path::Path::new(file)) {
+        Ok(h) if h == b.blake3 => return Ok(()),
+        Ok(_) => "the file holds another bundle now".to_string(),
+        Err(e) => format!("it cannot be read as one ({})", e.message),
+    };
+    Err(err!(
+        kind = Drift,
+        hint = hint,
+        "The plan {} takes its files from the bundle {}, but {why}; {} is unchanged",
+        planfile.display(),
+        b.file,
+        plan.target.name
+    ))
+}
+
 /// The `[verify]` check of the manifest the plan was made from: `--manifest`
 /// when it was given (it matches, see [`same_manifest`]), else the
 /// plan's recorded path, which must still be there. Plans made before
@@ -200,6 +241,14 @@ pub(super) fn check_request(
     opts: &ApplyOptions,
     obs: &dyn Observer,
 ) -> Result<VerifyRequest> {
+    if let Some(b) = plan.bundle.as_ref().filter(|b| !b.manifest.is_empty()) {
+        // A bundle carries the [verify] of the manifest it was packed from.
+        let mut tmp = tempfile::NamedTempFile::new()
+            .map_err(|e| err!("Cannot write the bundle's manifest: {}", io_cause(&e)))?;
+        std::io::Write::write_all(&mut tmp, b.manifest.as_bytes())
+            .map_err(|e| err!("Cannot write the bundle's manifest: {}", io_cause(&e)))?;
+        return crate::ops::verify::request(tmp.path(), &plan.target.venv, None, None);
+    }
     let recorded = std::path::Path::new(&plan.manifest);
     let manifest = if opts.manifest_explicit {
         opts.manifest.as_path()

@@ -40,6 +40,14 @@ pub fn choose_route(plan: &Plan, opts: &ApplyOptions, obs: &dyn Observer) -> Res
     if opts.relay || (!opts.direct && plan.target.route == RouteSetting::Relay) {
         return Ok(ChosenRoute::default());
     }
+    if opts.direct && from_bundle(plan) {
+        return Err(err!(
+            kind = Usage,
+            hint = "apply without --direct: a bundle's files go through this machine",
+            "--direct cannot send the files of a bundle (it is read on this machine); {} is unchanged",
+            plan.target.name
+        ));
+    }
     if opts.direct && from_folders(plan) {
         return Err(err!(
             kind = Usage,
@@ -80,6 +88,9 @@ pub fn direct_obstacle(plan: &Plan) -> Option<String> {
     }
     if from_folders(plan) {
         return Some("some sets come from a folder (`from`)".to_string());
+    }
+    if from_bundle(plan) {
+        return Some("the files come from a bundle on this machine".to_string());
     }
     None
 }
@@ -168,7 +179,14 @@ pub fn local_copy(plan: &Plan, direct: Option<&str>) -> bool {
     let reads_alike = plan.source.sudo == plan.target.sudo
         || plan.target.sudo.as_deref() == Some("root")
         || (plan.target.sudo.is_none() && rustix::process::geteuid().is_root());
-    direct.is_none() && local && reads_alike && !from_folders(plan)
+    direct.is_none() && local && reads_alike && !from_folders(plan) && !from_bundle(plan)
+}
+
+/// The source is a bundle read in place (`bundle:/abs/file.ovl`): its
+/// files are streamed from the bundle's tar by its agent, never copied
+/// from a directory.
+pub(super) fn from_bundle(plan: &Plan) -> bool {
+    crate::model::bundle_of(&plan.source.venv).is_some()
 }
 
 /// Some sets come from a folder (the manifest's `from`): their files are

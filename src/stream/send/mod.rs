@@ -312,6 +312,91 @@ pub fn send(
     counters: &Counters,
 ) -> Result<Sent> {
     let venv = Venv::open_source(venv_root)?;
+    let ahead = ReadAhead::new(READ_AHEAD, ADVICE);
+    let (venv, ahead_ref) = (&venv, &ahead);
+    std::thread::scope(|scope| {
+        scope.spawn(move || read_ahead(venv, files, ahead_ref, advise_willneed));
+        pipeline(
+            files,
+            compression,
+            sink,
+            counters,
+            Some(ahead_ref),
+            |cutter| {
+                // Done, failed or panicked: the read-ahead has nothing left to do.
+                let _done = ReaderDone(ahead_ref);
+                read_files(venv, files, cuts, shebang, cutter)
+            },
+        )
+    })
+}
+
+/// A tar stream being written for [`send_tar`]: entries appended whole,
+/// segments cut between them.
+pub struct TarWriter<'a> {
+    tar: tar::Builder<BlockCutter<'a>>,
+}
+
+impl TarWriter<'_> {
+    /// Append one entry named `name` (a file's index in the plan), its
+    /// data read from `data` (as long as the header's size says).
+    pub fn append(
+        &mut self,
+        h: &mut tar::Header,
+        name: &str,
+        data: impl std::io::Read,
+    ) -> std::io::Result<()> {
+        self.tar.append_data(h, name, data)
+    }
+
+    /// The entry of a file of `size` bytes (a symlink: 0) is in the stream.
+    pub fn file_done(&mut self, size: u64) {
+        self.tar.get_mut().file_done(size);
+    }
+
+    /// The entries from here on are the next segment (see [`send`]'s `cuts`).
+    pub fn cut(&mut self) -> std::io::Result<()> {
+        self.tar.get_mut().cut()
+    }
+
+    /// Segments cut so far.
+    pub fn segments(&self) -> usize {
+        self.tar.get_ref().segments
+    }
+}
+
+/// [`send`] of a tar stream that `fill` writes (a source that is not a
+/// directory: a bundle read in place). `fill` returns the bytes of files
+/// it streamed and the hashes [`send`] would return; with segments cut,
+/// the end-of-archive blocks are a segment of their own, as in [`send`].
+pub fn send_tar(
+    files: &[SendFile],
+    compression: Compression,
+    sink: &mut dyn BlockSink,
+    counters: &Counters,
+    fill: impl FnOnce(&mut TarWriter<'_>) -> Result<(u64, Vec<SourceHash>)> + Send,
+) -> Result<Sent> {
+    pipeline(files, compression, sink, counters, None, |cutter| {
+        let mut w = TarWriter {
+            tar: tar::Builder::new(cutter),
+        };
+        let done = fill(&mut w)?;
+        finish(w.tar)?;
+        Ok(done)
+    })
+}
+
+/// The stream's threads: `read` fills the cutter on a thread of its own,
+/// the packers pack its blocks on every core, and this thread hands them
+/// to `sink` in order.
+fn pipeline(
+    files: &[SendFile],
+    compression: Compression,
+    sink: &mut dyn BlockSink,
+    counters: &Counters,
+    ahead: Option<&ReadAhead>,
+    read: impl FnOnce(BlockCutter<'_>) -> Result<(u64, Vec<SourceHash>)> + Send,
+) -> Result<Sent> {
     counters
         .total_files
         .store(files.len() as u64, Ordering::Relaxed);
@@ -329,7 +414,6 @@ pub fn send(
     };
     let level = AtomicI32::new(start);
     let stop = AtomicBool::new(false);
-    let ahead = ReadAhead::new(READ_AHEAD, ADVICE);
     let packers = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (block_tx, block_rx) = mpsc::sync_channel::<Block>(packers);
     let block_rx = Mutex::new(block_rx);
@@ -350,18 +434,11 @@ pub fn send(
             stop: &stop,
             finished: Done::default(),
             partial: 0,
-            ahead: Some(&ahead),
+            ahead,
             starts: None,
             segments: 0,
         };
-        let venv = &venv;
-        let ahead = &ahead;
-        scope.spawn(move || read_ahead(venv, files, ahead, advise_willneed));
-        let reader = scope.spawn(move || {
-            // Done, failed or panicked: the read-ahead has nothing left to do.
-            let _done = ReaderDone(ahead);
-            read_files(venv, files, cuts, shebang, cutter)
-        });
+        let reader = scope.spawn(move || read(cutter));
         // Once the reader drops the cutter, the packers finish, then the writer.
         let sent = write_blocks(packed_rx, sink, counters, level, tuner);
         if sent.is_err() {
@@ -385,6 +462,18 @@ pub fn send(
             (Ok(_), Err(e)) => Err(err!("Failed to send: {e}")),
         }
     })
+}
+
+/// End the tar stream: the end-of-archive blocks (a segment of their own
+/// when the stream was cut), then the last block.
+fn finish(mut tar: tar::Builder<BlockCutter<'_>>) -> Result<()> {
+    let failed = |e: std::io::Error| err!("Failed to finish the stream: {e}");
+    if tar.get_ref().segments > 0 {
+        // The end-of-archive blocks: a segment every target takes.
+        tar.get_mut().cut().map_err(failed)?;
+    }
+    let mut cutter = tar.into_inner().map_err(failed)?;
+    cutter.emit().map_err(failed)
 }
 /// Read and check the files into the tar stream, hashing those the plan
 /// did not hash ([`FileToSend::append`]). Every file is reached from the
@@ -456,16 +545,7 @@ fn read_files(
         }
         tar.get_mut().file_done(f.kind.size());
     }
-    if tar.get_ref().segments > 0 {
-        // The end-of-archive blocks: a segment every target takes.
-        tar.get_mut().cut().map_err(cut_failed)?;
-    }
-    let mut cutter = tar
-        .into_inner()
-        .map_err(|e| err!("Failed to finish the stream: {e}"))?;
-    cutter
-        .emit()
-        .map_err(|e| err!("Failed to finish the stream: {e}"))?;
+    finish(tar)?;
     Ok((raw, hashes))
 }
 
