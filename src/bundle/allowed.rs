@@ -301,7 +301,7 @@ mod tests {
         assert!(s[1].allows("overlay-bundle", 1_700_000_000).is_err());
         assert!(s[1].allows("overlay-bundle", 1_900_000_000).is_err());
         assert!(s[2].cert_authority && s[2].allows("overlay-bundle", 0).is_err());
-        assert_eq!(s[2].line, 6);
+        assert_eq!(s[2].line, 5);
     }
 
     #[test]
@@ -309,7 +309,7 @@ mod tests {
         for (text, want) in [
             (format!("a frobnicate {KEY}"), "unknown option"),
             (format!("a valid-after=\"20260101\" {KEY}"), "has no Z"),
-            (format!("a valid-after=\"2026\" {KEY}"), "not YYYYMMDD"),
+            (format!("a valid-after=\"2026Z\" {KEY}"), "not YYYYMMDD"),
             ("a ssh-ed25519 AAAAnotbase64".to_string(), "does not parse"),
             (format!("\"a {KEY}"), "not closed"),
             ("a".to_string(), "no key"),

@@ -486,3 +486,47 @@ fn signing_key(key: &str) -> Result<KeySource> {
         format!("{key} is a public key"),
     ))))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trust_comes_from_the_flag_then_the_manifest_then_the_system_file() {
+        let t = tempfile::tempdir().unwrap();
+        let system = t.path().join("allowed_signers");
+        let (flag, manifest) = (Path::new("/f"), Path::new("/m"));
+        let file = |tr: Trust| tr.file.map(|(p, by)| (p.display().to_string(), by));
+        assert_eq!(
+            file(Trust::resolve(Some(flag), Some(manifest), &system, false)),
+            Some(("/f".into(), "--trust".into()))
+        );
+        assert_eq!(
+            file(Trust::resolve(None, Some(manifest), &system, false)),
+            Some(("/m".into(), "the manifest's [apply] trust".into()))
+        );
+        assert_eq!(file(Trust::resolve(None, None, &system, false)), None);
+        std::fs::write(&system, "").unwrap();
+        let got = Trust::resolve(None, None, &system, true);
+        assert!(got.insecure_unsigned);
+        assert_eq!(
+            file(got),
+            Some((system.display().to_string(), "the system default".into()))
+        );
+    }
+
+    #[test]
+    fn the_message_names_the_hash_and_the_length() {
+        assert_eq!(
+            message(&"ab".repeat(32), 123),
+            format!(
+                "overlay-bundle-signature 1\nblake3 {}\nbytes 123\n",
+                "ab".repeat(32)
+            )
+        );
+        assert_eq!(
+            sig_path(Path::new("/v/stack.ovl")),
+            Path::new("/v/stack.ovl.sig")
+        );
+    }
+}

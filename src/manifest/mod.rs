@@ -405,6 +405,12 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         assert!(e.message.contains("[apply]"), "{}", e.message);
         let e = parse("[apply]\nroute = true\n").unwrap_err();
         assert!(e.message.starts_with("m.toml:2:"), "{}", e.message);
+        let m = parse("[apply]\ntrust = \"keys/allowed_signers\"\n").unwrap();
+        assert_eq!(
+            m.trust.as_deref(),
+            Some(Path::new("keys/allowed_signers")),
+            "beside the manifest m.toml"
+        );
         let e = parse("[apply]\nroutes = \"direct\"\n").unwrap_err();
         assert!(e.message.starts_with("m.toml:2:1:"), "{}", e.message);
     }

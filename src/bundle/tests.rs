@@ -1,0 +1,253 @@
+//! `bundle`'s unit tests: writing, reading and refusing bundles.
+
+use super::*;
+
+const SITE: &str = "lib/python3.11/site-packages";
+
+fn file(path: &str, bytes: &[u8], mode: u32) -> BundleEntry {
+    BundleEntry {
+        path: path.into(),
+        kind: BundleKind::File {
+            size: bytes.len() as u64,
+            mode,
+            blake3: blake3::hash(bytes).to_hex().to_string(),
+        },
+        owner: Some("pkg".into()),
+    }
+}
+
+fn dir(path: &str) -> BundleEntry {
+    BundleEntry {
+        path: path.into(),
+        kind: BundleKind::Dir { mode: 0o755 },
+        owner: None,
+    }
+}
+
+/// A staged folder and its index: a module, a script, a symlink.
+fn staged(root: &Path) -> BundleIndex {
+    let script = b"#!/src/venv/bin/python\nprint(1)\n";
+    std::fs::create_dir_all(root.join(SITE).join("pkg")).unwrap();
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::write(root.join(SITE).join("pkg/__init__.py"), b"x = 1\n").unwrap();
+    std::fs::write(root.join("bin/tool"), script).unwrap();
+    std::os::unix::fs::symlink("tool", root.join("bin/tool2")).unwrap();
+    let mut entries = vec![
+        dir("bin"),
+        file("bin/tool", script, 0o755),
+        BundleEntry {
+            path: "bin/tool2".into(),
+            kind: BundleKind::Symlink {
+                target: "tool".into(),
+            },
+            owner: None,
+        },
+        dir("lib"),
+        dir("lib/python3.11"),
+        dir(SITE),
+        dir(&format!("{SITE}/pkg")),
+        file(&format!("{SITE}/pkg/__init__.py"), b"x = 1\n", 0o644),
+    ];
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    BundleIndex {
+        format: BUNDLE_FORMAT,
+        python: "3.11".into(),
+        site_packages: SITE.into(),
+        source_host: "src".into(),
+        source_venv: "/src/venv".into(),
+        manifest: "[sets.pkg]\ndists = [\"pkg\"]\n".into(),
+        sets: vec!["pkg".into()],
+        dists: Vec::new(),
+        entries,
+        facts: Default::default(),
+    }
+}
+
+/// A body (zstd tar) sealed with a correct trailer: valid to
+/// [`Bundle::open`]'s whole-file check, whatever it holds.
+fn sealed(t: &Path, name: &str, build: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> PathBuf {
+    let mut b = tar::Builder::new(Vec::new());
+    build(&mut b);
+    let tar = b.into_inner().unwrap();
+    let mut body = zstd::encode_all(tar.as_slice(), 3).unwrap();
+    let t_bytes = trailer(&blake3::hash(&body), body.len() as u64);
+    body.extend_from_slice(&t_bytes);
+    let p = t.join(name);
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+fn add_index(b: &mut tar::Builder<Vec<u8>>, index: &BundleIndex) {
+    let json = serde_json::to_vec(index).unwrap();
+    let mut h = header(tar::EntryType::Regular, 0o644, json.len() as u64);
+    b.append_data(&mut h, INDEX_NAME, json.as_slice()).unwrap();
+}
+
+#[test]
+fn the_same_files_give_the_same_bytes_and_unpack_exactly() {
+    let t = tempfile::tempdir().unwrap();
+    let index = staged(&t.path().join("stage"));
+    let a = write(
+        &mut index.clone(),
+        &mut Folder(t.path().join("stage")),
+        &t.path().join("a.ovl"),
+    )
+    .unwrap();
+    let b = write(
+        &mut index.clone(),
+        &mut Folder(t.path().join("stage")),
+        &t.path().join("b.ovl"),
+    )
+    .unwrap();
+    assert_eq!(a.blake3, b.blake3);
+    assert_eq!(
+        std::fs::read(t.path().join("a.ovl")).unwrap(),
+        std::fs::read(t.path().join("b.ovl")).unwrap()
+    );
+    // Files whose hashes the index leaves empty are hashed as they are
+    // written (one read): the index records them, and the bundle is
+    // the same file.
+    let mut blank = index.clone();
+    for e in &mut blank.entries {
+        if let BundleKind::File { blake3, .. } = &mut e.kind {
+            blake3.clear();
+        }
+    }
+    let c = write(
+        &mut blank,
+        &mut Folder(t.path().join("stage")),
+        &t.path().join("c.ovl"),
+    )
+    .unwrap();
+    assert_eq!(blank, index, "the writer filled in the hashes");
+    assert_eq!(c.blake3, a.blake3);
+    // zstd reads it as one stream of one tar (the index's frame, its
+    // room's skippable frame, the entries' frame, the trailer).
+    let listed = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("zstd -dcq a.ovl | tar -t")
+        .current_dir(t.path())
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert_eq!(listed.lines().next(), Some(INDEX_NAME), "{listed}");
+    for e in index
+        .entries
+        .iter()
+        .filter(|e| !matches!(e.kind, BundleKind::Dir { .. }))
+    {
+        let name = format!("venv/{}", e.path);
+        assert!(listed.lines().any(|l| l == name), "{name} in {listed}");
+    }
+    let opened = Bundle::open(&t.path().join("a.ovl")).unwrap();
+    assert_eq!(opened.index, index);
+    let out = t.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let rw = ShebangRewrite {
+        from: "/src/venv".into(),
+        to: "/here".into(),
+    };
+    opened.extract(&out, Some(&rw)).unwrap();
+    assert_eq!(
+        std::fs::read(out.join(SITE).join("pkg/__init__.py")).unwrap(),
+        b"x = 1\n"
+    );
+    assert_eq!(
+        std::fs::read(out.join("bin/tool")).unwrap(),
+        b"#!/here/bin/python\nprint(1)\n"
+    );
+    assert_eq!(
+        std::fs::read_link(out.join("bin/tool2")).unwrap(),
+        Path::new("tool")
+    );
+}
+
+#[test]
+fn a_cut_or_altered_bundle_is_refused_before_it_is_read() {
+    let t = tempfile::tempdir().unwrap();
+    let index = staged(&t.path().join("stage"));
+    let p = t.path().join("a.ovl");
+    write(&mut index.clone(), &mut Folder(t.path().join("stage")), &p).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        let e = Bundle::open(&p).unwrap_err();
+        assert!(e.message.contains("truncated or damaged"), "{cut}: {e:?}");
+    }
+    for at in [0, bytes.len() / 3, bytes.len() - 30, bytes.len() - 3] {
+        let mut bad = bytes.clone();
+        bad[at] ^= 1;
+        std::fs::write(&p, &bad).unwrap();
+        let e = Bundle::open(&p).unwrap_err();
+        assert!(e.message.contains("truncated or damaged"), "{at}: {e:?}");
+    }
+}
+
+#[test]
+fn a_sealed_but_hostile_bundle_is_refused_by_the_unpacker() {
+    let t = tempfile::tempdir().unwrap();
+    let mut index = staged(&t.path().join("stage"));
+    let unpack = |p: &Path| -> Error {
+        let out = tempfile::tempdir().unwrap();
+        match Bundle::open(p) {
+            Ok(b) => b.extract(out.path(), None).unwrap_err(),
+            Err(e) => e,
+        }
+    };
+    // A member the index does not name.
+    index.entries.truncate(1);
+    let p = sealed(t.path(), "extra.ovl", |b| {
+        add_index(b, &index);
+        let mut h = header(tar::EntryType::Directory, 0o755, 0);
+        b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
+        let mut h = header(tar::EntryType::Regular, 0o644, 3);
+        b.append_data(&mut h, "venv/etc/x", &b"bad"[..]).unwrap();
+    });
+    assert!(unpack(&p).message.contains("not in the index"));
+    // A file longer than the index says.
+    let script = b"#!/src/venv/bin/python\nprint(1)\n";
+    index.entries = vec![dir("bin"), file("bin/tool", script, 0o755)];
+    let p = sealed(t.path(), "size.ovl", |b| {
+        add_index(b, &index);
+        let mut h = header(tar::EntryType::Directory, 0o755, 0);
+        b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
+        let mut h = header(tar::EntryType::Regular, 0o755, 4096);
+        b.append_data(&mut h, "venv/bin/tool", &[0u8; 4096][..])
+            .unwrap();
+    });
+    assert!(unpack(&p).message.contains("not the index's file"));
+    // The right size, other bytes.
+    let p = sealed(t.path(), "bytes.ovl", |b| {
+        add_index(b, &index);
+        let mut h = header(tar::EntryType::Directory, 0o755, 0);
+        b.append_data(&mut h, "venv/bin/", io::empty()).unwrap();
+        let mut h = header(tar::EntryType::Regular, 0o755, script.len() as u64);
+        b.append_data(&mut h, "venv/bin/tool", &[b'#'; 32][..])
+            .unwrap();
+    });
+    assert!(unpack(&p).message.contains("do not match its hash"));
+    // A long name past the limit is refused, not read into memory.
+    let p = sealed(t.path(), "long.ovl", |b| {
+        add_index(b, &index);
+        let mut h = header(tar::EntryType::Regular, 0o644, 0);
+        b.append_data(
+            &mut h,
+            "venv/".to_string() + &"a/".repeat(3000),
+            io::empty(),
+        )
+        .unwrap();
+    });
+    assert!(unpack(&p).message.contains("a name of"));
+    // An index path that leaves the venv, or names overlay's state.
+    for bad in ["../etc/passwd", "/etc/passwd", ".overlay/journal", "a//b"] {
+        index.entries = vec![file(bad, b"x", 0o644)];
+        let p = sealed(t.path(), "path.ovl", |b| add_index(b, &index));
+        assert!(unpack(&p).message.contains("its index: path"), "{bad}");
+    }
+    // Not the first member.
+    let p = sealed(t.path(), "noindex.ovl", |b| {
+        let mut h = header(tar::EntryType::Regular, 0o644, 1);
+        b.append_data(&mut h, "venv/x", &b"x"[..]).unwrap();
+    });
+    assert!(unpack(&p).message.contains("first member"));
+}
