@@ -94,6 +94,7 @@ fn bundle(dir: &Path, name: &str, text: &[u8]) -> PathBuf {
         sets: vec!["x".into()],
         dists: Vec::new(),
         entries,
+        facts: Default::default(),
     };
     let out = dir.join(name);
     overlay::bundle::write(&mut index, &mut overlay::bundle::Folder(stage), &out).unwrap();
