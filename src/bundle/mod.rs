@@ -36,14 +36,13 @@
 //! beneath a fresh directory without following symlinks.
 
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use crate::beneath::{Beneath, normalize};
+use crate::beneath::normalize;
 use crate::err;
 use crate::error::{Error, Result, io_cause};
-use crate::inventory::rewrite_shebang;
-use crate::model::{BUNDLE_FORMAT, BundleEntry, BundleIndex, BundleKind, ShebangRewrite};
+use crate::model::{BUNDLE_FORMAT, BundleEntry, BundleIndex, BundleKind};
 
 /// The index's member name.
 pub const INDEX_NAME: &str = "overlay-bundle.json";
@@ -68,7 +67,6 @@ mod source;
 mod write;
 
 pub use source::BundleSource;
-use write::Checked;
 pub use write::{Contents, Folder, Packed, write};
 #[cfg(test)]
 use write::{header, trailer};
@@ -201,146 +199,6 @@ impl Bundle {
     fn bad(&self, why: &dyn std::fmt::Display) -> Error {
         bad(&self.path.display().to_string(), why)
     }
-
-    /// Write the bundle's entries beneath `dest` (an empty directory),
-    /// checking each against the index (modes masked to `0o777`); scripts under `bin/` whose shebang
-    /// names `shebang.from` get `shebang.to` instead, as the stream does.
-    pub fn extract(&self, dest: &Path, shebang: Option<&ShebangRewrite>) -> Result<()> {
-        let out = Beneath::open(dest).map_err(|e| {
-            err!(
-                "Cannot open {} to unpack the bundle: {}",
-                dest.display(),
-                io_cause(&e)
-            )
-        })?;
-        let wr = |rel: &str, e: io::Error| unpack_error(&out, rel, e);
-        let mut members = self.reader()?;
-        let shown = members.shown.clone();
-        let mut entries = members
-            .archive
-            .entries()
-            .map_err(|e| self.bad(&e))?
-            .raw(true);
-        if read_index(&mut entries, &shown)? != self.index {
-            return Err(self.bad(&"its index changed since it was opened"));
-        }
-        let mut dirs = Vec::new();
-        for e in &self.index.entries {
-            let want = format!("venv/{}", e.path);
-            let (name, link, mut entry) = next_member(&mut entries, &shown)?
-                .ok_or_else(|| self.bad(&format!("it ends before {want}")))?;
-            if name.trim_end_matches('/') != want {
-                return Err(self.bad(&format!("member {name:?} where the index has {want}")));
-            }
-            let header = MemberHeader {
-                ty: entry.header().entry_type(),
-                size: entry.header().size().map_err(|e| self.bad(&e))?,
-                mtime: entry.header().mtime().ok(),
-            };
-            let ty = header.ty;
-            if let Some((parent, _)) = e.path.rsplit_once('/') {
-                out.create_dir_all(parent, 0o755)
-                    .map_err(|err| wr(parent, err))?;
-            }
-            match &e.kind {
-                BundleKind::Dir { mode } => {
-                    if !ty.is_dir() {
-                        return Err(self.bad(&format!("{want} is not a directory")));
-                    }
-                    out.create_dir_all(&e.path, 0o755)
-                        .map_err(|err| wr(&e.path, err))?;
-                    dirs.push((e.path.as_str(), *mode));
-                }
-                BundleKind::Symlink { target } => {
-                    let got = link.unwrap_or_default();
-                    if !ty.is_symlink() || got != *target {
-                        return Err(self.bad(&format!("{want} is not the index's symlink")));
-                    }
-                    out.symlink(target, &e.path)
-                        .map_err(|err| wr(&e.path, err))?;
-                }
-                BundleKind::File { size, mode, blake3 } => {
-                    let file = IndexedFile {
-                        rel: &e.path,
-                        size: *size,
-                        mode: *mode,
-                        blake3,
-                    };
-                    self.extract_file(&out, &file, &header, &mut entry, shebang)?;
-                }
-            }
-        }
-        if let Some((name, _, _)) = next_member(&mut entries, &shown)? {
-            return Err(self.bad(&format!("member {name:?} is not in the index")));
-        }
-        for (rel, mode) in dirs.into_iter().rev() {
-            out.set_dir_mode(rel, mode & 0o777)
-                .map_err(|err| wr(rel, err))?;
-        }
-        Ok(())
-    }
-
-    /// Write the file member `entry` at `file.rel` beneath `out` (its mode
-    /// masked to `0o777`, the header's mtime; a small script under `bin/`
-    /// with its shebang rewritten by `shebang`), checking it is the index's
-    /// file: type, size and BLAKE3.
-    fn extract_file(
-        &self,
-        out: &Beneath,
-        file: &IndexedFile,
-        header: &MemberHeader,
-        entry: &mut tar::Entry<'_, Box<dyn Read>>,
-        shebang: Option<&ShebangRewrite>,
-    ) -> Result<()> {
-        let IndexedFile {
-            rel,
-            size: want_size,
-            mode,
-            blake3,
-        } = *file;
-        let want = format!("venv/{rel}");
-        let wr = |e: io::Error| unpack_error(out, rel, e);
-        let size = header.size;
-        if !header.ty.is_file() || size != want_size {
-            return Err(self.bad(&format!(
-                "{want} is not the index's file of {want_size} bytes"
-            )));
-        }
-        let small_script = rel.starts_with("bin/") && size < (1 << 20);
-        let mut reader = Checked {
-            inner: entry,
-            hasher: blake3::Hasher::new(),
-            count: 0,
-        };
-        let f = out.create_new(rel, mode & 0o777).map_err(wr)?;
-        let mut w = BufWriter::with_capacity(1 << 20, f);
-        match shebang.filter(|_| small_script) {
-            Some(rw) => {
-                let mut buf = Vec::with_capacity(size as usize);
-                reader.read_to_end(&mut buf).map_err(|err| self.bad(&err))?;
-                let bytes = rewrite_shebang(&buf, rw).unwrap_or(buf);
-                w.write_all(&bytes).map_err(wr)?;
-            }
-            None => {
-                io::copy(&mut reader, &mut w).map_err(wr)?;
-            }
-        }
-        let f = w.into_inner().map_err(|err| wr(err.into_error()))?;
-        // The mode again: create_new's is masked by the umask.
-        // No setuid or setgid from a bundle (as from a stream).
-        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))
-            .map_err(wr)?;
-        // The source's mtime, which the local route carries on.
-        if let Some(secs) = header.mtime.filter(|&s| s > 0) {
-            let _ = f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
-        }
-        if reader.count != size || reader.hasher.finalize().to_hex().as_str() != blake3 {
-            return Err(self.bad(&format!(
-                "{want}'s bytes do not match its hash in the index"
-            )));
-        }
-        Ok(())
-    }
 }
 
 /// The BLAKE3 the trailer of the bundle at `path` records (of every byte
@@ -371,34 +229,6 @@ pub fn sealed_blake3(path: &Path) -> Result<String> {
     }
     let hash: [u8; 32] = t[16..48].try_into().expect("32 bytes");
     Ok(blake3::Hash::from_bytes(hash).to_hex().to_string())
-}
-
-/// What a member's tar header says: its type, size and mtime.
-struct MemberHeader {
-    ty: tar::EntryType,
-    size: u64,
-    /// `None` when the header's mtime does not parse.
-    mtime: Option<u64>,
-}
-
-/// A file entry of the index: path relative to the venv, size, mode and
-/// BLAKE3 (lowercase hex).
-#[derive(Clone, Copy)]
-struct IndexedFile<'a> {
-    rel: &'a str,
-    size: u64,
-    mode: u32,
-    blake3: &'a str,
-}
-
-/// The error of a failed write of `rel` beneath `out` while unpacking.
-fn unpack_error(out: &Beneath, rel: &str, e: io::Error) -> Error {
-    err!(
-        hint = "check the free space and permissions there",
-        "Cannot unpack the bundle into {}: {}",
-        out.shown(rel).display(),
-        io_cause(&e)
-    )
 }
 
 fn bad(shown: &str, why: &dyn std::fmt::Display) -> Error {

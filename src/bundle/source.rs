@@ -41,7 +41,7 @@ const SCRIPT_LIMIT: u64 = 1 << 20;
 
 /// A bundle opened as a source: checked whole, its index read.
 pub struct BundleSource {
-    bundle: Bundle,
+    pub(super) bundle: Bundle,
     /// The "venv" it was opened as (`bundle:/abs/file.ovl`).
     venv: String,
     /// The small `bin/` scripts as packed, read on first use.
@@ -384,14 +384,22 @@ impl BundleSource {
             .map_err(|e| self.bundle.bad(&e))?
             .raw(true);
         read_index(&mut entries, &shown)?;
+        // The members are the index's entries, in its order, each checked
+        // as it is passed (as far as the pass goes).
+        let mut listed = self.bundle.index.entries.iter();
         while !wanted.is_empty() {
-            let Some((name, link, mut entry)) = next_member(&mut entries, &shown)? else {
-                break;
-            };
-            let rel = name
-                .trim_end_matches('/')
-                .strip_prefix("venv/")
-                .unwrap_or("");
+            let Some(e) = listed.next() else { break };
+            let want = format!("venv/{}", e.path);
+            let (name, link, mut entry) = next_member(&mut entries, &shown)?
+                .ok_or_else(|| self.bundle.bad(&format!("it ends before {want}")))?;
+            if name.trim_end_matches('/') != want {
+                return Err(self
+                    .bundle
+                    .bad(&format!("member {name:?} where the index has {want}")));
+            }
+            check_member(e, entry.header(), link.as_deref())
+                .map_err(|why| self.bundle.bad(&format!("{want} {why}")))?;
+            let rel = e.path.as_str();
             let Some(f) = wanted.remove(rel) else {
                 continue;
             };
@@ -492,6 +500,26 @@ impl BundleSource {
     }
 }
 
+/// Whether the member with `header` (and long `link`) is the index's
+/// entry `e`: its type, and a file's size or a symlink's target.
+fn check_member(
+    e: &BundleEntry,
+    header: &tar::Header,
+    link: Option<&str>,
+) -> std::result::Result<(), &'static str> {
+    let ty = header.entry_type();
+    let same = match &e.kind {
+        BundleKind::Dir { .. } => ty.is_dir(),
+        BundleKind::Symlink { target } => ty.is_symlink() && link == Some(target.as_str()),
+        BundleKind::File { size, .. } => ty.is_file() && header.size().ok() == Some(*size),
+    };
+    if same {
+        Ok(())
+    } else {
+        Err("is not the index's entry")
+    }
+}
+
 /// The venv-relative `rel` relative to site-packages `site`, as RECORD
 /// spells it (`../../../bin/x` for a script).
 fn site_relative(site: &str, rel: &str) -> String {
@@ -503,3 +531,7 @@ fn site_relative(site: &str, rel: &str) -> String {
         None => format!("{}{rel}", "../".repeat(site.split('/').count())),
     }
 }
+
+#[cfg(test)]
+#[path = "source_tests.rs"]
+mod tests;

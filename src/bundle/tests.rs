@@ -1,6 +1,7 @@
 //! `bundle`'s unit tests: writing, reading and refusing bundles.
 
 use super::*;
+use crate::model::ShebangRewrite;
 
 const SITE: &str = "lib/python3.11/site-packages";
 
@@ -141,24 +142,25 @@ fn the_same_files_give_the_same_bytes_and_unpack_exactly() {
     }
     let opened = Bundle::open(&t.path().join("a.ovl")).unwrap();
     assert_eq!(opened.index, index);
-    let out = t.path().join("out");
-    std::fs::create_dir(&out).unwrap();
+    // Read in place: the script as packed, rewritten for a target.
+    let venv = crate::model::bundle_venv(t.path().join("a.ovl").to_str().unwrap());
+    let src = BundleSource::open(&venv).unwrap();
     let rw = ShebangRewrite {
-        from: "/src/venv".into(),
+        from: venv.clone(),
         to: "/here".into(),
     };
-    opened.extract(&out, Some(&rw)).unwrap();
+    let got = src
+        .stat(&["../../../bin/tool".into()], Some(&rw), false)
+        .unwrap();
+    let placed = b"#!/here/bin/python\nprint(1)\n";
     assert_eq!(
-        std::fs::read(out.join(SITE).join("pkg/__init__.py")).unwrap(),
-        b"x = 1\n"
-    );
-    assert_eq!(
-        std::fs::read(out.join("bin/tool")).unwrap(),
-        b"#!/here/bin/python\nprint(1)\n"
-    );
-    assert_eq!(
-        std::fs::read_link(out.join("bin/tool2")).unwrap(),
-        Path::new("tool")
+        got[0].kind,
+        crate::model::Kind::File {
+            size: placed.len() as u64,
+            mode: 0o755,
+            blake3: Some(blake3::hash(placed).to_hex().to_string()),
+            stamp: None,
+        }
     );
 }
 
@@ -183,19 +185,66 @@ fn a_cut_or_altered_bundle_is_refused_before_it_is_read() {
     }
 }
 
+/// Every file and symlink of the bundle at `p`, sent from it read in
+/// place (as a plan from its own index would ask): the error.
+fn send_all(p: &Path) -> Result<crate::model::Sent> {
+    let venv = crate::model::bundle_venv(p.to_str().unwrap());
+    let src = BundleSource::open(&venv)?;
+    let files: Vec<crate::model::SendFile> = src
+        .bundle
+        .index
+        .entries
+        .iter()
+        .filter_map(|e| {
+            let kind = match &e.kind {
+                BundleKind::File { size, mode, blake3 } => crate::model::Kind::File {
+                    size: *size,
+                    mode: *mode,
+                    blake3: Some(blake3.clone()),
+                    stamp: None,
+                },
+                BundleKind::Symlink { target } => crate::model::Kind::Symlink {
+                    target: target.clone(),
+                },
+                BundleKind::Dir { .. } => return None,
+            };
+            Some((e.path.clone(), kind))
+        })
+        .enumerate()
+        .map(|(index, (path, kind))| crate::model::SendFile {
+            index,
+            path: format!("../../../{path}"),
+            kind,
+        })
+        .collect();
+    struct Null;
+    impl crate::stream::BlockSink for Null {
+        fn block(&mut self, _: u8, _: &[u8]) -> io::Result<()> {
+            Ok(())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let counters = crate::inventory::Counters::default();
+    src.send(
+        &files,
+        &[],
+        None,
+        crate::model::Compression::None,
+        &mut Null,
+        &counters,
+    )
+}
+
 #[test]
-fn a_sealed_but_hostile_bundle_is_refused_by_the_unpacker() {
+fn a_sealed_but_hostile_bundle_is_refused_when_it_is_read() {
     let t = tempfile::tempdir().unwrap();
     let mut index = staged(&t.path().join("stage"));
-    let unpack = |p: &Path| -> Error {
-        let out = tempfile::tempdir().unwrap();
-        match Bundle::open(p) {
-            Ok(b) => b.extract(out.path(), None).unwrap_err(),
-            Err(e) => e,
-        }
-    };
-    // A member the index does not name.
-    index.entries.truncate(1);
+    let unpack = |p: &Path| send_all(p).unwrap_err();
+    // A member the index does not name, where it names another.
+    let script = b"#!/src/venv/bin/python\nprint(1)\n";
+    index.entries = vec![dir("bin"), file("bin/tool", script, 0o755)];
     let p = sealed(t.path(), "extra.ovl", |b| {
         add_index(b, &index);
         let mut h = header(tar::EntryType::Directory, 0o755, 0);
@@ -203,10 +252,12 @@ fn a_sealed_but_hostile_bundle_is_refused_by_the_unpacker() {
         let mut h = header(tar::EntryType::Regular, 0o644, 3);
         b.append_data(&mut h, "venv/etc/x", &b"bad"[..]).unwrap();
     });
-    assert!(unpack(&p).message.contains("not in the index"));
+    assert!(
+        unpack(&p).message.contains("where the index has"),
+        "{:?}",
+        unpack(&p)
+    );
     // A file longer than the index says.
-    let script = b"#!/src/venv/bin/python\nprint(1)\n";
-    index.entries = vec![dir("bin"), file("bin/tool", script, 0o755)];
     let p = sealed(t.path(), "size.ovl", |b| {
         add_index(b, &index);
         let mut h = header(tar::EntryType::Directory, 0o755, 0);
@@ -215,7 +266,11 @@ fn a_sealed_but_hostile_bundle_is_refused_by_the_unpacker() {
         b.append_data(&mut h, "venv/bin/tool", &[0u8; 4096][..])
             .unwrap();
     });
-    assert!(unpack(&p).message.contains("not the index's file"));
+    assert!(
+        unpack(&p).message.contains("is not the index's entry"),
+        "{:?}",
+        unpack(&p)
+    );
     // The right size, other bytes.
     let p = sealed(t.path(), "bytes.ovl", |b| {
         add_index(b, &index);
@@ -225,7 +280,9 @@ fn a_sealed_but_hostile_bundle_is_refused_by_the_unpacker() {
         b.append_data(&mut h, "venv/bin/tool", &[b'#'; 32][..])
             .unwrap();
     });
-    assert!(unpack(&p).message.contains("do not match its hash"));
+    // Sent as the index has it: the target hashes what it writes and
+    // refuses bytes that are not the plan's (the index's) hash.
+    assert!(send_all(&p).is_ok());
     // A long name past the limit is refused, not read into memory.
     let p = sealed(t.path(), "long.ovl", |b| {
         add_index(b, &index);
