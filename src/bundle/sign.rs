@@ -239,7 +239,7 @@ fn trusted(
             Some(s) => format!(
                 "line {} of {f} has the key, but {}",
                 s.line,
-                s.allows(NAMESPACE, now).unwrap_err()
+                s.allows(NAMESPACE, now).err().unwrap_or_default()
             ),
         };
         return Err(refuse(
