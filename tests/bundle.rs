@@ -683,11 +683,19 @@ fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply(
         serde_json::from_slice(&fs::read(tb.work.join(".overlay/plan.d/dst.json")).unwrap())
             .unwrap();
     assert_eq!(plan["source"]["name"], "stack.ovl", "{plan}");
-    // Read in place: no folder unpacked, the plan names the bundle itself.
+    // Read in place: no folder unpacked, the plan names the bundle itself,
+    // pinned to the BLAKE3 checked when it was planned.
     let abs = tb.work.join("stack.ovl");
     assert_eq!(
         plan["source"]["venv"].as_str(),
-        Some(format!("bundle:{}", abs.display()).as_str()),
+        Some(
+            format!(
+                "bundle:{}:{}",
+                plan["bundle"]["blake3"].as_str().unwrap(),
+                abs.display()
+            )
+            .as_str()
+        ),
         "{plan}"
     );
     assert!(plan["bundle"].get("cache").is_none(), "{plan}");

@@ -165,6 +165,30 @@ fn the_same_files_give_the_same_bytes_and_unpack_exactly() {
 }
 
 #[test]
+fn a_pinned_bundle_venv_refuses_a_file_that_holds_another_bundle() {
+    let t = tempfile::tempdir().unwrap();
+    let index = staged(&t.path().join("stage"));
+    let p = t.path().join("a.ovl");
+    let packed = write(&mut index.clone(), &mut Folder(t.path().join("stage")), &p).unwrap();
+    let abs = p.to_str().unwrap();
+    let venv = crate::model::bundle_venv_pinned(abs, &packed.blake3);
+    assert_eq!(crate::model::bundle_of(&venv), Some(abs));
+    assert_eq!(
+        crate::model::bundle_pin(&venv),
+        Some(packed.blake3.as_str())
+    );
+    assert_eq!(
+        crate::model::bundle_pin(&crate::model::bundle_venv(abs)),
+        None
+    );
+    assert_eq!(BundleSource::open(&venv).unwrap().blake3(), packed.blake3);
+    let other = crate::model::bundle_venv_pinned(abs, &"0".repeat(64));
+    let e = BundleSource::open(&other).err().unwrap();
+    assert_eq!(e.kind, crate::error::ErrorKind::Drift, "{e:?}");
+    assert!(e.message.contains("holds another bundle"), "{e:?}");
+}
+
+#[test]
 fn a_cut_or_altered_bundle_is_refused_before_it_is_read() {
     let t = tempfile::tempdir().unwrap();
     let index = staged(&t.path().join("stage"));

@@ -66,7 +66,8 @@ pub fn plan_from_bundle(opts: &BundlePlanOptions, obs: &dyn Observer) -> Result<
     check_request(opts, &b, &manifest, &name)?;
     let file = std::path::absolute(&opts.bundle)
         .map_err(|e| err!("Cannot find the bundle {shown}: {}", io_cause(&e)))?;
-    let venv = crate::model::bundle_venv(&file.to_string_lossy());
+    // Pinned to the bundle checked (and signed) here: see `bundle_venv_pinned`.
+    let venv = crate::model::bundle_venv_pinned(&file.to_string_lossy(), &b.blake3);
     let tmp = write_manifest(&opts.manifest, &b, &name, venv)?;
     let obs = &Named {
         inner: obs,

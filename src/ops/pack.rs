@@ -356,7 +356,9 @@ pub fn open_for(bundle: &Path, venv: &str, trust: &Trust, obs: &dyn Observer) ->
                 io_cause(&e)
             )
         })?;
-    let source = crate::model::bundle_venv(&file.to_string_lossy());
+    // Pinned: the agent refuses the file if it no longer holds the bundle
+    // checked here (and, with a trust file, signed).
+    let source = crate::model::bundle_venv_pinned(&file.to_string_lossy(), &b.blake3);
     let mut hosts = toml::Table::new();
     for (name, path) in [(BUNDLE_HOST, &source), (LOCAL_HOST, &venv_str)] {
         let mut t = toml::Table::new();
