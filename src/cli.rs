@@ -10,6 +10,9 @@ use overlay::model::Compression;
 use overlay::ops::HostChoice;
 use overlay::transport::ConnectOptions;
 
+mod bundle_args;
+pub use bundle_args::{SignArgs, TrustArgs};
+
 /// Overlay package sets from a working Python venv on one host onto another
 /// host's venv, over SSH: exact, predictable, reversible.
 ///
@@ -128,6 +131,11 @@ pub enum Command {
     #[command(after_help = PACK_EXAMPLES)]
     Pack(PackArgs),
 
+    /// Sign a bundle with an SSH key (BUNDLE.sig, OpenSSH's SSHSIG format),
+    /// or print the message its signature signs.
+    #[command(after_help = bundle_args::SIGN_EXAMPLES)]
+    Sign(SignArgs),
+
     /// Restore the target to its state before a generation, byte for byte.
     /// Needs only the target host, and the generations' backups.
     #[command(after_help = ROLLBACK_EXAMPLES)]
@@ -194,6 +202,9 @@ pub struct PlanArgs {
     #[arg(long, value_name = "PATH", requires = "bundle")]
     pub venv: Option<String>,
 
+    #[command(flatten)]
+    pub trust: TrustArgs,
+
     /// Only these sets (repeatable); default: every set in the manifest.
     #[arg(long = "set", value_name = "NAME")]
     pub sets: Vec<String>,
@@ -243,6 +254,9 @@ pub struct ApplyArgs {
     /// With --bundle: the venv on this host (then name no targets).
     #[arg(long, value_name = "PATH", requires = "bundle")]
     pub venv: Option<String>,
+
+    #[command(flatten)]
+    pub trust: TrustArgs,
 
     /// Keep the old files so that `overlay rollback` can restore them (the
     /// default; accepted for scripts that pass it).
@@ -387,6 +401,10 @@ pub struct PackArgs {
     #[arg(long, short = 'o', value_name = "FILE")]
     pub out: PathBuf,
 
+    /// Sign the bundle with this key (FILE.sig): as `overlay sign --key`.
+    #[arg(long, value_name = "KEY")]
+    pub sign: Option<String>,
+
     /// Print the result as one JSON line on stdout.
     #[arg(long)]
     pub json: bool,
@@ -512,6 +530,8 @@ Examples:
     overlay pack ct129 -o stack.ovl
   Only torch and its CUDA wheels; the result as one JSON line:
     overlay pack ct129 --set torch --set nvidia-cu13 -o torch.ovl --json
+  Signed with your SSH key (stack.ovl.sig; hosts check it with --trust):
+    overlay pack ct129 -o stack.ovl --sign ~/.ssh/id_ed25519
 (Then on each host: overlay apply --bundle FILE --venv PATH; or from here,
 with the source down: overlay apply --bundle FILE TARGET...; docs/fleet.md)";
 

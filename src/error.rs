@@ -40,7 +40,9 @@ pub enum ErrorKind {
     /// A host cannot be reached, logged in to, or its agent started; or the
     /// connection or the agent died mid-operation.
     Connection,
-    /// A host key is unknown, or differs from the one in known_hosts.
+    /// A key is not trusted: a host key is unknown, or differs from the
+    /// one in known_hosts; or a bundle's signature is missing, or not by a
+    /// key its allowed_signers file trusts, or does not sign it.
     HostKey,
     /// The target or source changed since the plan: plan again.
     Drift,

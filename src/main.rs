@@ -69,6 +69,7 @@ fn main() -> ExitCode {
         cli::Command::Plan(args) => commands::plan::run(&cli.global, &args),
         cli::Command::Apply(args) => commands::apply::run(&cli.global, &args),
         cli::Command::Pack(args) => commands::pack::run(&cli.global, &args),
+        cli::Command::Sign(args) => commands::sign::run(&cli.global, &args),
         cli::Command::Rollback(args) => commands::rollback::run(&cli.global, &args),
         cli::Command::History(args) => commands::history::run(&cli.global, &args),
         cli::Command::Prune(args) => commands::prune::run(&cli.global, &args),

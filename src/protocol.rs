@@ -640,6 +640,7 @@ mod tests {
                     same_owner: false,
                     versions: Vec::new(),
                     shebang: None,
+                    provenance: None,
                 }));
                 let mut m = rmp_serde::to_vec_named(&req).unwrap();
                 for (at, b) in flips {

@@ -243,6 +243,7 @@ mod tests {
             same_owner: false,
             versions: Vec::new(),
             shebang: None,
+            provenance: None,
         }
     }
 

@@ -66,6 +66,40 @@ fn on_host(tb: &Testbed, i: usize, args: &str) -> Output {
         .unwrap()
 }
 
+/// `overlay pack src -o FILE --sign KEY` with a key made here, and an
+/// allowed_signers file trusting it for bundles: (bundle, allowed_signers).
+fn pack_signed(tb: &Testbed, file: &str) -> (PathBuf, PathBuf) {
+    let key = tb.work.join("id_ops");
+    if !key.exists() {
+        ok(
+            std::process::Command::new("ssh-keygen")
+                .args(["-q", "-N", "", "-t", "ed25519", "-C", "ops", "-f"])
+                .arg(&key)
+                .output()
+                .unwrap(),
+            "ssh-keygen",
+        );
+    }
+    let out = ok(
+        tb.overlay(&["pack", "src", "-o", file, "--sign", key.to_str().unwrap()])
+            .output()
+            .unwrap(),
+        "pack --sign",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Signed with ssh-ed25519"), "{err}");
+    let signers = tb.work.join("allowed_signers");
+    fs::write(
+        &signers,
+        format!(
+            "ops@example namespaces=\"overlay-bundle\" {}",
+            fs::read_to_string(key.with_extension("pub")).unwrap()
+        ),
+    )
+    .unwrap();
+    (tb.work.join(file), signers)
+}
+
 /// Unpack folders left beside a host's venv.
 fn leftovers(tb: &Testbed, i: usize) -> Vec<String> {
     fs::read_dir(tb.host_dir(i).join("root"))
@@ -302,7 +336,8 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
     }
     let tb = Testbed::new(3);
     tb.write_manifest(SETS);
-    let stack = pack(&tb, "stack.ovl");
+    let (stack, signers) = pack_signed(&tb, "stack.ovl");
+    let sig = tb.work.join("stack.ovl.sig");
     // dst2's venv is broken (no site-packages): its row says so, dst goes on.
     fs::rename(
         tb.host_venv_dir(2).join("lib"),
@@ -332,10 +367,15 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
             .stdin(std::process::Stdio::null());
         c.output().unwrap()
     };
-    // The static binary and the bundle, to every host's /root.
+    // The static binary, the bundle, its signature and who may sign, to
+    // every host's /root.
     let bin = env!("CARGO_BIN_EXE_overlay");
+    let files = [bin, stack.to_str().unwrap(), sig.to_str().unwrap()];
     ok(
-        pd("pdcp", &["-p", bin, stack.to_str().unwrap(), "/root/"]),
+        pd(
+            "pdcp",
+            &[&["-p"], &files[..], &[signers.to_str().unwrap(), "/root/"]].concat(),
+        ),
         "pdcp",
     );
     for i in [1, 2] {
@@ -348,7 +388,9 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
     }
     let out = pd(
         "pdsh",
-        &["/root/overlay apply --bundle /root/stack.ovl --venv /root/venv --json"],
+        &[
+            "/root/overlay apply --bundle /root/stack.ovl --venv /root/venv --trust /root/allowed_signers --json",
+        ],
     );
     let lines = String::from_utf8_lossy(&out.stdout).into_owned();
     let table = std::process::Command::new("jq")
@@ -404,7 +446,8 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
 }
 
 /// The playbook of docs/fleet.md's Ansible form (paths filled in): the
-/// binary and the bundle copied, the apply run, in batches of one that
+/// binary, the bundle, its signature and the allowed_signers file copied,
+/// the apply run with `--trust`, in batches of one that
 /// stop at the first failure.
 const PLAYBOOK: &str = r#"- hosts: fleet
   serial: 1
@@ -415,8 +458,12 @@ const PLAYBOOK: &str = r#"- hosts: fleet
       ansible.builtin.copy: {src: "{{ overlay_bin }}", dest: /root/overlay, mode: "0755"}
     - name: bundle
       ansible.builtin.copy: {src: "{{ bundle }}", dest: /root/stack.ovl, mode: "0644"}
+    - name: its signature
+      ansible.builtin.copy: {src: "{{ bundle }}.sig", dest: /root/stack.ovl.sig, mode: "0644"}
+    - name: who may sign bundles
+      ansible.builtin.copy: {src: "{{ signers }}", dest: /root/allowed_signers, mode: "0644"}
     - name: apply
-      ansible.builtin.command: /root/overlay apply --bundle /root/stack.ovl --venv /root/venv --json
+      ansible.builtin.command: /root/overlay apply --bundle /root/stack.ovl --venv /root/venv --trust /root/allowed_signers --json
       register: overlay
       changed_when: (overlay.stdout | from_json).changes | default(0) > 0
 "#;
@@ -438,7 +485,7 @@ fn an_ansible_play_applies_in_batches_and_stops_at_a_failure() {
     );
     let tb = Testbed::new(3);
     tb.write_manifest(SETS);
-    let stack = pack(&tb, "stack.ovl");
+    let (stack, signers) = pack_signed(&tb, "stack.ovl");
     let before = [snapshot(tb.host_venv_dir(1)), snapshot(tb.host_venv_dir(2))];
     // dst2 first, and broken: the play stops there, dst is not started.
     fs::rename(
@@ -460,9 +507,10 @@ fn an_ansible_play_applies_in_batches_and_stops_at_a_failure() {
         std::process::Command::new("ansible-playbook")
             .args(["-i", "inventory.ini", "play.yml", "-e"])
             .arg(format!(
-                "overlay_bin={} bundle={}",
+                "overlay_bin={} bundle={} signers={}",
                 env!("CARGO_BIN_EXE_overlay"),
-                stack.display()
+                stack.display(),
+                signers.display()
             ))
             .env("HOME", &tb.client)
             .env("ANSIBLE_PIPELINING", "1")
@@ -635,11 +683,19 @@ fn a_bundle_planned_from_the_controller_needs_no_source_and_equals_a_live_apply(
         serde_json::from_slice(&fs::read(tb.work.join(".overlay/plan.d/dst.json")).unwrap())
             .unwrap();
     assert_eq!(plan["source"]["name"], "stack.ovl", "{plan}");
-    // Read in place: no folder unpacked, the plan names the bundle itself.
+    // Read in place: no folder unpacked, the plan names the bundle itself,
+    // pinned to the BLAKE3 checked when it was planned.
     let abs = tb.work.join("stack.ovl");
     assert_eq!(
         plan["source"]["venv"].as_str(),
-        Some(format!("bundle:{}", abs.display()).as_str()),
+        Some(
+            format!(
+                "bundle:{}:{}",
+                plan["bundle"]["blake3"].as_str().unwrap(),
+                abs.display()
+            )
+            .as_str()
+        ),
         "{plan}"
     );
     assert!(plan["bundle"].get("cache").is_none(), "{plan}");

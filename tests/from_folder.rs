@@ -143,6 +143,20 @@ fn plan_apply_rollback(tb: &Testbed, snap: &Path, from_name: &str) {
             );
         }
     }
+    // The generation records its sources: the host and the folder.
+    let out = ok(
+        tb.overlay(&["history", "dst", "--json"]).output().unwrap(),
+        "history --json",
+    );
+    let gens: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &gens.as_array().unwrap().last().unwrap()["provenance"];
+    assert_eq!(p["host"], "src", "{gens}");
+    let name = snap.file_name().unwrap().to_string_lossy();
+    let folders = p["folders"].as_array().unwrap();
+    assert!(
+        folders.len() == 1 && folders[0].as_str().unwrap().ends_with(&*name),
+        "{gens}"
+    );
     // Planned again: nothing left to do.
     let again = tb.plan_json();
     assert!(changes_of(&again, "patches").is_empty(), "{again}");

@@ -151,6 +151,7 @@ impl Target {
             same_owner: false,
             versions: Vec::new(),
             shebang: None,
+            provenance: None,
         })));
         match agent.recv() {
             Some(Response::Prepared { .. }) => {}

@@ -61,8 +61,17 @@ impl BundleSource {
                 "bundle {file:?} is not an absolute path"
             ));
         }
+        let bundle = Bundle::open(Path::new(file))?;
+        if let Some(pin) = crate::model::bundle_pin(venv).filter(|p| *p != bundle.blake3) {
+            return Err(err!(
+                kind = Drift,
+                hint = "the file was replaced while overlay ran: check who else writes it, then plan again",
+                "The bundle {file} holds another bundle (BLAKE3 {}) than the one checked when the command began ({pin}); nothing is read from it",
+                bundle.blake3
+            ));
+        }
         Ok(BundleSource {
-            bundle: Bundle::open(Path::new(file))?,
+            bundle,
             venv: venv.to_string(),
             scripts: OnceLock::new(),
         })

@@ -98,6 +98,7 @@ fn run_from_bundle(
             sets: Vec::new(),
             strict: false,
             connect: global.connect_options(),
+            trust: args.trust.choice(),
         },
         &console,
     )?;
@@ -212,6 +213,8 @@ fn run_bundle(
         force: args.force,
         verify: args.verify,
         rollback_on_failure: args.rollback_on_failure,
+        // On the host itself: no manifest, so --trust, else the system's.
+        trust: args.trust.choice().resolve(None),
     };
     let done = match apply_bundle(&opts, &console) {
         Ok(done) => done,

@@ -1,6 +1,8 @@
 //! `overlay history [HOST...]`: list the generations on a host, each with
 //! the distribution versions it changed (the first few, or with `-v` one
 //! line each; `--json` carries every version the generation recorded).
+//! With `-v` and in `--json`, where its files came from: the live source,
+//! or the bundle with its BLAKE3 and signer.
 
 use indicatif::HumanBytes;
 use overlay::error::{EXIT_OK, Result};
@@ -100,6 +102,9 @@ fn print_table(generations: &[GenerationInfo], verbose: bool) {
         );
         for line in version_lines(&g.versions, verbose) {
             println!("    {line}");
+        }
+        if let Some(p) = g.provenance.as_ref().filter(|_| verbose) {
+            println!("    from {}", overlay::text::escape(&p.describe()));
         }
     }
 }

@@ -13,4 +13,5 @@ pub mod pack;
 pub mod plan;
 pub mod prune;
 pub mod rollback;
+pub mod sign;
 pub mod verify;

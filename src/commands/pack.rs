@@ -17,6 +17,7 @@ pub fn run(global: &GlobalArgs, args: &PackArgs) -> Result<u8> {
         sets: args.sets.clone(),
         out: args.out.clone(),
         connect: global.connect_options(),
+        sign: args.sign.clone(),
     };
     let console = Console::new(global);
     let packed = pack(&opts, &console)?;
@@ -34,5 +35,13 @@ pub fn run(global: &GlobalArgs, args: &PackArgs) -> Result<u8> {
         HumanBytes(packed.bytes),
         packed.blake3
     ));
+    if let Some(s) = &packed.signed {
+        console.status(&format!(
+            "Signed with {} {} into {}",
+            s.algorithm,
+            s.fingerprint,
+            overlay::text::escape(&s.signature)
+        ));
+    }
     Ok(EXIT_OK)
 }

@@ -69,6 +69,7 @@ fn run_from_bundle(
         sets: args.sets.clone(),
         strict: args.strict,
         connect: global.connect_options(),
+        trust: args.trust.choice(),
     };
     match plan_from_bundle(&opts, &Console::new(global))? {
         BundlePlanned::One(planned) => show_one(global, args, *planned),
@@ -134,7 +135,8 @@ fn run_bundle(
     bundle: &std::path::Path,
     venv: &str,
 ) -> Result<u8> {
-    let plan = overlay::ops::pack::plan_bundle(bundle, venv, &Console::new(global))?;
+    let trust = args.trust.choice().resolve(None);
+    let plan = overlay::ops::pack::plan_bundle(bundle, venv, &trust, &Console::new(global))?;
     print_plan(global, args, &plan);
     if !global.quiet {
         eprintln!(

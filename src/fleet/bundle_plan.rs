@@ -27,6 +27,7 @@ use crate::transport::ConnectOptions;
 use crate::ops::Observer;
 use crate::ops::pack::Named;
 use crate::ops::plan::{PlanOptions, Planned, manifest_stamp, plan};
+use crate::ops::trust::{TrustChoice, of_bundle, open_bundle};
 
 use super::plan_many::{self, PlanManyOptions, PlannedMany};
 
@@ -42,6 +43,9 @@ pub struct BundlePlanOptions {
     pub sets: Vec<String>,
     pub strict: bool,
     pub connect: ConnectOptions,
+    /// `--trust`, `--insecure-unsigned` (with the manifest's `[apply]
+    /// trust`, the allowed_signers file the bundle must be signed by).
+    pub trust: TrustChoice,
 }
 
 /// The plans made from a bundle: one target's, or several.
@@ -52,15 +56,18 @@ pub enum BundlePlanned {
 
 /// Plan every target of `opts.targets` against the bundle.
 pub fn plan_from_bundle(opts: &BundlePlanOptions, obs: &dyn Observer) -> Result<BundlePlanned> {
-    // The whole file is checked before any connection or write.
-    let b = Bundle::open(&opts.bundle)?;
-    let shown = opts.bundle.display().to_string();
+    // The signature and the whole file are checked before any connection
+    // or write (the manifest says who may sign).
     let manifest = Manifest::load(&opts.manifest)?;
+    let trust = opts.trust.resolve(manifest.trust.as_deref());
+    let b = open_bundle(&opts.bundle, &trust, obs)?;
+    let shown = opts.bundle.display().to_string();
     let name = source_name(&opts.bundle);
     check_request(opts, &b, &manifest, &name)?;
     let file = std::path::absolute(&opts.bundle)
         .map_err(|e| err!("Cannot find the bundle {shown}: {}", io_cause(&e)))?;
-    let venv = crate::model::bundle_venv(&file.to_string_lossy());
+    // Pinned to the bundle checked (and signed) here: see `bundle_venv_pinned`.
+    let venv = crate::model::bundle_venv_pinned(&file.to_string_lossy(), &b.blake3);
     let tmp = write_manifest(&opts.manifest, &b, &name, venv)?;
     let obs = &Named {
         inner: obs,
@@ -77,10 +84,12 @@ pub fn plan_from_bundle(opts: &BundlePlanOptions, obs: &dyn Observer) -> Result<
         source_venv: Some(b.index.source_venv.clone()),
         manifest: b.index.manifest.clone(),
     };
+    let provenance = of_bundle(&b, &shown);
     let mark = |p: &mut Plan| {
         p.manifest = stamp.path.display().to_string();
         p.manifest_sha256 = Some(stamp.sha256.clone());
         p.bundle = Some(record.clone());
+        p.provenance = Some(provenance.clone());
     };
     let single = matches!(opts.targets.as_slice(), [one] if !manifest.is_group(one));
     if single {

@@ -264,6 +264,7 @@ fn make_plans(
             problems,
             strict: manifest.preflight.strict,
             bundle: None,
+            provenance: None,
         });
     }
     clock.mark("preflight of every target");

@@ -72,6 +72,9 @@ pub struct Meta {
     /// See [`crate::model::PrepareRequest::shebang`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shebang: Option<crate::model::ShebangRewrite>,
+    /// See [`crate::model::PrepareRequest::provenance`]; none in older generations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<crate::model::Provenance>,
 }
 
 /// The content hash this version writes and checks.
@@ -341,6 +344,7 @@ impl Generation {
             backup_bytes: du(&self.dir.join("backup")) + du(&self.dir.join("whole")),
             backup: self.meta.backup,
             versions: self.meta.versions.clone(),
+            provenance: self.meta.provenance.clone(),
             status: self.status(),
             damaged: None,
         }

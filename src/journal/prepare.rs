@@ -209,6 +209,7 @@ fn new_meta(req: &PrepareRequest, id: &str, created: u64, list: ChangeList) -> M
         backup: req.backup,
         same_owner: req.same_owner,
         versions: req.versions.clone(),
+        provenance: req.provenance.clone(),
         digest: DIGEST.into(),
         changes: list
             .changes

@@ -239,6 +239,7 @@ impl State {
                         + du(&self.gen_dir(id).join("whole")),
                     backup: false,
                     versions: Vec::new(),
+                    provenance: None,
                     status: Status::Damaged,
                     damaged: Some(format!(
                         "{}{}",

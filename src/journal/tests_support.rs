@@ -143,6 +143,7 @@ pub(super) fn request(fx: &Fx, changes: Vec<GenChange>) -> PrepareRequest {
         same_owner: false,
         versions: Vec::new(),
         shebang: None,
+        provenance: None,
     }
 }
 

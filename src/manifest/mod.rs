@@ -38,6 +38,9 @@ pub struct Manifest {
     /// Each set's `from`, by set name: sets not named here come from the
     /// source's venv.
     pub from: BTreeMap<String, SetFrom>,
+    /// `[apply] trust`: the allowed_signers file a bundle must be signed
+    /// by (relative to the manifest's folder), unless `--trust` names one.
+    pub trust: Option<PathBuf>,
 }
 
 /// A set's `from = "..."`: the folder, laid out like site-packages, its
@@ -114,6 +117,10 @@ impl Manifest {
                 None => err!("{}: {msg}", path.display()),
             }
         })?;
+        let trust = raw.apply.as_ref().and_then(|a| a.trust.as_ref()).map(|t| {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            dir.join(t)
+        });
         let route = match raw.apply.and_then(|a| a.route) {
             Some(r) => loc.route("[apply]", r)?,
             None => RouteSetting::Relay,
@@ -168,6 +175,7 @@ impl Manifest {
             preflight,
             route,
             from,
+            trust,
         })
     }
 
@@ -397,6 +405,12 @@ files = ["sglang/srt/speculative/ddtree_*.py"]
         assert!(e.message.contains("[apply]"), "{}", e.message);
         let e = parse("[apply]\nroute = true\n").unwrap_err();
         assert!(e.message.starts_with("m.toml:2:"), "{}", e.message);
+        let m = parse("[apply]\ntrust = \"keys/allowed_signers\"\n").unwrap();
+        assert_eq!(
+            m.trust.as_deref(),
+            Some(Path::new("keys/allowed_signers")),
+            "beside the manifest m.toml"
+        );
         let e = parse("[apply]\nroutes = \"direct\"\n").unwrap_err();
         assert!(e.message.starts_with("m.toml:2:1:"), "{}", e.message);
     }

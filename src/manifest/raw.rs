@@ -26,6 +26,8 @@ pub(super) struct RawManifest {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawApply {
     pub(super) route: Option<Spanned<String>>,
+    /// The allowed_signers file bundles must be signed by (docs/pack.md).
+    pub(super) trust: Option<String>,
 }
 
 #[derive(Deserialize)]

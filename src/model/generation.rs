@@ -101,6 +101,10 @@ pub struct PrepareRequest {
     /// (`journal::records`), as pip records the script it wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shebang: Option<super::ShebangRewrite>,
+    /// Where the files come from, recorded with the generation for
+    /// `history` (none from older controllers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<super::Provenance>,
 }
 
 /// What `overlay history` shows for a generation.
@@ -121,6 +125,10 @@ pub struct GenerationInfo {
     /// (none for generations made before overlay recorded them).
     #[serde(default)]
     pub versions: Vec<Transition>,
+    /// Where its files came from (none for generations made before
+    /// overlay recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<super::Provenance>,
     pub status: Status,
     /// Why the generation's state cannot be read (status `damaged`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

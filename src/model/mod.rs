@@ -1,6 +1,6 @@
 //! The data that travels between controller and agent or is stored on a
 //! host: entries and their kinds, distributions, sets, endpoints, the plan's
-//! actions, generations, the stream's files, verify and preflight reports,
+//! actions, generations and where they came from, the stream's files, verify and preflight reports,
 //! ELF facts. Plain structs and enums with serde derives and small pure
 //! methods; nothing here does I/O beyond reading a `Metadata` it is given.
 //!
@@ -17,6 +17,7 @@ mod generation;
 mod later;
 mod paths;
 mod preflight;
+mod provenance;
 mod route;
 mod set;
 mod stream;
@@ -32,6 +33,7 @@ pub use generation::*;
 pub use later::*;
 pub use paths::*;
 pub use preflight::*;
+pub use provenance::*;
 pub use route::*;
 pub use set::*;
 pub use stream::*;

@@ -67,9 +67,36 @@ pub fn bundle_venv(abs: &str) -> String {
     format!("{BUNDLE_VENV}{abs}")
 }
 
-/// The bundle file of a [`bundle_venv`], if `venv` is one.
+/// The "venv" of the bundle file `abs` pinned to the bundle whose trailer
+/// hash is `blake3` (`bundle:BLAKE3:/abs/file.ovl`): the agent that reads
+/// it refuses the file if it holds another bundle by then, so a file
+/// swapped after its signature was checked serves nothing.
+pub fn bundle_venv_pinned(abs: &str, blake3: &str) -> String {
+    format!("{BUNDLE_VENV}{blake3}:{abs}")
+}
+
+/// Split a bundle "venv" after its prefix into its pin and its file.
+fn bundle_parts(venv: &str) -> Option<(Option<&str>, &str)> {
+    let rest = venv.strip_prefix(BUNDLE_VENV)?;
+    Some(match rest.split_at_checked(64) {
+        Some((hash, file))
+            if file.starts_with(":/") && hash.bytes().all(|c| c.is_ascii_hexdigit()) =>
+        {
+            (Some(hash), &file[1..])
+        }
+        _ => (None, rest),
+    })
+}
+
+/// The bundle file of a [`bundle_venv`] (or [`bundle_venv_pinned`]), if
+/// `venv` is one.
 pub fn bundle_of(venv: &str) -> Option<&str> {
-    venv.strip_prefix(BUNDLE_VENV)
+    bundle_parts(venv).map(|(_, file)| file)
+}
+
+/// The BLAKE3 a [`bundle_venv_pinned`] pins, if it pins one.
+pub fn bundle_pin(venv: &str) -> Option<&str> {
+    bundle_parts(venv).and_then(|(pin, _)| pin)
 }
 
 /// Is this path (relative to anything) inside a `__pycache__` directory?

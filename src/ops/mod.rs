@@ -1,7 +1,8 @@
 //! The controller's operations on one target: plan, apply, rollback,
 //! history, prune, verify and doctor, and `pack` (a source written into a
 //! bundle, and a bundle applied on this host), each as one function that
-//! takes an options struct (plain data)
+//! takes an options struct (plain data; `trust` holds what signing and
+//! checking a bundle's signature share)
 //! and an [`Observer`], talks to the hosts' agents through the
 //! [`Client`], and returns a typed report. The binary's commands parse
 //! arguments into the options, call one operation and print its report.
@@ -26,6 +27,7 @@ pub mod plan;
 mod record_note;
 pub mod relay;
 pub mod rollback;
+pub mod trust;
 pub mod verify;
 
 use std::path::{Path, PathBuf};

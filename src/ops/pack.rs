@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::bundle::{self, Bundle};
+use crate::bundle::{self, sign::Trust};
 use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Venv;
@@ -49,6 +49,8 @@ pub struct PackOptions {
     pub sets: Vec<String>,
     pub out: PathBuf,
     pub connect: ConnectOptions,
+    /// `--sign KEY`: sign the bundle once written (`super::trust`).
+    pub sign: Option<String>,
 }
 
 /// A bundle written.
@@ -62,6 +64,9 @@ pub struct Packed {
     pub file_bytes: u64,
     pub dists: usize,
     pub python: String,
+    /// With `--sign`: the signature written beside the bundle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed: Option<super::trust::Signed>,
 }
 
 /// Write the bundle of `opts.sets` from the live source, in one read of
@@ -83,6 +88,25 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
     for s in sources {
         let _ = s.client.close();
     }
+    let signed = match &opts.sign {
+        Some(key) => Some(
+            super::trust::sign_sealed(
+                &opts.out,
+                &written.blake3,
+                written.bytes - bundle::TRAILER,
+                key,
+            )
+            .map_err(|mut e| {
+                e.message = format!(
+                    "Packed {} but did not sign it: {}",
+                    opts.out.display(),
+                    e.message
+                );
+                e
+            })?,
+        ),
+        None => None,
+    };
     let files: Vec<_> = index
         .entries
         .iter()
@@ -100,6 +124,7 @@ pub fn pack(opts: &PackOptions, obs: &dyn Observer) -> Result<Packed> {
         file_bytes: files.iter().sum(),
         dists: index.dists.len(),
         python: index.python,
+        signed,
     })
 }
 
@@ -274,12 +299,15 @@ pub struct Opened {
     pub record: PlanBundle,
     /// The venv's absolute path (symlinks kept unless it has `..`).
     pub venv: String,
+    /// Where its files come from: the bundle, its hash and signer.
+    pub provenance: crate::model::Provenance,
 }
 
-/// Check `bundle` whole and compare its Python minor with `venv`'s. Nothing
-/// is written but a manifest in a folder of its own beside the venv.
-pub fn open_for(bundle: &Path, venv: &str) -> Result<Opened> {
-    let b = Bundle::open(bundle)?;
+/// Check `bundle`'s signature against `trust` and the bundle whole, and
+/// compare its Python minor with `venv`'s. Nothing is written but a
+/// manifest in a folder of its own beside the venv.
+pub fn open_for(bundle: &Path, venv: &str, trust: &Trust, obs: &dyn Observer) -> Result<Opened> {
+    let b = super::trust::open_bundle(bundle, trust, obs)?;
     let cannot = |e: std::io::Error| {
         err!(
             hint = "give the venv's path with --venv",
@@ -328,7 +356,9 @@ pub fn open_for(bundle: &Path, venv: &str) -> Result<Opened> {
                 io_cause(&e)
             )
         })?;
-    let source = crate::model::bundle_venv(&file.to_string_lossy());
+    // Pinned: the agent refuses the file if it no longer holds the bundle
+    // checked here (and, with a trust file, signed).
+    let source = crate::model::bundle_venv_pinned(&file.to_string_lossy(), &b.blake3);
     let mut hosts = toml::Table::new();
     for (name, path) in [(BUNDLE_HOST, &source), (LOCAL_HOST, &venv_str)] {
         let mut t = toml::Table::new();
@@ -344,9 +374,11 @@ pub fn open_for(bundle: &Path, venv: &str) -> Result<Opened> {
     );
     let manifest = work.path().join("overlay.toml");
     write_file(&manifest, &text)?;
+    let provenance = super::trust::of_bundle(&b, &bundle.display().to_string());
     Ok(Opened {
         work,
         manifest,
+        provenance,
         record: PlanBundle {
             file: bundle.display().to_string(),
             blake3: b.blake3.clone(),
@@ -369,6 +401,8 @@ pub struct BundleApply {
     pub force: bool,
     pub verify: bool,
     pub rollback_on_failure: bool,
+    /// The allowed_signers file the bundle must be signed by, if any.
+    pub trust: Trust,
 }
 
 /// An observer that names the bundle where the plan and apply would name
@@ -423,7 +457,7 @@ impl Observer for Named<'_> {
 /// Plan the unpacked bundle against the venv and apply it through the
 /// journal, as a live local pair.
 pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyReport> {
-    let u = open_for(&opts.bundle, &opts.venv)?;
+    let u = open_for(&opts.bundle, &opts.venv, &opts.trust, obs)?;
     let shown = opts.bundle.display().to_string();
     let obs = &Named {
         inner: obs,
@@ -462,8 +496,13 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
 }
 
 /// Plan the unpacked bundle against the venv (read-only).
-pub fn plan_bundle(bundle: &Path, venv: &str, obs: &dyn Observer) -> Result<crate::plan::Plan> {
-    let u = open_for(bundle, venv)?;
+pub fn plan_bundle(
+    bundle: &Path,
+    venv: &str,
+    trust: &Trust,
+    obs: &dyn Observer,
+) -> Result<crate::plan::Plan> {
+    let u = open_for(bundle, venv, trust, obs)?;
     plan_opened(&u, obs)
 }
 
@@ -484,5 +523,6 @@ fn plan_opened(u: &Opened, obs: &dyn Observer) -> Result<crate::plan::Plan> {
     planned.closing.wait();
     let mut plan = planned.plan;
     plan.bundle = Some(u.record.clone());
+    plan.provenance = Some(u.provenance.clone());
     Ok(plan)
 }

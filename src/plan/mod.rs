@@ -72,6 +72,11 @@ pub struct Plan {
     /// unpacked on this machine: `source` is its unpacked folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle: Option<PlanBundle>,
+    /// Where the files come from when not the live `source` (and its
+    /// sets' `from` folders): a bundle, with its hash and signer. The
+    /// generation records it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<crate::model::Provenance>,
 }
 
 /// The bundle a plan's source was unpacked from, and where (see

@@ -120,6 +120,7 @@ impl Intake {
             same_owner,
             versions: Vec::new(),
             shebang: None,
+            provenance: None,
         };
         let g = state.prepare(&req, &Counters::default()).expect("prepare");
         let before = tree(dir.path(), &g.dir.join("staging"));

@@ -313,9 +313,34 @@ pub(super) fn prepare(
                 .unwrap_or_else(|| plan.source.venv.clone()),
             to: plan.target.venv.clone(),
         }),
+        provenance: Some(provenance(plan)),
     };
     let prepared = dst.prepare(req);
     prepared.map_err(|e| fate(e, dst.lost(), Phase::Prepare, tname, ""))
+}
+
+/// Where the plan's files come from: what it records (a bundle), else its
+/// live source and the folders of its sets with `from`.
+pub(super) fn provenance(plan: &Plan) -> crate::model::Provenance {
+    plan.provenance
+        .clone()
+        .unwrap_or_else(|| crate::model::Provenance {
+            host: plan.source.name.clone(),
+            venv: plan.source.venv.clone(),
+            folders: plan
+                .sets
+                .iter()
+                .filter_map(|s| s.from.as_ref())
+                .map(|f| {
+                    let dir = crate::model::folder_of(&f.venv).unwrap_or(&f.venv);
+                    match &f.ssh {
+                        Some(_) => format!("{}:{dir}", f.name),
+                        None => dir.to_string(),
+                    }
+                })
+                .collect(),
+            bundle: None,
+        })
 }
 
 /// The plan's distribution versions, each name once (the first set that

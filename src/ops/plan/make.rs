@@ -110,6 +110,7 @@ pub(super) fn make_plan(
         problems,
         strict: manifest.preflight.strict,
         bundle: None,
+        provenance: None,
     };
     Ok(Planned {
         plan,

@@ -79,6 +79,7 @@ impl Pair {
             same_owner: false,
             versions: Vec::new(),
             shebang: None,
+            provenance: None,
         };
         let g = state.prepare(&req, &Counters::default()).unwrap();
         Pair {

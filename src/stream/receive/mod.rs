@@ -478,6 +478,7 @@ mod tests {
             same_owner: false,
             versions: Vec::new(),
             shebang: None,
+            provenance: None,
         };
         let g = state.prepare(&req, &counters).unwrap();
         let mut tar = tar::Builder::new(Vec::new());
