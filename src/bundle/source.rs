@@ -412,89 +412,107 @@ impl BundleSource {
             let Some(f) = wanted.remove(rel) else {
                 continue;
             };
-            let mut h = tar::Header::new_gnu();
-            h.set_uid(0);
-            h.set_gid(0);
-            h.set_mtime(entry.header().mtime().unwrap_or(0));
-            let name = f.index.to_string();
-            let failed = |e: std::io::Error| err!("Failed to stream {}: {e}", f.path);
-            match &f.kind {
-                Kind::Symlink { target } => {
-                    if !entry.header().entry_type().is_symlink() || link.as_deref() != Some(target)
-                    {
-                        return Err(self.changed(&f.path));
-                    }
-                    h.set_entry_type(tar::EntryType::Symlink);
-                    h.set_size(target.len() as u64);
-                    h.set_mode(0o777);
-                    w.append(&mut h, &name, target.as_bytes()).map_err(failed)?;
-                }
-                Kind::File {
-                    size, mode, blake3, ..
-                } => {
-                    let packed = entry.header().size().map_err(|e| self.bundle.bad(&e))?;
-                    if !entry.header().entry_type().is_file() {
-                        return Err(self.changed(&f.path));
-                    }
-                    h.set_entry_type(tar::EntryType::Regular);
-                    h.set_mode(*mode);
-                    h.set_size(*size);
-                    let script = rel.starts_with("bin/") && packed < SCRIPT_LIMIT;
-                    match shebang.filter(|_| script) {
-                        Some(rw) => {
-                            let mut bytes = Vec::with_capacity(packed as usize);
-                            (&mut entry)
-                                .take(packed)
-                                .read_to_end(&mut bytes)
-                                .map_err(|e| self.bundle.bad(&e))?;
-                            let bytes = rewrite_shebang(&bytes, rw).unwrap_or(bytes);
-                            if bytes.len() as u64 != *size {
-                                return Err(self.changed(&f.path));
-                            }
-                            w.append(&mut h, &name, bytes.as_slice()).map_err(failed)?;
-                            hashes.push(SourceHash {
-                                index: f.index,
-                                blake3: content_hex(ContentHasher::new().update(&bytes)),
-                            });
-                        }
-                        None => {
-                            if packed != *size {
-                                return Err(self.changed(&f.path));
-                            }
-                            // The target hashes what it writes against the
-                            // plan; a file the plan did not hash gets the
-                            // index's hash, which the target checks the same way.
-                            w.append(&mut h, &name, (&mut entry).take(packed))
-                                .map_err(failed)?;
-                            if blake3.as_deref().is_none_or(str::is_empty)
-                                && let Some(BundleEntry {
-                                    kind: BundleKind::File { blake3, .. },
-                                    ..
-                                }) = self.entry(rel)
-                            {
-                                hashes.push(SourceHash {
-                                    index: f.index,
-                                    blake3: blake3.clone(),
-                                });
-                            }
-                        }
-                    }
-                    raw += size;
-                }
-                other => {
-                    return Err(err!(
-                        kind = Protocol,
-                        "Cannot send {}: it is {other:?} in the plan",
-                        f.path
-                    ));
-                }
-            }
+            hashes.extend(self.pass_member(f, rel, &mut entry, link.as_deref(), shebang, w)?);
+            raw += match f.kind {
+                Kind::File { size, .. } => size,
+                _ => 0,
+            };
             w.file_done(f.kind.size());
         }
         if let Some(path) = wanted.into_values().map(|f| f.path.clone()).min() {
             return Err(self.changed(&path));
         }
         Ok((raw, hashes))
+    }
+
+    /// Append one wanted member (the plan's `f`, the bundle's `rel`) to the
+    /// stream, checked against the plan; returns the hash the target is to
+    /// check it by when the plan has none.
+    fn pass_member(
+        &self,
+        f: &SendFile,
+        rel: &str,
+        entry: &mut tar::Entry<'_, Box<dyn Read>>,
+        link: Option<&str>,
+        shebang: Option<&ShebangRewrite>,
+        w: &mut TarWriter<'_>,
+    ) -> Result<Option<SourceHash>> {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(entry.header().mtime().unwrap_or(0));
+        let name = f.index.to_string();
+        let failed = |e: std::io::Error| err!("Failed to stream {}: {e}", f.path);
+        match &f.kind {
+            Kind::Symlink { target } => {
+                if !entry.header().entry_type().is_symlink() || link != Some(target.as_str()) {
+                    return Err(self.changed(&f.path));
+                }
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(target.len() as u64);
+                h.set_mode(0o777);
+                w.append(&mut h, &name, target.as_bytes()).map_err(failed)?;
+                Ok(None)
+            }
+            Kind::File {
+                size, mode, blake3, ..
+            } => {
+                let packed = entry.header().size().map_err(|e| self.bundle.bad(&e))?;
+                if !entry.header().entry_type().is_file() {
+                    return Err(self.changed(&f.path));
+                }
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(*mode);
+                h.set_size(*size);
+                let script = rel.starts_with("bin/") && packed < SCRIPT_LIMIT;
+                match shebang.filter(|_| script) {
+                    Some(rw) => {
+                        let mut bytes = Vec::with_capacity(packed as usize);
+                        (&mut *entry)
+                            .take(packed)
+                            .read_to_end(&mut bytes)
+                            .map_err(|e| self.bundle.bad(&e))?;
+                        let bytes = rewrite_shebang(&bytes, rw).unwrap_or(bytes);
+                        if bytes.len() as u64 != *size {
+                            return Err(self.changed(&f.path));
+                        }
+                        w.append(&mut h, &name, bytes.as_slice()).map_err(failed)?;
+                        Ok(Some(SourceHash {
+                            index: f.index,
+                            blake3: content_hex(ContentHasher::new().update(&bytes)),
+                        }))
+                    }
+                    None => {
+                        if packed != *size {
+                            return Err(self.changed(&f.path));
+                        }
+                        // The target hashes what it writes against the
+                        // plan; a file the plan did not hash gets the
+                        // index's hash, which the target checks the same way.
+                        w.append(&mut h, &name, (&mut *entry).take(packed))
+                            .map_err(failed)?;
+                        if blake3.as_deref().is_some_and(|h| !h.is_empty()) {
+                            return Ok(None);
+                        }
+                        Ok(match self.entry(rel) {
+                            Some(BundleEntry {
+                                kind: BundleKind::File { blake3, .. },
+                                ..
+                            }) => Some(SourceHash {
+                                index: f.index,
+                                blake3: blake3.clone(),
+                            }),
+                            _ => None,
+                        })
+                    }
+                }
+            }
+            other => Err(err!(
+                kind = Protocol,
+                "Cannot send {}: it is {other:?} in the plan",
+                f.path
+            )),
+        }
     }
 
     /// The error of a file the plan asks for that the bundle does not hold

@@ -127,30 +127,45 @@ pub(super) fn what_to_pack(
         .filter(|c| c.action != Action::Delete)
         .filter_map(|c| Some((c.path, c.source?)))
         .collect();
-    // The ELF facts a plan from the bundle asks of its source.
+    let elf = elf_facts(client, &src.venv, &placed)?;
+    let mut to_pack = index_of(&scan, src, placed);
+    to_pack.index.facts = facts_of(&scan, &to_pack.index, elf, record_checked, record);
+    Ok(to_pack)
+}
+
+/// The ELF facts a plan from the bundle asks of its source, for the placed
+/// files that look like shared objects.
+fn elf_facts(
+    client: &mut Client,
+    venv: &str,
+    placed: &[(String, Kind)],
+) -> Result<BTreeMap<String, crate::model::ElfInfo>> {
     let shared: Vec<String> = placed
         .iter()
         .filter(|(p, _)| crate::preflight::looks_shared(p))
         .map(|(p, _)| p.clone())
         .collect();
-    let elf = if shared.is_empty() {
-        BTreeMap::new()
-    } else {
-        let infos = client.elf_info(&src.venv, shared.clone())?;
-        shared
-            .into_iter()
-            .zip(infos)
-            .filter_map(|(p, i)| Some((p, i?)))
-            .collect()
-    };
-    let mut to_pack = index_of(&scan, src, placed);
-    let packed: BTreeSet<&str> = to_pack
-        .index
-        .dists
-        .iter()
-        .map(|d| d.dist_info.as_str())
-        .collect();
-    to_pack.index.facts = SourceFacts {
+    if shared.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let infos = client.elf_info(venv, shared.clone())?;
+    Ok(shared
+        .into_iter()
+        .zip(infos)
+        .filter_map(|(p, i)| Some((p, i?)))
+        .collect())
+}
+
+/// The source's facts a bundle carries for the distributions it packs.
+fn facts_of(
+    scan: &ScanReport,
+    index: &BundleIndex,
+    elf: BTreeMap<String, crate::model::ElfInfo>,
+    record_checked: bool,
+    record: Vec<crate::model::Finding>,
+) -> SourceFacts {
+    let packed: BTreeSet<&str> = index.dists.iter().map(|d| d.dist_info.as_str()).collect();
+    SourceFacts {
         python_full: scan.facts.python_full.clone(),
         dists: scan
             .dists
@@ -161,8 +176,7 @@ pub(super) fn what_to_pack(
         elf,
         record_checked,
         record,
-    };
-    Ok(to_pack)
+    }
 }
 
 /// A path the empty target lacks.
