@@ -191,8 +191,8 @@ pub struct PlanArgs {
     pub targets: Vec<String>,
 
     /// Plan from a bundle written by `overlay pack` instead of a live
-    /// source: name only the TARGETs (the bundle is unpacked once under
-    /// `bundles/` beside --out, and `overlay apply` streams from there);
+    /// source: name only the TARGETs (the bundle is read in place, never
+    /// unpacked, and `overlay apply` streams from it);
     /// or, with --venv, on this host against that venv (no manifest, no
     /// SSH; read-only).
     #[arg(long, value_name = "FILE")]
