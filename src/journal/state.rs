@@ -159,15 +159,18 @@ impl State {
 
     /// Count one switch or undo step against the test hook.
     pub(super) fn step_hook(&self) -> Result<()> {
-        let left = self.stop_after.load(Ordering::SeqCst);
-        if left == u64::MAX {
-            return Ok(());
+        // One step at a time, whichever thread takes it.
+        let taken = self
+            .stop_after
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| match left {
+                u64::MAX => Some(left),
+                0 => None,
+                n => Some(n - 1),
+            });
+        match taken {
+            Ok(_) => Ok(()),
+            Err(_) => Err(err!("stopped by the test hook")),
         }
-        if left == 0 {
-            return Err(err!("stopped by the test hook"));
-        }
-        self.stop_after.store(left - 1, Ordering::SeqCst);
-        Ok(())
     }
 
     /// A venv-relative path as shown in messages.

@@ -1,12 +1,16 @@
 //! Undo of one generation, whatever state it is in: bytecode compiled from
-//! its new files since the switch is removed, then its journal is walked
-//! backwards, each step undone only if the file system shows it took
-//! effect (so an undo can itself be interrupted and run again). A file
+//! its new files since the switch is removed, the entries it placed are
+//! removed (on several threads: each step only takes out its own path),
+//! then the rest of its journal is walked backwards; each step is undone
+//! only if the file system shows it took effect (so an undo can itself be
+//! interrupted and run again). A placed file is removed without being read
+//! when its inode and mtime are still the ones staged. A file
 //! edited since the apply is kept in `<generation>/undone/`, never lost;
 //! so is, when forced, an entry made since where an old one goes back.
 //! The result is then checked against before.json before the backup goes.
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::format::{DIGEST, Generation, Record, read_before};
 use super::{State, parent_of, stat_mixed};
@@ -15,6 +19,16 @@ use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Counters;
 use crate::model::{Kind, Status};
+
+/// One undo step's failure, in words: the path and why.
+fn step_failure(what: &str, e: &std::io::Error) -> String {
+    let cause = if is_refused(e) {
+        "a symlink in its path was refused".to_string()
+    } else {
+        io_cause(e)
+    };
+    format!("{what} ({cause})")
+}
 
 /// What an undo did.
 #[derive(Debug, Default)]
@@ -85,12 +99,12 @@ impl State {
         &self,
         g: &Generation,
         r: &Record,
-        moved: &HashSet<usize>,
         force: bool,
         out: &mut Undone,
     ) -> std::io::Result<()> {
         match r {
-            Record::Place { i } => self.undo_place(g, *i, moved, out),
+            // Done before every other record's undo (`undo_places`).
+            Record::Place { .. } => Ok(()),
             Record::Move { i } => self.undo_move(g, *i, force, out),
             Record::Mkdir { dir } => self.undo_mkdir(g, dir, out),
             Record::Rmdir { dir, mode } if !self.fs.exists(dir) => {
@@ -102,8 +116,9 @@ impl State {
         }
     }
 
-    /// Undo `Place` of change `i`: take the placed entry out of the venv
-    /// (into `undone/`), noting a file edited since the apply.
+    /// Undo `Place` of change `i`: remove the placed entry from the venv,
+    /// or, when it is not what the apply placed, take it out into
+    /// `undone/`, noting a file edited since the apply.
     fn undo_place(
         &self,
         g: &Generation,
@@ -119,20 +134,101 @@ impl State {
         if g.fs.exists(&format!("staging/{i}")) || !self.fs.exists(rel) || restored_already {
             return Ok(());
         }
-        // A file edited since the apply is kept (in undone/), never lost.
-        if let Some(Kind::File {
-            blake3: Some(want), ..
-        }) = &c.source
-            && self.fs.kind(rel)?.is_some_and(|k| k.is_file())
-        {
-            let now =
-                crate::inventory::hash_file(&self.shown(rel), None, &Counters::default()).ok();
-            if now.is_some_and(|h| &h.blake3 != want) {
-                out.edited.push(c.path.clone());
-            }
+        let unchanged = match &c.source {
+            Some(Kind::File {
+                blake3: Some(want), ..
+            }) => match self.fs.lstat(rel)? {
+                Some(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() => {
+                    // The inode the switch put in place, not modified since
+                    // (its stamp as staged), holds the staged bytes: it is
+                    // not read again, as the guard before the rollback
+                    // trusts the same stamp. Any other file there is hashed.
+                    let stamp = crate::inventory::stamp_of(&st);
+                    if c.staged.is_some_and(|s| s.same_inode_unchanged(&stamp)) {
+                        true
+                    } else {
+                        let shown = self.shown(rel);
+                        match crate::inventory::hash_file(&shown, None, &Counters::default()) {
+                            Ok(h) if &h.blake3 == want => true,
+                            Ok(_) => {
+                                // Edited since the apply: kept, never lost.
+                                out.edited.push(c.path.clone());
+                                false
+                            }
+                            Err(_) => false,
+                        }
+                    }
+                }
+                _ => false,
+            },
+            Some(Kind::Symlink { target }) => self.fs.read_link(rel).is_ok_and(|t| &t == target),
+            _ => false,
+        };
+        if unchanged {
+            self.fs.remove_file(rel)?;
+        } else {
+            self.take_out(g, rel, &i.to_string())?;
         }
-        self.take_out(g, rel, &i.to_string())?;
         out.removed += 1;
+        Ok(())
+    }
+
+    /// Undo every `Place` of the generation, `places` newest first, on
+    /// several threads: each only takes out an entry of its own path, so
+    /// they need no order among themselves, and every other record's undo
+    /// (restoring a backup, removing a directory the apply made) comes
+    /// after them in [`State::undo_with`], as it would have walking the
+    /// journal backwards. A step that fails is noted in `failed` (with
+    /// its place in `places`); the test hook's stop ends the undo.
+    fn undo_places(
+        &self,
+        g: &Generation,
+        places: &[usize],
+        moved: &HashSet<usize>,
+        out: &mut Undone,
+        failed: &mut Vec<(usize, String)>,
+    ) -> Result<()> {
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let lanes = std::thread::available_parallelism()
+            .map_or(1, |n| n.get().min(8))
+            .min(places.len())
+            .max(1);
+        let lane = || -> Result<(Undone, Vec<(usize, String)>)> {
+            let mut mine = Undone::default();
+            let mut bad = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&i) = places.get(k) else { break };
+                if let Err(e) = self.step_hook() {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+                if let Err(e) = self.undo_place(g, i, moved, &mut mine) {
+                    bad.push((k, step_failure(&g.meta.changes[i].path, &e)));
+                }
+            }
+            Ok((mine, bad))
+        };
+        let results: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..lanes).map(|_| scope.spawn(lane)).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(err!(kind = Internal, "a rollback thread panicked"))
+                    })
+                })
+                .collect()
+        });
+        for r in results {
+            let (mine, bad) = r?;
+            out.removed += mine.removed;
+            out.restored += mine.restored;
+            out.edited.extend(mine.edited);
+            failed.extend(bad);
+        }
+        out.edited.sort();
         Ok(())
     }
 
@@ -253,21 +349,30 @@ impl State {
                 _ => None,
             })
             .collect();
+        let places: Vec<usize> = records
+            .iter()
+            .rev()
+            .filter_map(|r| match r {
+                Record::Place { i } => Some(*i),
+                _ => None,
+            })
+            .collect();
         let mut failed = Vec::new();
+        self.undo_places(g, &places, &moved, &mut out, &mut failed)?;
+        failed.sort();
+        let mut failed: Vec<String> = failed.into_iter().map(|(_, m)| m).collect();
         for r in records.iter().rev() {
+            if matches!(r, Record::Place { .. }) {
+                continue;
+            }
             self.step_hook()?;
-            if let Err(e) = self.undo_step(g, r, &moved, force, &mut out) {
+            if let Err(e) = self.undo_step(g, r, force, &mut out) {
                 let what = match r {
                     Record::Place { i } | Record::Move { i } => g.meta.changes[*i].path.clone(),
                     Record::Mkdir { dir } | Record::Rmdir { dir, .. } => dir.clone(),
                     _ => String::new(),
                 };
-                let cause = if is_refused(&e) {
-                    "a symlink in its path was refused".to_string()
-                } else {
-                    io_cause(&e)
-                };
-                failed.push(format!("{what} ({cause})"));
+                failed.push(step_failure(&what, &e));
             }
         }
         if let Ok(d) = self.fs.dir(&self.venv.site_rel) {
@@ -351,5 +456,59 @@ kind = Conflict,
             )));
         }
         Ok(paths.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::State;
+    use super::super::tests_support::{Fx, New, apply};
+    use crate::inventory::Counters;
+    use crate::model::Action;
+
+    /// Many files added in several new directories, with a symlink, are
+    /// removed by the undo's threads and the directories after them; a file
+    /// edited since the apply (forced past the guard) is kept in undone/
+    /// and named, and one replaced since by a file of the same bytes is
+    /// removed like the others.
+    #[test]
+    fn an_undo_removes_every_placed_file_on_its_threads_and_keeps_an_edited_one() {
+        let fx = Fx::new();
+        std::fs::write(fx.site().join("keep.py"), "keep").unwrap();
+        let before = fx.tree();
+        let mut list = Vec::new();
+        for d in 0..8 {
+            for f in 0..40 {
+                let body = format!("{d}/{f}").into_bytes();
+                list.push((format!("pkg{d}/sub/m{f}.py"), New::File(body)));
+            }
+        }
+        list.push(("pkg0/link".to_string(), New::Link("sub/m0.py".into())));
+        let changes: Vec<(&str, Action, Option<New>)> = list
+            .iter()
+            .map(|(p, n)| (p.as_str(), Action::Add, Some(n.clone())))
+            .collect();
+        apply(&fx, &changes).unwrap();
+        std::fs::write(fx.site().join("pkg3/sub/m7.py"), "edited").unwrap();
+        // Same bytes, another inode: hashed, found unchanged, removed.
+        let p = fx.site().join("pkg5/sub/m1.py");
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, "5/1").unwrap();
+        let state = State::open(&fx.v()).unwrap();
+        let r = state.rollback(None, false, &Counters::default()).unwrap();
+        assert!(r.refused, "{r:?}");
+        let r = state.rollback(None, true, &Counters::default()).unwrap();
+        assert_eq!(fx.tree(), before);
+        assert_eq!(r.removed, 321, "{r:?}");
+        assert_eq!(r.kept_edited.len(), 1, "{r:?}");
+        assert!(
+            r.kept_edited[0].starts_with("pkg3/sub/m7.py (changed since"),
+            "{r:?}"
+        );
+        let undone = state.load(&r.generations[0]).unwrap().dir.join("undone");
+        let kept: Vec<_> = std::fs::read_dir(&undone).unwrap().collect();
+        assert_eq!(kept.len(), 1);
+        let kept = kept[0].as_ref().unwrap().path();
+        assert_eq!(std::fs::read(kept).unwrap(), b"edited");
     }
 }

@@ -172,7 +172,7 @@ pub struct Unpacked {
 /// hosts on this machine): whole-file clones, big files read and written
 /// past the page cache (`O_DIRECT`), `copy_file_range`, plain reads and
 /// writes (where the kernel refused the others), and scripts whose shebang
-/// was rewritten (read, rewritten, written).
+/// was rewritten (read, rewritten, written); and in how many lanes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CopyCounts {
     pub reflink: u64,
@@ -181,6 +181,9 @@ pub struct CopyCounts {
     pub copy_range: u64,
     pub read_write: u64,
     pub rewritten: u64,
+    /// How many lanes copied at once.
+    #[serde(default)]
+    pub lanes: u64,
 }
 
 /// What a local copy staged: the count, each regular file as written (and

@@ -51,10 +51,11 @@ impl ReadAhead {
         }
     }
 
-    /// The reader has read `bytes` of the files.
+    /// The reader has read `bytes` of the files (the furthest of several
+    /// readers: the local route's lanes tell it each their own).
     pub(super) fn reader_at(&self, bytes: u64) {
         if let Ok(mut at) = self.at.lock() {
-            at.0 = bytes;
+            at.0 = at.0.max(bytes);
         }
         self.moved.notify_one();
     }

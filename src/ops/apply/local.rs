@@ -41,6 +41,7 @@ pub(super) fn copy_here(
             Err(_) => interrupted(Left::Pending(generation), tname, &opts.plan),
         });
     }
+    let started = std::time::Instant::now();
     let copied = dst.stage_local(
         &plan.source.venv,
         Some(shebang),
@@ -57,9 +58,12 @@ pub(super) fn copy_here(
     meter.finish();
     let k = c.copies;
     obs.detail(&format!(
-        "local copy of {} files ({}): {} reflinked, {} written past the page cache, {} by copy_file_range, {} read and written, {} scripts rewritten",
+        "local copy of {} files ({}) in {} lane{}, {:.2} s: {} reflinked, {} written past the page cache, {} by copy_file_range, {} read and written, {} scripts rewritten",
         c.files,
         HumanBytes(c.bytes),
+        k.lanes,
+        if k.lanes == 1 { "" } else { "s" },
+        started.elapsed().as_secs_f64(),
         k.reflink,
         k.direct,
         k.copy_range,

@@ -57,6 +57,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, mpsc};
 
 use self::kernel::{CopyError, How, Kernel, clone_whole, copy_file};
@@ -79,6 +80,18 @@ const READ_BUF: usize = 1 << 20;
 /// Stage every file the generation adds or replaces from the source venv
 /// at `source_root` on this machine, checking each against the plan.
 /// `stop` is asked between files and between steps of a big one.
+///
+/// The files are copied by [`lanes`] threads at once, each taking the
+/// next file as it is done with one (so one big file holds one lane while
+/// the others go on through the small ones), each with its own writer
+/// thread for big files past the page cache. The big files ([`DIRECT_MIN`]
+/// and up) come first, biggest first, so that none is left to copy alone
+/// at the end; then the others, in the plan's order. The read-ahead reads
+/// in the same order. Nothing
+/// is switched until every lane is done and every staged file durable, so
+/// the order in which files are staged changes nothing of the journal's
+/// guarantees. A lane that fails stops the others at their next file or
+/// chunk; its error is the one reported.
 pub fn copy_local(
     g: &Generation,
     host_dir: &Path,
@@ -89,23 +102,169 @@ pub fn copy_local(
 ) -> Result<Copied> {
     staged_durably(g, host_dir, |sync_tx| {
         let venv = Venv::open(source_root)?;
-        let files = SendFile::of_changes(&g.meta.changes);
+        let mut files = SendFile::of_changes(&g.meta.changes);
+        // The big files first, biggest first, then the rest in the plan's
+        // order: a lane that takes the biggest file last would copy it
+        // alone while the others wait for it.
+        files.sort_by_key(|f| std::cmp::Reverse(Some(f.kind.size()).filter(|s| *s >= DIRECT_MIN)));
         let ahead = ReadAhead::new(READ_AHEAD, ADVICE);
         let mut kernel = Kernel::new();
         kernel.no_direct |= !direct_io_fs(&g.dir.join("staging"))
             || !files.iter().any(|f| f.kind.size() >= DIRECT_MIN);
-        let (job_tx, job_rx) = mpsc::sync_channel::<WriteJob>(WRITE_BUFFERS);
-        let (free_tx, free_rx) = mpsc::sync_channel::<AlignedBuf>(WRITE_BUFFERS);
-        if !kernel.no_direct {
-            for _ in 0..WRITE_BUFFERS {
-                let _ = free_tx.send(AlignedBuf::new(WRITE_CHUNK));
-            }
+        counters
+            .total_files
+            .store(files.len() as u64, Ordering::Relaxed);
+        let mut starts = Vec::with_capacity(files.len());
+        let mut total = 0u64;
+        for f in &files {
+            starts.push(total);
+            total += f.kind.size();
         }
+        counters.total_bytes.store(total, Ordering::Relaxed);
+        let queue = Queue {
+            files: &files,
+            starts: &starts,
+            next: AtomicUsize::new(0),
+        };
+        let failed = AtomicBool::new(false);
+        let lane_stop = || stop() || failed.load(Ordering::Relaxed);
+        let work = Lane {
+            g,
+            host_dir,
+            counters,
+            stop: &lane_stop,
+            ahead: &ahead,
+            venv: &venv,
+            queue: &queue,
+            shebang,
+            kernel,
+        };
         std::thread::scope(|scope| {
             let (venv, files, ahead) = (&venv, &files, &ahead);
             scope.spawn(move || read_ahead(venv, files, ahead, advise_willneed));
             // Done, failed or panicked: the read-ahead has nothing left to do.
             let _done = ReaderDone(ahead);
+            let n = lanes(files.len());
+            let handles: Vec<_> = (0..n)
+                .map(|_| {
+                    let (work, sync, failed) = (&work, sync_tx.clone(), &failed);
+                    scope.spawn(move || {
+                        let r = work.run(sync);
+                        if r.is_err() {
+                            failed.store(true, Ordering::Relaxed);
+                        }
+                        r
+                    })
+                })
+                .collect();
+            drop(sync_tx);
+            let results: Vec<Result<Copied>> = handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(err!(kind = Internal, "a local copy lane panicked"))
+                    })
+                })
+                .collect();
+            let mut copied = merge(results)?;
+            copied.copies.lanes = n as u64;
+            Ok(copied)
+        })
+    })
+}
+
+/// How many lanes copy at once: one per core, at most 8 (the queue depth
+/// a GPU server's NVMe rewards; every lane holds [`WRITE_BUFFERS`] chunks
+/// of [`WRITE_CHUNK`] bytes for big files), never more than the files;
+/// `OVERLAY_COPY_LANES` (1 to 64) sets it, for the benchmark.
+fn lanes(files: usize) -> usize {
+    let auto = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let n = std::env::var("OVERLAY_COPY_LANES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=64).contains(n))
+        .unwrap_or(auto);
+    n.min(files).max(1)
+}
+
+/// The lanes' results as one: what each copied, or the error of the lane
+/// that failed first in the lanes' order, rather than another lane's
+/// report that it was stopped because of it.
+fn merge(results: Vec<Result<Copied>>) -> Result<Copied> {
+    let mut out = Copied::default();
+    let mut stopped = None;
+    for r in results {
+        match r {
+            Ok(c) => {
+                out.count.files += c.count.files;
+                out.count.bytes += c.count.bytes;
+                out.copies.reflink += c.copies.reflink;
+                out.copies.copy_range += c.copies.copy_range;
+                out.copies.read_write += c.copies.read_write;
+                out.copies.direct += c.copies.direct;
+                out.copies.rewritten += c.copies.rewritten;
+                out.written.extend(c.written);
+                out.hashes.extend(c.hashes);
+            }
+            Err(e) if e.kind == crate::error::ErrorKind::Interrupted => {
+                stopped.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match stopped {
+        Some(e) => Err(e),
+        None => {
+            out.written.sort_by_key(|w| w.index);
+            out.hashes.sort_by_key(|h| h.index);
+            Ok(out)
+        }
+    }
+}
+
+/// The files to copy, in the plan's order, and the next one a lane takes.
+struct Queue<'a> {
+    files: &'a [SendFile],
+    /// Where each file starts among the files' bytes, as the read-ahead counts.
+    starts: &'a [u64],
+    next: AtomicUsize,
+}
+
+impl Queue<'_> {
+    /// The next file no lane has taken, and where it starts.
+    fn take(&self) -> Option<(&SendFile, u64)> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        Some((self.files.get(i)?, self.starts[i]))
+    }
+}
+
+/// What every lane shares.
+struct Lane<'a> {
+    g: &'a Generation,
+    host_dir: &'a Path,
+    counters: &'a Counters,
+    /// The user's stop, or another lane's failure.
+    stop: &'a (dyn Fn() -> bool + Sync),
+    ahead: &'a ReadAhead,
+    venv: &'a Venv,
+    queue: &'a Queue<'a>,
+    shebang: Option<&'a ShebangRewrite>,
+    kernel: Kernel,
+}
+
+impl Lane<'_> {
+    /// One lane: a copier and its writer thread, taking files from the
+    /// queue until it is empty.
+    fn run(&self, sync_tx: SyncSender) -> Result<Copied> {
+        let (job_tx, job_rx) = mpsc::sync_channel::<WriteJob>(WRITE_BUFFERS);
+        let (free_tx, free_rx) = mpsc::sync_channel::<AlignedBuf>(WRITE_BUFFERS);
+        if !self.kernel.no_direct {
+            for _ in 0..WRITE_BUFFERS {
+                let _ = free_tx.send(AlignedBuf::new(WRITE_CHUNK));
+            }
+        }
+        std::thread::scope(|scope| {
+            let (g, host_dir) = (self.g, self.host_dir);
             let writer_sync = sync_tx.clone();
             let writer =
                 scope.spawn(move || write_staged(g, host_dir, job_rx, free_tx, writer_sync));
@@ -113,8 +272,16 @@ pub fn copy_local(
                 jobs: job_tx,
                 free: free_rx,
             };
-            let copied = Copier::new(g, host_dir, counters, stop, sync_tx, ahead, writer_queue)
-                .and_then(|c| c.run(venv, files, shebang, kernel));
+            let copied = Copier::new(
+                g,
+                host_dir,
+                self.counters,
+                self.stop,
+                sync_tx,
+                self.ahead,
+                writer_queue,
+            )
+            .and_then(|c| c.run(self.venv, self.queue, self.shebang, self.kernel));
             let written = writer
                 .join()
                 .unwrap_or_else(|_| Err(err!(kind = Internal, "the staging writer panicked")));
@@ -124,7 +291,7 @@ pub fn copy_local(
             copied.written.extend(written);
             Ok(copied)
         })
-    })
+    }
 }
 
 /// The queues to the writer thread, for big files past the page cache:
@@ -204,23 +371,21 @@ impl<'a> Copier<'a> {
         )
     }
 
-    /// Copy every file of the generation, in its order.
+    /// Copy files from the queue, in the plan's order, until none is left.
     fn run(
         mut self,
         venv: &Venv,
-        files: &[SendFile],
+        queue: &Queue<'_>,
         shebang: Option<&ShebangRewrite>,
         kernel: Kernel,
     ) -> Result<Copied> {
         self.kernel = kernel;
         let c = self.counters;
-        c.total_files.store(files.len() as u64, Ordering::Relaxed);
-        c.total_bytes
-            .store(files.iter().map(|f| f.kind.size()).sum(), Ordering::Relaxed);
         let root = venv.beneath()?;
         let mut walker = Walker::new(std::os::fd::AsFd::as_fd(&root));
-        for f in files {
+        while let Some((f, start)) = queue.take() {
             let (i, kind, path) = (f.index, &f.kind, f.path.as_str());
+            self.at = start;
             self.ahead.reader_at(self.at);
             if (self.stop)() {
                 return Err(Self::stopped());
@@ -274,7 +439,6 @@ impl<'a> Copier<'a> {
             }
             self.out.count.files += 1;
             c.files.fetch_add(1, Ordering::Relaxed);
-            self.at += kind.size();
         }
         Ok(self.out)
     }
