@@ -25,8 +25,8 @@ use crate::error::{Error, Result};
 use crate::model::{
     BLOCK, Compression, CopyCounts, ElfInfo, GenerationInfo, HashMode, LevelWindow,
     PreflightReport, PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport,
-    SendFile, Set, ShebangRewrite, SourceHash, StatEntry, StreamEntry, VerifyReport, VerifyRequest,
-    Written,
+    SendFile, SendWaits, Set, ShebangRewrite, SourceHash, StageWaits, StatEntry, StreamEntry,
+    VerifyReport, VerifyRequest, Written,
 };
 
 /// Bumped whenever a frame changes shape. 15: `cuts` in `Send`, and the
@@ -286,12 +286,20 @@ pub enum Response {
         /// On the direct route: what the target wrote.
         #[serde(default)]
         written: Vec<Written>,
+        /// Where the source's writer spent the stream.
+        #[serde(default)]
+        waits: SendWaits,
+        /// On the direct route: where the target spent it.
+        #[serde(default)]
+        target_waits: StageWaits,
     },
     /// The receiving end of a direct stream: files and bytes staged.
     Received {
         files: u64,
         bytes: u64,
         written: Vec<Written>,
+        #[serde(default)]
+        waits: StageWaits,
     },
     Prepared {
         generation: String,
@@ -300,6 +308,10 @@ pub enum Response {
     Staged {
         files: u64,
         bytes: u64,
+        /// Where the target spent the stream (a relayed stage; none after
+        /// a direct stream's check).
+        #[serde(default)]
+        waits: StageWaits,
     },
     /// The local route's copy is staged: files, bytes, and how the kernel
     /// copied them.

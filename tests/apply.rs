@@ -111,6 +111,31 @@ fn plan_and_apply(tb: &Testbed, args: &[&str]) -> Output {
     ok(tb.overlay(&apply).output().unwrap(), "apply")
 }
 
+/// `apply --json`'s `waits`: both ends timed the stream, and each end's
+/// parts fit in its whole (a little slack for the clock reads between).
+fn assert_waits_add_up(result: &serde_json::Value) {
+    let w = &result["waits"];
+    let f = |side: &str, k: &str| {
+        w[side][k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("waits.{side}.{k}: {result}"))
+    };
+    let slack = 0.05;
+    assert!(f("source", "secs") > 0.0, "{result}");
+    assert!(
+        f("source", "sink_secs") + f("source", "starved_secs") <= f("source", "secs") + slack,
+        "{result}"
+    );
+    assert!(f("target", "secs") > 0.0, "{result}");
+    let reader =
+        f("target", "input_secs") + f("target", "decode_secs") + f("target", "behind_secs");
+    assert!(reader <= f("target", "secs") + slack, "{result}");
+    assert!(
+        f("target", "disk_secs") <= f("target", "secs") + slack,
+        "{result}"
+    );
+}
+
 #[test]
 #[cfg_attr(
     not(overlay_test_root),
@@ -133,6 +158,7 @@ fn round_trip_over_ssh_is_exact_and_reversible() {
     assert!(result["generation"].is_string(), "{result}");
     assert!(result["sent_bytes"].as_u64().unwrap() > 0);
     assert_eq!(result["route"], "relay", "{result}");
+    assert_waits_add_up(&result);
     assert_eq!(result["backup"], true, "{result}");
     // The backup holds the replaced and deleted files.
     assert!(result["backup_bytes"].as_u64().unwrap() > 0, "{result}");
@@ -770,7 +796,10 @@ fn the_direct_route_streams_source_to_target_and_refuses_an_unknown_host_key() {
     assert!(result["generation"].is_string(), "{result}");
     assert!(result["sent_bytes"].as_u64().unwrap() > 0, "{result}");
     assert_eq!(result["route"], "direct", "{result}");
+    assert_waits_add_up(&result);
     let status = String::from_utf8_lossy(&out.stderr);
+    assert!(status.contains("stream waits: source "), "{status}");
+    assert!(status.contains("; target "), "{status}");
     assert!(
         status.contains("directly from src to \"dst-direct\""),
         "{status}"

@@ -314,6 +314,7 @@ fn a_well_formed_stream_with_a_300_byte_symlink_target_is_staged() {
         Some(Response::Staged {
             files: 2,
             bytes: 10,
+            ..
         }) => {}
         other => panic!("{other:?}"),
     }
@@ -485,6 +486,7 @@ fn a_shared_stream_stages_only_this_target_s_entries() {
         Some(Response::Staged {
             files: 2,
             bytes: 10,
+            ..
         }) => {}
         other => panic!("{other:?}"),
     }

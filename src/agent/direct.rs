@@ -138,8 +138,12 @@ pub fn send_direct(
     target.request(&Request::EndData {
         hashes: sent.hashes.clone(),
     })?;
+    let mut sent = sent;
     let written = match target.response(&mut |_| {})? {
-        Response::Received { written, .. } => written,
+        Response::Received { written, waits, .. } => {
+            sent.target_waits = waits;
+            written
+        }
         other => {
             return Err(err!(
                 kind = Protocol,

@@ -3,12 +3,13 @@
 //! `EndData` or `Abort`, decoded on this thread while another unpacks them.
 
 use std::io::Read;
+use std::time::{Duration, Instant};
 
 use crate::err;
 use crate::error::{Error, Result};
 use crate::inventory::Counters;
 use crate::journal::Generation;
-use crate::model::{SourceHash, StreamEntry, Unpacked};
+use crate::model::{SourceHash, StageWaits, StreamEntry, Unpacked};
 use crate::protocol::{Frame, Request, read_any};
 use crate::stream::{self, ChannelReader};
 
@@ -53,6 +54,8 @@ pub(super) fn stream_in(
             };
         }
     };
+    let mut clock = ReaderClock::default();
+    let mut started: Option<Instant> = None;
     let mut ended = false;
     let mut aborted = false;
     let mut source_hashes: Vec<SourceHash> = Vec::new();
@@ -63,13 +66,26 @@ pub(super) fn stream_in(
             scope.spawn(|| stream::unpack(g, host_dir, ChannelReader::new(rx), &counters, shared));
         let mut tx = Some(tx);
         loop {
-            match read_any::<Request>(input) {
+            let asked = Instant::now();
+            let frame = read_any::<Request>(input);
+            let got = Instant::now();
+            // Waits before the first frame are the source starting, not the stream.
+            let first = *started.get_or_insert(got);
+            if first != got {
+                clock.input += got - asked;
+            }
+            match frame {
                 Ok(Some(Frame::Data(d))) => {
                     // Decoded here, so that decoding runs beside the writing.
                     if let Some(t) = &tx {
-                        match stream::unpack_block(d, &mut unz) {
+                        let decoded = stream::unpack_block(d, &mut unz);
+                        let handed = Instant::now();
+                        clock.decode += handed - got;
+                        match decoded {
                             Ok(b) => {
-                                if t.send(b).is_err() {
+                                let taken = t.send(b);
+                                clock.behind += handed.elapsed();
+                                if taken.is_err() {
                                     tx = None; // the unpacker failed; keep draining
                                 }
                             }
@@ -105,7 +121,7 @@ pub(super) fn stream_in(
             .unwrap_or_else(|_| Err(err!(kind = Internal, "the unpacking thread panicked")));
         match bad_block.take() {
             Some(e) => Err(e),
-            None => r,
+            None => r.map(|u| clock.fill(u, started)),
         }
     });
     StreamIn {
@@ -114,6 +130,29 @@ pub(super) fn stream_in(
         ended,
         aborted,
         broken,
+    }
+}
+
+/// Where the reader of the connection spent the stream (see
+/// [`StageWaits`]).
+#[derive(Default)]
+struct ReaderClock {
+    input: Duration,
+    decode: Duration,
+    behind: Duration,
+}
+
+impl ReaderClock {
+    /// The unpacker's figures with the reader's, timed from the first frame.
+    fn fill(self, mut u: Unpacked, started: Option<Instant>) -> Unpacked {
+        u.waits = StageWaits {
+            secs: started.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            input_secs: self.input.as_secs_f64(),
+            decode_secs: self.decode.as_secs_f64(),
+            behind_secs: self.behind.as_secs_f64(),
+            ..u.waits
+        };
+        u
     }
 }
 

@@ -9,10 +9,13 @@ use crate::model::{Compression, Progress, SendFile, Sent, ShebangRewrite, Source
 use crate::protocol::{RawFrame, Request, Response, read_raw};
 
 /// What the target staged ([`Client::end_stage`], [`Client::staged_direct`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Staged {
     pub files: u64,
     pub bytes: u64,
+    /// Where the target spent a relayed stream (zero after a direct
+    /// stream's check: the source reports the receiving agent's).
+    pub waits: crate::model::StageWaits,
 }
 
 /// What the target copied on the local route ([`Client::stage_local`]).
@@ -121,6 +124,8 @@ impl Client {
                 hashes,
                 windows,
                 written,
+                waits,
+                target_waits,
                 ..
             }) => Ok(StreamEvent::Sent {
                 sent: Sent {
@@ -128,6 +133,8 @@ impl Client {
                     packed_bytes: compressed_bytes,
                     hashes,
                     windows,
+                    waits,
+                    target_waits,
                 },
                 written,
             }),
@@ -146,7 +153,7 @@ impl Client {
     /// End a relayed stream: the hashes the source computed while reading.
     pub fn end_stage(&mut self, hashes: Vec<SourceHash>) -> Result<Staged> {
         let req = Request::EndData { hashes };
-        answer!(self, &req, "the end of a stream", Response::Staged { files, bytes } => Staged { files, bytes })
+        answer!(self, &req, "the end of a stream", Response::Staged { files, bytes, waits } => Staged { files, bytes, waits })
     }
 
     /// After a direct stream: have the target check what another agent
@@ -157,7 +164,7 @@ impl Client {
         written: Vec<Written>,
     ) -> Result<Staged> {
         let req = Request::StagedDirect { hashes, written };
-        answer!(self, &req, "a direct stream's report", Response::Staged { files, bytes } => Staged { files, bytes })
+        answer!(self, &req, "a direct stream's report", Response::Staged { files, bytes, waits } => Staged { files, bytes, waits })
     }
 
     /// The local route: have the target copy the generation's files from

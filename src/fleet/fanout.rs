@@ -26,7 +26,9 @@ use std::collections::HashMap;
 
 use crate::client::{Client, SendRequest};
 use crate::error::{Error, Result};
-use crate::model::{Kind, RouteSetting, SendFile, ShebangRewrite, SourceHash, StreamEntry};
+use crate::model::{
+    Kind, RouteSetting, SendFile, ShebangRewrite, SourceHash, StreamEntry, StreamWaits,
+};
 use crate::plan::Plan;
 
 use crate::ops::apply::{
@@ -456,11 +458,15 @@ fn end_target(
         (Some(e), _) => Err(fail(r, e, true)),
         (None, Err((e, died))) => Err(fail(r, e.clone(), *died)),
         (None, Ok(s)) => match r.dst.end_stage(own_hashes(&s.hashes, took.map)) {
-            Ok(_) => Ok(Transferred {
+            Ok(staged) => Ok(Transferred {
                 moved: Moved {
                     raw: took.own_bytes,
                     sent: took.received,
                     local: false,
+                    waits: Some(StreamWaits {
+                        source: s.waits,
+                        target: staged.waits,
+                    }),
                 },
                 shared: took.shared,
                 ..Transferred::default()

@@ -144,9 +144,74 @@ pub struct Sent {
     pub packed_bytes: u64,
     pub hashes: Vec<SourceHash>,
     pub windows: Vec<LevelWindow>,
+    pub waits: SendWaits,
+    /// On the direct route: where the target spent the stream.
+    pub target_waits: StageWaits,
 }
 
-/// What the source sent on the direct route, and what the target wrote.
+/// Where the source's writer spent a stream, in seconds (`apply -vv`'s
+/// "stream waits" line, `--json`'s `waits`): blocked handing packed blocks
+/// to the connection (what is downstream, the link or the target, is the
+/// limit) against waiting for the next packed block (reading or packing
+/// the files is).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SendWaits {
+    /// From the first block packed to the last handed over.
+    pub secs: f64,
+    /// Blocked handing blocks to the connection.
+    pub sink_secs: f64,
+    /// Waiting for the next packed block.
+    pub starved_secs: f64,
+}
+
+/// Where the target's side of a stream spent its time, in seconds: the
+/// reader of the connection (waiting for input, decompressing, waiting for
+/// the unpacker to take a block) and the unpacker (waiting for the writer,
+/// that is the disk), then the fsyncs after the last byte. Input waits
+/// mean the link or the source is the limit; the others, the target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageWaits {
+    /// From the first frame read to the stage durable.
+    pub secs: f64,
+    /// The reader waited for the next frame.
+    pub input_secs: f64,
+    /// The reader decompressed frames.
+    pub decode_secs: f64,
+    /// The reader waited for the unpacker to take a decoded block
+    /// (hashing, creating files, or the disk behind them).
+    pub behind_secs: f64,
+    /// The unpacker waited for the writer to take a chunk (the disk).
+    pub disk_secs: f64,
+    /// After the last byte: the staged files' fsyncs finishing.
+    pub durable_secs: f64,
+}
+
+/// Where both ends spent a stream (`apply --json`'s `waits`); the
+/// streams of several sources (sets with `from`) add up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamWaits {
+    pub source: SendWaits,
+    pub target: StageWaits,
+}
+
+impl StreamWaits {
+    /// This stream's figures added to those of the streams before it.
+    pub fn add(&mut self, o: &StreamWaits) {
+        let (s, t) = (&mut self.source, &mut self.target);
+        s.secs += o.source.secs;
+        s.sink_secs += o.source.sink_secs;
+        s.starved_secs += o.source.starved_secs;
+        t.secs += o.target.secs;
+        t.input_secs += o.target.input_secs;
+        t.decode_secs += o.target.decode_secs;
+        t.behind_secs += o.target.behind_secs;
+        t.disk_secs += o.target.disk_secs;
+        t.durable_secs += o.target.durable_secs;
+    }
+}
+
+/// What the source sent on the direct route, and what the target wrote
+/// (`sent.target_waits`: where the target spent the stream).
 #[derive(Debug, Clone, Default)]
 pub struct SentDirect {
     pub sent: Sent,
@@ -166,6 +231,7 @@ pub struct StageCount {
 pub struct Unpacked {
     pub count: StageCount,
     pub written: Vec<Written>,
+    pub waits: StageWaits,
 }
 
 /// How the kernel copied the files of a local copy (`apply` with both

@@ -370,6 +370,8 @@ mod tests {
             hashes: vec![],
             windows: vec![],
             written: vec![],
+            waits: Default::default(),
+            target_waits: Default::default(),
         })
     }
 
@@ -425,7 +427,8 @@ mod tests {
         let first = data(&[0, 1, 2, 3]);
         let after = data(&[0, 9, 9]);
         let oversized = ((MAX_DATA as u32 + 1) | DATA_BIT).to_le_bytes().to_vec();
-        let mut cut_short = (100u32 | DATA_BIT).to_le_bytes().to_vec();
+        // Longer than all that follows it, so the input ends inside it.
+        let mut cut_short = (10_000u32 | DATA_BIT).to_le_bytes().to_vec();
         cut_short.extend([0u8; 10]);
         for (bad, says) in [
             (oversized, "larger than"),

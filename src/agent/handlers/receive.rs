@@ -23,10 +23,15 @@ pub fn receive(input: &mut dyn Read, venv: &str, generation: &str) -> Result<Nex
             }
             Ok(Next::Answer(match s.result {
                 _ if s.aborted => Response::Aborted,
-                Ok(Unpacked { count, written }) => Response::Received {
+                Ok(Unpacked {
+                    count,
+                    written,
+                    waits,
+                }) => Response::Received {
                     files: count.files,
                     bytes: count.bytes,
                     written,
+                    waits,
                 },
                 Err(e) => Response::Error(e),
             }))

@@ -49,5 +49,7 @@ pub fn send(session: &mut Session, output: &mut dyn Write, s: &Sending) -> Resul
         hashes: sent.hashes,
         windows: sent.windows,
         written: Vec::new(),
+        waits: sent.waits,
+        target_waits: Default::default(),
     })
 }

@@ -51,5 +51,7 @@ pub fn send_direct(output: &mut dyn Write, s: &Sending, to: &Peer) -> Result<Res
         hashes: d.sent.hashes,
         windows: d.sent.windows,
         written: d.written,
+        waits: d.sent.waits,
+        target_waits: d.sent.target_waits,
     })
 }

@@ -44,13 +44,21 @@ pub fn stage(session: &mut Session, input: &mut dyn Read, shared: Option<&[Strea
         };
     }
     // Files the plan had not hashed: what the target wrote must be what the source read.
-    let result = result.and_then(|Unpacked { count, written }| {
+    let result = result.and_then(|u| {
         let (_, g) = session.opened()?;
-        g.staged(&written, &source_hashes)?;
-        Ok(count)
+        g.staged(&u.written, &source_hashes)?;
+        Ok(u)
     });
     match result {
-        Ok(StageCount { files, bytes }) => Next::Answer(Response::Staged { files, bytes }),
+        Ok(Unpacked {
+            count: StageCount { files, bytes },
+            waits,
+            ..
+        }) => Next::Answer(Response::Staged {
+            files,
+            bytes,
+            waits,
+        }),
         Err(e) => {
             session.discard_open();
             Next::Answer(Response::Error(e))

@@ -19,7 +19,11 @@ pub fn staged_direct(
         Ok(count)
     });
     match r {
-        Ok(StageCount { files, bytes }) => Ok(Response::Staged { files, bytes }),
+        Ok(StageCount { files, bytes }) => Ok(Response::Staged {
+            files,
+            bytes,
+            waits: Default::default(),
+        }),
         Err(e) => {
             session.discard_open();
             Err(e)

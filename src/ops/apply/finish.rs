@@ -87,6 +87,7 @@ pub fn finish(
         changes: changes.len() as u64,
         raw_bytes: moved.raw,
         sent_bytes: moved.sent,
+        waits: moved.waits.map(Box::new),
         route: match (&sent.direct, files == 0) {
             (_, true) => None,
             _ if moved.local => Some(Route::Local),

@@ -74,5 +74,6 @@ pub(super) fn copy_here(
         raw: c.bytes,
         sent: 0,
         local: true,
+        waits: None,
     })
 }

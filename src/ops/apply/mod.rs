@@ -48,7 +48,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::model::{Action, Compression, GenChange, SendFile};
+use crate::model::{Action, Compression, GenChange, SendFile, StreamWaits};
 use crate::plan::Plan;
 use crate::transport::ConnectOptions;
 
@@ -154,6 +154,9 @@ pub struct Applied {
     pub verified: Option<bool>,
     /// With `rollback_on_failure`: the generation was rolled back.
     pub rolled_back: bool,
+    /// Where both ends spent the stream (`None` on the local route, or
+    /// when nothing was sent).
+    pub waits: Option<Box<StreamWaits>>,
 }
 
 /// The generation's change list: the plan's changes plus stale bytecode.

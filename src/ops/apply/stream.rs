@@ -7,7 +7,7 @@ use crate::client::{Client, DirectTo, SendRequest};
 use crate::err;
 use crate::error::{Error, ErrorKind, Result};
 use crate::interrupt;
-use crate::model::{Compression, LevelWindow, SendFile, ShebangRewrite, SourceHash};
+use crate::model::{Compression, LevelWindow, SendFile, ShebangRewrite, SourceHash, StreamWaits};
 use crate::ops::{Observer, Step, endpoint, relay};
 use crate::plan::{HostInfo, Plan};
 use crate::transport::ConnectOptions;
@@ -210,21 +210,27 @@ pub(super) fn relay(
         return Err(err!(kind = Interrupted, "interrupted"));
     }
     // The relay's end of stream, or the direct route's report of what it staged.
+    let mut waits = StreamWaits {
+        source: sent.waits,
+        target: sent.target_waits,
+    };
     if relayed {
         let mut hashes = part.hashes.take();
         hashes.extend(sent.hashes);
         if part.last {
-            dst.end_stage(hashes)?;
+            waits.target = dst.end_stage(hashes)?.waits;
         } else {
             part.hashes.set(hashes);
         }
     } else {
         dst.staged_direct(sent.hashes, written)?;
     }
+    show_waits(obs, &waits);
     Ok(Moved {
         raw: sent.raw_bytes,
         sent: sent.packed_bytes,
         local: false,
+        waits: Some(waits),
     })
 }
 
@@ -306,8 +312,29 @@ pub(super) fn stream_parts(
         let m = stream((plan, part), opts, dst, files, compression, Way::Relay, obs)?;
         total.raw += m.raw;
         total.sent += m.sent;
+        if let Some(w) = m.waits {
+            total.waits.get_or_insert_default().add(&w);
+        }
     }
     Ok(total)
+}
+
+/// For `-vv`: where both ends spent the stream (see [`StreamWaits`]).
+/// The target's figures of a stream from several sources come with the
+/// last one.
+pub fn show_waits(obs: &dyn Observer, w: &StreamWaits) {
+    let (s, t) = (&w.source, &w.target);
+    let mut line = format!(
+        "stream waits: source {:.2} s, of it blocked on the connection {:.2} s, waiting for packed blocks {:.2} s",
+        s.secs, s.sink_secs, s.starved_secs
+    );
+    if t.secs > 0.0 {
+        line += &format!(
+            "; target {:.2} s, of it waiting for input {:.2} s, decompressing {:.2} s, waiting for the unpacker {:.2} s (the unpacker waiting for the disk {:.2} s), fsyncs after the last byte {:.2} s",
+            t.secs, t.input_secs, t.decode_secs, t.behind_secs, t.disk_secs, t.durable_secs
+        );
+    }
+    obs.detail(&line);
 }
 
 /// For `-vv`: the levels `--compress auto` measured, window by window.

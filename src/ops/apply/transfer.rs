@@ -6,7 +6,7 @@
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::interrupt;
-use crate::model::SendFile;
+use crate::model::{SendFile, StreamWaits};
 use crate::ops::Observer;
 use crate::plan::Plan;
 
@@ -39,6 +39,8 @@ pub struct Moved {
     /// The target copied the files itself (the local route): none went
     /// on a wire.
     pub local: bool,
+    /// Where both ends spent the stream (none on the local route).
+    pub waits: Option<StreamWaits>,
 }
 
 /// Stream the added and replaced files from the source into the target's

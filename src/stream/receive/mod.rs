@@ -34,7 +34,9 @@ use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::Counters;
 use crate::journal::Generation;
-use crate::model::{Action, BLOCK, FileStamp, Kind, StageCount, StreamEntry, Unpacked, Written};
+use crate::model::{
+    Action, BLOCK, FileStamp, Kind, StageCount, StageWaits, StreamEntry, Unpacked, Written,
+};
 
 /// Decode one data frame of the stream back into bytes of the tar stream.
 /// Returns the bytes and where they start in the vector.
@@ -156,20 +158,32 @@ pub fn unpack(
     for _ in 0..WRITE_BUFFERS {
         let _ = free_tx.send(AlignedBuf::new(WRITE_CHUNK));
     }
-    staged_durably(g, host_dir, |sync_tx| {
+    let disk = std::cell::Cell::new(std::time::Duration::ZERO);
+    let mut last_byte = None;
+    let unpacked = staged_durably(g, host_dir, |sync_tx| {
         std::thread::scope(|scope| {
             let writer = scope.spawn(move || write_staged(g, host_dir, job_rx, free_tx, sync_tx));
             let direct = direct_io_fs(&g.dir.join("staging"));
-            let r = Stager::new(g, host_dir, counters, direct, job_tx, free_rx)
+            let r = Stager::new(g, host_dir, counters, direct, job_tx, free_rx, &disk)
                 .and_then(|s| s.unpack(input, shared));
             let written = writer
                 .join()
                 .unwrap_or_else(|_| Err(err!(kind = Internal, "the staging writer panicked")));
+            last_byte = Some(std::time::Instant::now());
             // The writer's own error explains a stream that stopped because of it.
             let written = written?;
             let count = r?;
-            Ok(Unpacked { count, written })
+            Ok(Unpacked {
+                count,
+                written,
+                waits: StageWaits::default(),
+            })
         })
+    });
+    unpacked.map(|mut u| {
+        u.waits.disk_secs = disk.get().as_secs_f64();
+        u.waits.durable_secs = last_byte.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        u
     })
 }
 
@@ -499,7 +513,7 @@ mod tests {
             tx.send((piece.to_vec(), 0)).unwrap();
         }
         drop(tx);
-        let Unpacked { count, written } =
+        let Unpacked { count, written, .. } =
             unpack(&g, t.path(), ChannelReader::new(rx), &counters, None).unwrap();
         assert_eq!(
             count,

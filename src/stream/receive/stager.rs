@@ -7,11 +7,13 @@
 //! buffers for the writer thread, the last chunk handed over once the hash
 //! is the plan's.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
 
 use super::read_exact_stream;
 use crate::beneath::Beneath;
@@ -45,6 +47,8 @@ pub(super) struct Stager<'a> {
     free: mpsc::Receiver<AlignedBuf>,
     /// The chunk buffer being filled.
     buf: AlignedBuf,
+    /// How long the hand-overs waited for the writer (the disk).
+    disk: &'a Cell<Duration>,
 }
 
 impl<'a> Stager<'a> {
@@ -55,6 +59,7 @@ impl<'a> Stager<'a> {
         direct: bool,
         jobs: mpsc::SyncSender<WriteJob>,
         free: mpsc::Receiver<AlignedBuf>,
+        disk: &'a Cell<Duration>,
     ) -> Result<Stager<'a>> {
         let staging_path = g.dir.join("staging");
         let staging =
@@ -74,6 +79,7 @@ impl<'a> Stager<'a> {
             jobs,
             free,
             buf,
+            disk,
         })
     }
 
@@ -299,6 +305,7 @@ impl<'a> Stager<'a> {
         len: usize,
         last: Option<Finish>,
     ) -> Result<()> {
+        let t0 = Instant::now();
         let next = self.next_buf()?;
         let buf = std::mem::replace(&mut self.buf, next);
         let job = WriteJob {
@@ -308,7 +315,9 @@ impl<'a> Stager<'a> {
             len,
             last,
         };
-        self.jobs.send(job).map_err(|_| writer_stopped())
+        let sent = self.jobs.send(job).map_err(|_| writer_stopped());
+        self.disk.set(self.disk.get() + t0.elapsed());
+        sent
     }
 }
 

@@ -25,6 +25,7 @@ use std::fs::File;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use super::read_ahead::{ADVICE, READ_AHEAD, ReadAhead, ReaderDone, advise_willneed, read_ahead};
 use super::source_file::{FileToSend, Source};
@@ -34,7 +35,8 @@ use crate::err;
 use crate::error::{Result, io_cause};
 use crate::inventory::{ContentHasher, Counters, Venv, Walker, content_hex};
 use crate::model::{
-    BLOCK, Compression, Kind, LevelWindow, Progress, SendFile, Sent, ShebangRewrite, SourceHash,
+    BLOCK, Compression, Kind, LevelWindow, Progress, SendFile, SendWaits, Sent, ShebangRewrite,
+    SourceHash, StageWaits,
 };
 
 /// How far the files were read into the stream when a block was cut.
@@ -234,22 +236,40 @@ fn packer(rx: &Mutex<mpsc::Receiver<Block>>, tx: mpsc::SyncSender<Packed>) {
     }
 }
 
+/// What the writer handed over: bytes (tags included), the tuner's
+/// windows, and where its time went.
+struct Handed {
+    sent: u64,
+    windows: Vec<LevelWindow>,
+    waits: SendWaits,
+}
+
 /// Hand packed blocks to `sink` in order, each followed by a progress
 /// report of how far the files are once it is handed over (also kept in
 /// `counters`, which the direct route's reporter reads); tune the level
-/// from each block's cost, timed around the hand-over (two clock reads
-/// per block, from the vDSO). Returns the bytes handed over (tags
-/// included) and the tuner's windows.
+/// from each block's cost, timed around the hand-over (clock reads per
+/// block, from the vDSO), and sum the waits for packed blocks and on the
+/// sink ([`SendWaits`]).
 fn write_blocks(
     rx: mpsc::Receiver<Packed>,
     sink: &mut dyn BlockSink,
     counters: &Counters,
     level: &AtomicI32,
     mut tuner: Option<Tuner>,
-) -> std::io::Result<(u64, Vec<LevelWindow>)> {
+) -> std::io::Result<Handed> {
     let mut waiting: std::collections::BTreeMap<u64, Packed> = std::collections::BTreeMap::new();
     let (mut next, mut sent) = (0u64, 0u64);
-    for p in rx {
+    let (mut sink_time, mut starved) = (Duration::ZERO, Duration::ZERO);
+    let mut first: Option<Instant> = None;
+    loop {
+        let asked = Instant::now();
+        let Ok(p) = rx.recv() else { break };
+        let got = Instant::now();
+        // Before the first block, the reader is starting, not starving the writer.
+        if first.is_some() {
+            starved += got - asked;
+        }
+        first.get_or_insert(got);
         waiting.insert(p.seq, p);
         while let Some(p) = waiting.remove(&next) {
             if counters.cancel.load(Ordering::Relaxed) {
@@ -258,8 +278,10 @@ fn write_blocks(
             if let Some(s) = p.segment {
                 sink.segment(s)?;
             }
-            let t0 = tuner.is_some().then(std::time::Instant::now);
+            let t0 = Instant::now();
             sink.block(p.tag, &p.payload)?;
+            let blocked = t0.elapsed();
+            sink_time += blocked;
             counters.files.store(p.done.files, Ordering::Relaxed);
             counters.bytes.store(p.done.bytes, Ordering::Relaxed);
             sink.progress(&progress(counters))?;
@@ -270,7 +292,7 @@ fn write_blocks(
                     level: p.level,
                     raw: p.raw as u64,
                     wire: p.payload.len() as u64 + 1,
-                    sink_secs: t0.map_or(0.0, |t0| t0.elapsed().as_secs_f64()),
+                    sink_secs: blocked.as_secs_f64(),
                 };
                 if let Some(l) = t.wrote(cost) {
                     level.store(l, Ordering::Relaxed);
@@ -278,8 +300,18 @@ fn write_blocks(
             }
         }
     }
+    let t0 = Instant::now();
     sink.flush()?;
-    Ok((sent, tuner.map(Tuner::into_log).unwrap_or_default()))
+    sink_time += t0.elapsed();
+    Ok(Handed {
+        sent,
+        windows: tuner.map(Tuner::into_log).unwrap_or_default(),
+        waits: SendWaits {
+            secs: first.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            sink_secs: sink_time.as_secs_f64(),
+            starved_secs: starved.as_secs_f64(),
+        },
+    })
 }
 
 /// The counters as a progress report.
@@ -451,11 +483,13 @@ fn pipeline(
             .join()
             .unwrap_or_else(|_| Err(err!(kind = Internal, "the stream's reader panicked")));
         match (read, sent) {
-            (Ok((raw_bytes, hashes)), Ok((packed_bytes, windows))) => Ok(Sent {
+            (Ok((raw_bytes, hashes)), Ok(handed)) => Ok(Sent {
                 raw_bytes,
-                packed_bytes,
+                packed_bytes: handed.sent,
                 hashes,
-                windows,
+                windows: handed.windows,
+                waits: handed.waits,
+                target_waits: StageWaits::default(),
             }),
             // A read error explains a writer that stopped for it, not the reverse.
             (Err(e), _) => Err(e),
