@@ -70,9 +70,9 @@ pub(super) fn stream_in(
             let frame = read_any::<Request>(input);
             let got = Instant::now();
             // Waits before the first frame are the source starting, not the stream.
-            let first = *started.get_or_insert(got);
-            if first != got {
-                clock.input += got - asked;
+            match started {
+                Some(_) => clock.input += got - asked,
+                None => started = Some(got),
             }
             match frame {
                 Ok(Some(Frame::Data(d))) => {

@@ -113,6 +113,17 @@ fn is_state(rel: &str) -> bool {
     rel == STATE_DIR || rel.starts_with(".overlay/")
 }
 
+/// How many threads share file-system work on `items` independent entries
+/// (the local route's copies, an undo's removals): one per core, at most 8
+/// (the queue depth a GPU server's NVMe rewards), never more than the
+/// entries, at least one.
+pub fn fs_lanes(items: usize) -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get().min(8))
+        .min(items)
+        .max(1)
+}
+
 /// A generation id as this agent makes them: `[0-9A-Za-z-]+`.
 pub fn valid_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')

@@ -190,10 +190,7 @@ impl State {
     ) -> Result<()> {
         let next = AtomicUsize::new(0);
         let stop = AtomicBool::new(false);
-        let lanes = std::thread::available_parallelism()
-            .map_or(1, |n| n.get().min(8))
-            .min(places.len())
-            .max(1);
+        let lanes = super::fs_lanes(places.len());
         let lane = || -> Result<(Undone, Vec<(usize, String)>)> {
             let mut mine = Undone::default();
             let mut bad = Vec::new();

@@ -322,7 +322,7 @@ pub(super) fn stream_parts(
 /// For `-vv`: where both ends spent the stream (see [`StreamWaits`]).
 /// The target's figures of a stream from several sources come with the
 /// last one.
-pub fn show_waits(obs: &dyn Observer, w: &StreamWaits) {
+fn show_waits(obs: &dyn Observer, w: &StreamWaits) {
     let (s, t) = (&w.source, &w.target);
     let mut line = format!(
         "stream waits: source {:.2} s, of it blocked on the connection {:.2} s, waiting for packed blocks {:.2} s",

@@ -71,7 +71,7 @@ use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Error, Result, io_cause};
 use crate::inventory::{ContentHasher, Counters, Venv, Walker, content_hex};
-use crate::journal::Generation;
+use crate::journal::{Generation, fs_lanes};
 use crate::model::{Copied, FileStamp, Kind, SendFile, ShebangRewrite, SourceHash, Written};
 
 /// The buffer that reads and read-backs go through.
@@ -173,18 +173,15 @@ pub fn copy_local(
     })
 }
 
-/// How many lanes copy at once: one per core, at most 8 (the queue depth
-/// a GPU server's NVMe rewards; every lane holds [`WRITE_BUFFERS`] chunks
-/// of [`WRITE_CHUNK`] bytes for big files), never more than the files;
+/// How many lanes copy at once: [`fs_lanes`] (every lane holds
+/// [`WRITE_BUFFERS`] chunks of [`WRITE_CHUNK`] bytes for big files);
 /// `OVERLAY_COPY_LANES` (1 to 64) sets it, for the benchmark.
 fn lanes(files: usize) -> usize {
-    let auto = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    let n = std::env::var("OVERLAY_COPY_LANES")
+    std::env::var("OVERLAY_COPY_LANES")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|n| (1..=64).contains(n))
-        .unwrap_or(auto);
-    n.min(files).max(1)
+        .map_or_else(|| fs_lanes(files), |n| n.min(files).max(1))
 }
 
 /// The lanes' results as one: what each copied, or the error of the lane
@@ -222,7 +219,8 @@ fn merge(results: Vec<Result<Copied>>) -> Result<Copied> {
     }
 }
 
-/// The files to copy, in the plan's order, and the next one a lane takes.
+/// The files to copy (big files first, see [`copy_local`]), and the next
+/// one a lane takes.
 struct Queue<'a> {
     files: &'a [SendFile],
     /// Where each file starts among the files' bytes, as the read-ahead counts.
@@ -371,7 +369,7 @@ impl<'a> Copier<'a> {
         )
     }
 
-    /// Copy files from the queue, in the plan's order, until none is left.
+    /// Copy files from the queue, in its order, until none is left.
     fn run(
         mut self,
         venv: &Venv,

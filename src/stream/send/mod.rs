@@ -266,10 +266,10 @@ fn write_blocks(
         let Ok(p) = rx.recv() else { break };
         let got = Instant::now();
         // Before the first block, the reader is starting, not starving the writer.
-        if first.is_some() {
-            starved += got - asked;
+        match first {
+            Some(_) => starved += got - asked,
+            None => first = Some(got),
         }
-        first.get_or_insert(got);
         waiting.insert(p.seq, p);
         while let Some(p) = waiting.remove(&next) {
             if counters.cancel.load(Ordering::Relaxed) {
