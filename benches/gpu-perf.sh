@@ -21,7 +21,8 @@
 #                     all it can at the same time gets from this storage
 #   tar-tar           tar cf - | tar xf - of the stack into a scratch folder
 #   cp-a              cp -a of the stack into a scratch folder
-#   cp-8              the same files copied by 8 cp processes at once (xargs -P 8 cp -a --parents)
+#   cp-8              the same files copied by 8 cp processes at once (the folders made first,
+#                     then xargs -P 8 cp -a --parents)
 #   rm-rf             rm -rf of the tar-tar copy
 #   apply             overlay apply (local route) of a fresh plan (made untimed)
 #   apply-lanesN      the same with OVERLAY_COPY_LANES=N (ALT_LANES, default 1: one copying thread)
@@ -107,7 +108,9 @@ write_n() { # write_n N: the stack's size in N files written at once
 }
 cp_a() { mkdir -p "$W/scratch2" && (cd "$SITE" && cp -a $STACK "$W/scratch2/"); }
 cp_8() {
-  mkdir -p "$W/scratch3" && (cd "$SITE" && tr '\n' '\0' < "$W/files.txt" | xargs -0 -P 8 -n 64 cp -a --parents -t "$W/scratch3")
+  # The folders first (cp --parents of two files in one new folder at once races on its mkdir).
+  mkdir -p "$W/scratch3" && (cd "$SITE" && find $STACK -type d -print0) | (cd "$W/scratch3" && xargs -0 mkdir -p) &&
+    (cd "$SITE" && tr '\n' '\0' < "$W/files.txt" | xargs -0 -P 8 -n 64 cp -a --parents -t "$W/scratch3")
 }
 read_write() { read_n 8 & write_n 4 & wait; }
 
