@@ -31,7 +31,8 @@
 #   rollback-bundle   overlay rollback --venv of that generation
 # Each line: "TIME method rep real user sys" (user and sys: the command's
 # children's CPU, from bash's `time`); overlay's -vv stage marks go to
-# OUT/METHOD-REP.err. Medians at the end.
+# OUT/METHOD-REP.err. Medians at the end. ONLY="METHOD ..." times just
+# those methods.
 set -u
 BIN=$(realpath "${OVERLAY_BIN:-$PWD/devbin/overlay}")
 chmod +x "$BIN"
@@ -89,6 +90,8 @@ declare -A R
 TIMEFORMAT='%R %U %S'
 run() { # run METHOD REP CMD...: drop the cache, time CMD; sync
   local m=$1 rep=$2; shift 2
+  # ONLY="m1 m2 ...": time just these methods (the others are skipped).
+  [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $m "* ]] || return 0
   drop
   local t
   t=$( { time { "$@" > "$OUT/$m-$rep.out" 2> "$OUT/$m-$rep.err"; echo $? > "$W/rc"; sync; } ; } 2>&1 )
