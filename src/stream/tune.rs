@@ -27,12 +27,12 @@
 //! (the mirrored four only confirm a move), and doubles the wait before the
 //! next one between the same two levels in the same direction (quadruples
 //! it after a trial of stored that compression clearly won; up to
-//! [`MAX_WAIT`] windows); one that moves doubles the wait before a trial back. The
-//! waits are kept per pair of levels: on real wheels over a slow link, the
-//! writer starves at zstd 1 whenever the packers meet files that compress
-//! (so trials of stored keep starting) and content swings win the odd
-//! trial of 3; a move between 1 and 3 must not bring back trials of stored,
-//! which lost every time.
+//! [`MAX_WAIT`] windows); one that moves doubles the wait before a trial
+//! back. The waits are kept per pair of levels: on real wheels over a slow
+//! link, the writer starves at zstd 1 whenever the packers meet files that
+//! compress (so trials of stored keep starting) and content swings win the
+//! odd trial of 3; a move between 1 and 3 must not bring back trials of
+//! stored, which lost every time.
 
 use crate::model::LevelWindow;
 
@@ -302,11 +302,12 @@ impl Tuner {
         // and 3 says nothing about stored against 1.
         if keep == t.from {
             // Nothing changed: wait longer before trying this way again;
-            // four times longer after a trial of stored that the level in
-            // use clearly won (behind a slow link, each window of such a
-            // trial sends up to twice the bytes it had to; a near thing
-            // between two levels that both compress costs little either way).
-            let stored_lost = !up && lo == 0 && t.gain() >= MARGIN;
+            // four times longer after a trial of stored (a trial down that
+            // keeps its level is one the level in use won by MARGIN; behind
+            // a slow link, each window of such a trial sends up to twice
+            // the bytes it had to; a near thing between two levels that
+            // both compress costs little either way).
+            let stored_lost = !up && lo == 0;
             let wait = if up {
                 &mut self.wait_up[lo]
             } else {
