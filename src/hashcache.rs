@@ -7,7 +7,7 @@
 //! are not cached (the "racy" case: a write in the same clock tick as the
 //! hash would leave the stamp unchanged).
 //!
-//! The caches live outside the venv, in `~/.cache/overlay/{hashes,elf3}/` of
+//! The caches live outside the venv, in `~/.cache/overlay/{hashes,elf4}/` of
 //! the user the agent runs as ([`home_dir`]: under sudo that user's own
 //! home, not the login user's), one file per venv;
 //! `OVERLAY_NO_HASH_CACHE=1` turns them off.

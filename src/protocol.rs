@@ -653,6 +653,7 @@ mod tests {
                     versions: Vec::new(),
                     shebang: None,
                     provenance: None,
+                    machine: None,
                 }));
                 let mut m = rmp_serde::to_vec_named(&req).unwrap();
                 for (at, b) in flips {

@@ -17,6 +17,12 @@ use crate::text::quote;
 pub struct PlanJson<'a> {
     pub source: &'a str,
     pub target: &'a str,
+    /// The source's NVIDIA driver and GPUs, as its scan read them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_machine: Option<&'a crate::model::Machine>,
+    /// The target's, which the GPU check judged the plan against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_machine: Option<&'a crate::model::Machine>,
     pub sets: Vec<SetJson<'a>>,
     pub warnings: &'a [Warning],
     pub problems: &'a [Problem],
@@ -58,6 +64,28 @@ fn host_line(h: &crate::plan::HostInfo) -> String {
     )
 }
 
+/// One line per host of what its GPU code runs on (`  ct200: NVIDIA
+/// driver 570.172.08 (CUDA ≤ 12.8), 8 × Tesla V100-SXM2-32GB (sm_70, 32
+/// GiB)`), when any of `hosts` has an NVIDIA driver or GPUs, or facts that
+/// could not be read; a host without either says "no NVIDIA driver".
+fn machine_lines(out: &mut String, hosts: &[&crate::plan::HostInfo]) {
+    let shown = hosts.iter().any(|h| {
+        h.machine
+            .as_ref()
+            .is_some_and(|m| m.has_nvidia() || !m.notes.is_empty())
+    });
+    if !shown {
+        return;
+    }
+    for h in hosts {
+        let Some(m) = &h.machine else { continue };
+        let _ = writeln!(out, "  {}: {}", quote(&h.name), quote(&m.describe()));
+        for n in &m.notes {
+            let _ = writeln!(out, "    ({})", quote(n));
+        }
+    }
+}
+
 /// The text form: per set, version transitions, counts and bytes, and with
 /// `verbose` every changed path. Names, versions and paths are shown with
 /// [`quote`]: control characters in them are escaped, git style.
@@ -70,6 +98,7 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
         host_line(&plan.source),
         host_line(&plan.target)
     );
+    machine_lines(&mut out, &[&plan.source, &plan.target]);
     sets_and_summary(&mut out, plan, verbose, paint);
     out
 }
@@ -101,6 +130,8 @@ fn plan_doc(plan: &Plan) -> PlanJson<'_> {
     PlanJson {
         source: &plan.source.name,
         target: &plan.target.name,
+        source_machine: plan.source.machine.as_ref(),
+        target_machine: plan.target.machine.as_ref(),
         sets: plan
             .sets
             .iter()
@@ -431,6 +462,7 @@ fn check_name(c: Check) -> &'static str {
         Check::Requirements => "requirement",
         Check::Cuda => "CUDA",
         Check::Elf => "ELF",
+        Check::Gpu => "GPU",
     }
 }
 
@@ -440,6 +472,7 @@ fn check_tag(c: Check) -> &'static str {
         Check::Requirements => "requirements",
         Check::Cuda => "cuda",
         Check::Elf => "elf",
+        Check::Gpu => "gpu",
     }
 }
 

@@ -119,6 +119,8 @@ impl BundleSource {
                 python_full: index.facts.python_full.clone(),
                 ..crate::inventory::host_facts(&index.python)
             },
+            // The bundle's source machine is not this one: unknown.
+            machine: Default::default(),
         })
     }
 

@@ -42,6 +42,12 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
             println!("{line}");
         }
     }
+    if r.machine.has_nvidia() || !r.machine.notes.is_empty() {
+        console.status(&format!("{}: {}", done.host, escape(&r.machine.describe())));
+        for n in &r.machine.notes {
+            console.status(&format!("  ({})", escape(n)));
+        }
+    }
     console.status(&summary(&done.host, r));
     Ok(if ok { EXIT_OK } else { EXIT_PROBLEMS })
 }

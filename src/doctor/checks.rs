@@ -1,6 +1,7 @@
 //! The preflight's own checks on the venv as it stands: requirements
 //! ([`crate::preflight::requirements`]), CUDA majors
-//! ([`crate::preflight::cuda`]) and loading every shared object (the
+//! ([`crate::preflight::cuda`]), the host's driver and GPUs
+//! ([`crate::preflight::gpu`]) and loading every shared object (the
 //! target-side ELF check with `whole` set, through the same load model:
 //! optional plugins' problems are left out). Two kinds of ELF findings are
 //! notes: a module the load model says needs another package imported
@@ -14,7 +15,7 @@ use crate::model::{
     Dist, DoctorRequest, ElfFinding, Finding, FindingKind, NoteKind, PreflightRequest, Problem,
     ScanReport,
 };
-use crate::preflight::{self, cuda, requirements};
+use crate::preflight::{self, cuda, gpu, requirements};
 
 /// The findings, and how many shared objects the ELF check loaded.
 pub fn preflight_checks(
@@ -48,6 +49,7 @@ pub fn preflight_checks(
             torch_users: preflight::torch_users(dists),
             imported_first: preflight::imported_first(dists),
             whole: true,
+            machine: Some(scan.machine.clone()),
         },
         None,
     )?;
@@ -83,6 +85,22 @@ pub fn preflight_checks(
             .into_iter()
             .map(|p| as_finding(FindingKind::Cuda, p)),
     );
+    // The driver and the GPUs (optional plugins' kernels left out, as
+    // their loading problems are).
+    out.extend(
+        gpu::driver_problems(dists, &report.cudart, &scan.machine, "this host", None)
+            .into_iter()
+            .map(|p| as_finding(FindingKind::Gpu, p)),
+    );
+    for f in report.gpu.into_iter().filter(|f| !f.optional) {
+        let dist = preflight::owner(dists, &f.file).map(|d| d.name.clone());
+        out.push(Finding::problem(
+            FindingKind::Gpu,
+            dist,
+            Some(f.file),
+            f.reason,
+        ));
+    }
     Ok((out, report.checked))
 }
 

@@ -11,8 +11,9 @@
 //! - `pycache`: bytecode whose header does not match its source;
 //! - `shebang`: `bin/` scripts whose interpreter is missing or another venv's;
 //! - `dists`: a distribution with two dist-infos;
-//! - `checks`: the preflight's requirement, CUDA and ELF checks on the venv
-//!   as it is.
+//! - `checks`: the preflight's requirement, CUDA, ELF and GPU checks on the
+//!   venv as it is (the GPU check against this host's driver and GPUs,
+//!   which the report carries).
 //!
 //! Each finding is a problem or a note
 //! ([`FindingClass`](crate::model::FindingClass)): what a healthy
@@ -96,6 +97,7 @@ pub fn run(req: &DoctorRequest, counters: &Counters) -> Result<DoctorReport> {
         cached: checked.cached,
         elf_checked,
         findings,
+        machine: scan.machine.clone(),
     })
 }
 

@@ -241,6 +241,7 @@ fn make_plans(
             sets,
             (&mut src.client, &src.scan, &src_host.venv),
             (&mut t.client, &t.scan, &t.host.venv),
+            &t.host.name,
             &set_plans,
             Some(&known),
             &clock,

@@ -18,7 +18,8 @@
 //! The rest, by job: `scan` (distributions, METADATA and RECORD parsing,
 //! glob matches), `walk` ([`Walker`]: parent directories opened without
 //! following symlinks), `stat` (per-path stat, hashing and bytecode) and
-//! `hash` (content hashes, shebang rewriting, file stamps).
+//! `hash` (content hashes, shebang rewriting, file stamps); and `machine`,
+//! the host's NVIDIA driver and GPUs that the scan reports beside the venv.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -28,6 +29,7 @@ use crate::error::{Result, io_cause};
 use crate::model::venv_relative;
 
 mod hash;
+mod machine;
 mod scan;
 mod stat;
 mod walk;
@@ -35,6 +37,7 @@ mod walk;
 pub use hash::{
     ContentHasher, Hashed, content_hex, hash_file, hash_open, rewrite_shebang, stamp_of,
 };
+pub use machine::{machine, module_version, parse_gpus};
 pub use scan::{Header, glob_matcher, host_facts, parse_metadata, parse_record, record_rows, scan};
 pub use stat::stat;
 pub use walk::{Blocked, Walker};

@@ -262,6 +262,8 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
         .filter(|n| n.ends_with(".dist-info"))
         .collect();
     infos.sort();
+    // The machine's facts (nvidia-smi takes a moment) while the dists are read.
+    let machine = std::thread::spawn(super::machine);
     let dists: Vec<Dist> = infos.par_iter().map(|d| scan_dist(&venv, d)).collect();
 
     let globs = file_globs
@@ -275,6 +277,7 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
         python: venv.python.clone(),
         dists,
         globs,
+        machine: machine.join().unwrap_or_default(),
     })
 }
 

@@ -75,6 +75,9 @@ pub struct Meta {
     /// See [`crate::model::PrepareRequest::provenance`]; none in older generations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<crate::model::Provenance>,
+    /// See [`crate::model::PrepareRequest::machine`]; none in older generations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<crate::model::Machine>,
 }
 
 /// The content hash this version writes and checks.
@@ -345,6 +348,7 @@ impl Generation {
             backup: self.meta.backup,
             versions: self.meta.versions.clone(),
             provenance: self.meta.provenance.clone(),
+            machine: self.meta.machine.clone(),
             status: self.status(),
             damaged: None,
         }

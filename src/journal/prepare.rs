@@ -210,6 +210,7 @@ fn new_meta(req: &PrepareRequest, id: &str, created: u64, list: ChangeList) -> M
         same_owner: req.same_owner,
         versions: req.versions.clone(),
         provenance: req.provenance.clone(),
+        machine: req.machine.clone(),
         digest: DIGEST.into(),
         changes: list
             .changes

@@ -243,6 +243,7 @@ impl State {
                     backup: false,
                     versions: Vec::new(),
                     provenance: None,
+                    machine: None,
                     status: Status::Damaged,
                     damaged: Some(format!(
                         "{}{}",

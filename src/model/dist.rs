@@ -15,6 +15,9 @@ pub struct ScanReport {
     pub globs: Vec<Vec<String>>,
     #[serde(default)]
     pub facts: Facts,
+    /// The host's NVIDIA driver and GPUs (unknown for a bundle's source).
+    #[serde(default)]
+    pub machine: super::Machine,
 }
 
 /// One installed distribution (a `*.dist-info` directory).

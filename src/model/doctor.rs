@@ -59,10 +59,13 @@ pub enum FindingKind {
     Cuda,
     /// A shared object that cannot be loaded.
     Elf,
+    /// The host's NVIDIA driver is too old for a CUDA runtime of the venv,
+    /// or a CUDA library has no code for one of its GPUs.
+    Gpu,
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 10] = [
+    pub const ALL: [FindingKind; 11] = [
         FindingKind::Damaged,
         FindingKind::Changed,
         FindingKind::Missing,
@@ -73,6 +76,7 @@ impl FindingKind {
         FindingKind::Requirement,
         FindingKind::Cuda,
         FindingKind::Elf,
+        FindingKind::Gpu,
     ];
 
     /// The report's heading for this kind.
@@ -98,6 +102,7 @@ impl FindingKind {
             FindingKind::Requirement => "requirement",
             FindingKind::Cuda => "cuda",
             FindingKind::Elf => "elf",
+            FindingKind::Gpu => "gpu",
         }
     }
 }
@@ -254,6 +259,9 @@ pub struct DoctorReport {
     /// Problems and notes ([`Finding::class`]), sorted by kind,
     /// distribution, path.
     pub findings: Vec<Finding>,
+    /// The host's NVIDIA driver and GPUs, which the GPU check judged.
+    #[serde(default)]
+    pub machine: super::Machine,
 }
 
 impl DoctorReport {

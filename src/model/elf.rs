@@ -48,6 +48,10 @@ pub struct ElfInfo {
     /// extension module defines the one of its own file name's stem.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inits: Vec<String>,
+    /// The GPU code of its `.nv_fatbin` section, if it has one
+    /// (headers only; see docs/preflight.md#gpu).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<super::GpuCode>,
 }
 
 impl ElfInfo {

@@ -105,6 +105,10 @@ pub struct PrepareRequest {
     /// `history` (none from older controllers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<super::Provenance>,
+    /// The target's NVIDIA driver and GPUs as the plan read them,
+    /// recorded with the generation (what the GPU check judged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<super::Machine>,
 }
 
 /// What `overlay history` shows for a generation.
@@ -129,6 +133,9 @@ pub struct GenerationInfo {
     /// overlay recorded it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<super::Provenance>,
+    /// The target's NVIDIA driver and GPUs when it was planned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<super::Machine>,
     pub status: Status,
     /// Why the generation's state cannot be read (status `damaged`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,7 +1,8 @@
 //! The data that travels between controller and agent or is stored on a
 //! host: entries and their kinds, distributions, sets, endpoints, the plan's
 //! actions, generations and where they came from, the stream's files, verify and preflight reports,
-//! ELF facts. Plain structs and enums with serde derives and small pure
+//! ELF facts, the host's NVIDIA driver and GPUs and a shared object's GPU
+//! code. Plain structs and enums with serde derives and small pure
 //! methods; nothing here does I/O beyond reading a `Metadata` it is given.
 //!
 //! Everything is re-exported flat: `crate::model::Entry`, not
@@ -15,6 +16,7 @@ mod endpoint;
 mod entry;
 mod generation;
 mod later;
+mod machine;
 mod paths;
 mod preflight;
 mod provenance;
@@ -31,6 +33,7 @@ pub use endpoint::*;
 pub use entry::*;
 pub use generation::*;
 pub use later::*;
+pub use machine::*;
 pub use paths::*;
 pub use preflight::*;
 pub use provenance::*;

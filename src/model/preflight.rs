@@ -17,6 +17,8 @@ pub enum Check {
     Requirements,
     Cuda,
     Elf,
+    /// The target's NVIDIA driver and GPUs against the CUDA code.
+    Gpu,
 }
 
 /// One predicted failure.
@@ -80,6 +82,11 @@ pub struct PreflightRequest {
     /// `deleted` are then empty).
     #[serde(default)]
     pub whole: bool,
+    /// The target's NVIDIA driver and GPUs (from its scan): every object
+    /// with GPU code after the overlay is checked against them. `None`:
+    /// no GPU check (a controller that predates it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<super::Machine>,
 }
 
 /// One ELF problem the target predicts.
@@ -122,4 +129,8 @@ pub struct PreflightReport {
     pub cudart: BTreeMap<String, BTreeSet<u32>>,
     /// Shared objects checked.
     pub checked: u64,
+    /// The GPU check's kernel findings: an object with no code for a GPU
+    /// of the target (`cause` names the GPU kind).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu: Vec<ElfFinding>,
 }

@@ -75,6 +75,7 @@ pub(super) fn what_to_pack(
         dists: Vec::new(),
         globs: vec![Vec::new(); globs.len()],
         facts: Default::default(),
+        machine: Default::default(),
     };
     let mut dst_entries: plan::Entries = order.iter().map(|p| missing(p)).collect();
     let plan::BytecodeToStat { source, target } =

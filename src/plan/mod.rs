@@ -125,6 +125,10 @@ pub struct HostInfo {
     /// Relative to the venv.
     pub site_packages: String,
     pub python: String,
+    /// The host's NVIDIA driver and GPUs as its scan read them (absent
+    /// from plans that predate it, and for a bundle's source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<crate::model::Machine>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -312,6 +316,7 @@ mod tests {
             venv: "/v".into(),
             site_packages: String::new(),
             python: py.into(),
+            machine: None,
         };
         assert!(check_python(&h("a", "3.11"), &h("b", "3.11")).is_ok());
         let e = check_python(&h("a", "3.11"), &h("b", "3.12")).unwrap_err();

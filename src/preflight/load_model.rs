@@ -12,11 +12,12 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::elf::{self, LoaderConfig, LoaderView, OverlayView};
 use super::object::{Found, Object, lexical};
 use super::preloads::{Preloads, imported_first_note, imported_first_of};
-use super::{SharedObjects, cuda, facts, looks_shared};
+use super::{SharedObjects, cuda, facts, gpu, looks_shared};
 use crate::error::Result;
 use crate::inventory::Venv;
 use crate::model::{ElfFinding, ElfInfo, PreflightReport, PreflightRequest};
@@ -147,8 +148,65 @@ pub fn run_on_target(
     }
     report.problems.sort();
     report.problems.dedup();
+    if let Some(machine) = &req.machine {
+        report.gpu = gpu_findings(machine, &after, &roots, &listed, &cache);
+    }
     cache.save();
     Ok(report)
+}
+
+/// The GPU check's kernel findings ([`gpu::kernel_findings`]) of every
+/// object after the overlay that has GPU code, on `machine`: marked
+/// optional as its root is (a plugin no extension module loads), and
+/// pre-existing when the object stays, or when the one it replaces had the
+/// same finding.
+fn gpu_findings(
+    machine: &crate::model::Machine,
+    after: &[Object],
+    roots: &[Root],
+    listed: &SharedObjects,
+    cache: &Arc<facts::FactsCache>,
+) -> Vec<ElfFinding> {
+    let optional: HashSet<usize> = roots
+        .iter()
+        .filter(|r| r.optional)
+        .map(|r| r.index)
+        .collect();
+    let mut before: Option<OverlayView> = None;
+    let mut out = Vec::new();
+    for (i, o) in after.iter().enumerate() {
+        let Some(code) = &o.info.gpu else { continue };
+        let found = gpu::kernel_findings(&o.rel, code, machine);
+        if found.is_empty() {
+            continue;
+        }
+        let was: HashSet<String> = if !o.placed {
+            found.iter().map(|f| f.cause.clone()).collect()
+        } else {
+            let view = before.get_or_insert_with(|| OverlayView::with_cache(cache.clone()));
+            listed
+                .iter()
+                .find(|(rel, _)| *rel == o.rel)
+                .and_then(|(_, path)| view.elf(path))
+                .and_then(|info| info.gpu.clone())
+                .map(|code| gpu::kernel_findings(&o.rel, &code, machine))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|f| f.cause)
+                .collect()
+        };
+        for f in found {
+            out.push(ElfFinding {
+                file: o.rel.clone(),
+                preexisting: was.contains(&f.cause),
+                reason: f.reason,
+                cause: f.cause,
+                optional: optional.contains(&i),
+                ..Default::default()
+            });
+        }
+    }
+    out
 }
 
 /// The shared objects after the overlay, in path order: those that stay,
@@ -433,6 +491,7 @@ mod tests {
             torch_users: Vec::new(),
             imported_first: BTreeMap::new(),
             whole: true,
+            machine: None,
         }
     }
 

@@ -1,9 +1,11 @@
 //! Prediction of breakage before apply: what would fail to import on the
-//! target after the overlay. Three checks, each in its own module:
+//! target after the overlay. Four checks, each in its own module:
 //! [`requirements`] (every `Requires-Dist` satisfied, markers and extras
 //! evaluated for the target), [`cuda`] (packages that link together agree on
-//! the CUDA major) and [`elf`] (every shared object the overlay brings or
-//! disturbs can be loaded: DT_NEEDED, version needs, undefined symbols).
+//! the CUDA major), [`elf`] (every shared object the overlay brings or
+//! disturbs can be loaded: DT_NEEDED, version needs, undefined symbols) and
+//! [`gpu`] (the target's NVIDIA driver is new enough for the CUDA runtimes,
+//! and its GPUs have kernels in the CUDA libraries).
 //!
 //! [`run_on_target`] applies the ELF check through the **load model**
 //! (`load_model`, over the shared objects of `object`, with what earlier
@@ -19,6 +21,7 @@ pub mod cuda;
 mod dists;
 pub mod elf;
 pub mod facts;
+pub mod gpu;
 mod load_model;
 mod object;
 mod preloads;
@@ -30,9 +33,9 @@ pub use load_model::run_on_target;
 
 /// The ELF facts cache's kind (its folder under `~/.cache/overlay`): a new
 /// name whenever [`ElfInfo`] gains a fact or changes form (`elf3`: defined
-/// symbols as hashes), so that no entry written by an older overlay is
+/// symbols as hashes; `elf4`: the GPU code of `.nv_fatbin`), so that no entry written by an older overlay is
 /// misread.
-pub const ELF_CACHE: &str = "elf3";
+pub const ELF_CACHE: &str = "elf4";
 
 /// Does this file name look like a shared object?
 pub fn looks_shared(path: &str) -> bool {

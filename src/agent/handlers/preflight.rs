@@ -68,6 +68,7 @@ mod tests {
             torch_users: vec![],
             imported_first: Default::default(),
             whole: false,
+            machine: None,
         };
         let ahead = exchange(&[
             Request::PrefetchPreflight { venv: venv.clone() },

@@ -314,6 +314,7 @@ pub(super) fn prepare(
             to: plan.target.venv.clone(),
         }),
         provenance: Some(provenance(plan)),
+        machine: plan.target.machine.clone(),
     };
     let prepared = dst.prepare(req);
     prepared.map_err(|e| fate(e, dst.lost(), Phase::Prepare, tname, ""))

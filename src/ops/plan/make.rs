@@ -78,6 +78,7 @@ pub(super) fn make_plan(
         sets,
         (&mut src.client, &src.scan, &src_host.venv),
         (&mut dst.client, &dst.scan, &dst_host.venv),
+        &dst_host.name,
         &set_plans,
         None,
         &clock,

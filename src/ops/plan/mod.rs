@@ -120,6 +120,9 @@ pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
         route: host.route,
         site_packages: scan.site_packages.clone(),
         python: scan.python.clone(),
+        machine: (scan.machine.driver != crate::model::Driver::Unknown
+            || !scan.machine.notes.is_empty())
+        .then(|| scan.machine.clone()),
     }
 }
 

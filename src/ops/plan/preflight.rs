@@ -10,7 +10,7 @@ use crate::manifest::Manifest;
 use crate::model::{Action, Check, Dist, ElfInfo, PreflightRequest, Problem, ScanReport, Set};
 use crate::ops::{Clock, Observer};
 use crate::plan::SetPlan;
-use crate::preflight::{cuda, requirements};
+use crate::preflight::{cuda, gpu, requirements};
 
 use super::connect::both;
 
@@ -137,6 +137,7 @@ pub fn preflight(
     sets: &[Set],
     (src, src_scan, src_venv): (&mut Client, &ScanReport, &str),
     (dst, dst_scan, dst_venv): (&mut Client, &ScanReport, &str),
+    dst_name: &str,
     set_plans: &[SetPlan],
     known: Option<&HashMap<String, Option<ElfInfo>>>,
     clock: &Clock,
@@ -183,6 +184,7 @@ pub fn preflight(
         torch_users: crate::preflight::torch_users(&after),
         imported_first: crate::preflight::imported_first(&after),
         whole: false,
+        machine: Some(dst_scan.machine.clone()),
     };
     let record = crate::ops::record_note::record_request(src_venv, src_scan, set_plans);
     let target_record =
@@ -219,6 +221,15 @@ pub fn preflight(
         &manifest.preflight.cuda_family,
         &report.cudart,
     ));
+
+    // 4. The target's driver and GPUs.
+    problems.extend(gpu_problems(
+        dst_name,
+        dst_scan,
+        &after,
+        &report.cudart,
+        &report.gpu,
+    ));
     problems.sort();
     problems.dedup();
     Ok(Preflighted {
@@ -226,4 +237,44 @@ pub fn preflight(
         record,
         target_record,
     })
+}
+
+/// The GPU check's problems on the target `host`: each distribution after
+/// the overlay whose CUDA runtime needs a newer driver than the host has
+/// (pre-existing when the venv as it is loads that major already), and
+/// each shared object without code for one of its GPU kinds (as the
+/// target found them).
+pub(super) fn gpu_problems(
+    host: &str,
+    dst_scan: &ScanReport,
+    after: &[&Dist],
+    cudart: &std::collections::BTreeMap<String, std::collections::BTreeSet<u32>>,
+    kernels: &[crate::model::ElfFinding],
+) -> Vec<Problem> {
+    let before: Vec<&Dist> = dst_scan.dists.iter().collect();
+    let had: std::collections::BTreeSet<u32> = gpu::runtime_majors(&before, &Default::default())
+        .into_values()
+        .flat_map(|(_, m)| m)
+        .collect();
+    let mut problems = gpu::driver_problems(after, cudart, &dst_scan.machine, host, Some(&had));
+    for f in kernels {
+        problems.push(Problem {
+            check: Check::Gpu,
+            dist: crate::preflight::owner(after, &f.file).map(|d| d.name.clone()),
+            file: Some(f.file.clone()),
+            reason: format!(
+                "{host}'s {}{}",
+                f.reason,
+                if f.preexisting {
+                    " (already so before the overlay)"
+                } else {
+                    ""
+                }
+            ),
+            preexisting: f.preexisting,
+            optional: f.optional,
+            cause: Some(f.cause.clone()),
+        });
+    }
+    problems
 }

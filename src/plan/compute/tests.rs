@@ -26,6 +26,7 @@ fn scan(dists: Vec<Dist>, globs: Vec<Vec<&str>>) -> ScanReport {
         venv: "/v".into(),
         site_packages: "lib/python3.11/site-packages".into(),
         python: "3.11".into(),
+        machine: Default::default(),
         dists,
         globs: globs
             .into_iter()

@@ -12,6 +12,8 @@
 //!   defined ones: [`ElfInfo::defined`]). Only the
 //!   header, the section headers and the handful of dynamic sections are
 //!   read, so a 1 GB `libtorch_cuda.so` costs a few megabytes, not a gigabyte.
+//! * `fatbin`: the GPU code of a `.nv_fatbin` section (its containers'
+//!   and entries' headers), read with the dynamic facts.
 //! * `view`: [`LoaderView`] / [`OverlayView`], the file system as the loader
 //!   would see it once the overlay is applied (files replaced, added or
 //!   deleted on top of the real disk, symlinks followed through both), with
@@ -59,6 +61,7 @@
 
 mod check;
 mod config;
+pub mod fatbin;
 mod read;
 mod search;
 mod symbols;

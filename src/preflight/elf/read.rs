@@ -2,7 +2,8 @@
 //! file with the `object` crate. Only the ELF header, the section headers and
 //! the dynamic sections (`.dynamic`, `.dynsym`, the GNU version sections and
 //! the string tables they link to) are read from disk, through [`Sparse`], so
-//! a 1 GB `libtorch_cuda.so` costs a few megabytes.
+//! a 1 GB `libtorch_cuda.so` costs a few megabytes; of its GPU code, only
+//! the section names and the fatbin's headers (`fatbin`).
 
 use std::fs::File;
 use std::io;
@@ -142,10 +143,16 @@ fn parse_elf(file: &File, mut data: Sparse) -> Result<ElfInfo, String> {
         data.add(file, extent.offset, extent.size)?;
     }
 
+    let fatbin = fatbin_section(file, &mut data)?;
     let h = Header::parse(&data).map_err(err)?;
     let headers = h.section_headers(ENDIAN, &data).map_err(err)?;
     let sections: Sections<'_> = SectionTable::new(headers, StringTable::default());
     let mut info = ElfInfo::default();
+    if let Some((offset, size)) = fatbin {
+        let read_at = |at: u64, buf: &mut [u8]| file.read_exact_at(buf, at);
+        info.gpu = super::fatbin::read_fatbin(offset, size, &read_at)
+            .map_err(|e| format!("the .nv_fatbin section cannot be read: {e}"))?;
+    }
     read_dynamic(&sections, &data, &mut info)?;
     read_version_needs(&sections, &data, &mut info)?;
     read_version_defs(&sections, &data, &mut info)?;
@@ -173,6 +180,38 @@ fn read_section_headers(file: &File, data: &mut Sparse) -> Result<bool, String> 
         .map_err(err)?;
     data.add(file, shoff, u64::from(shnum) * u64::from(shentsize))?;
     Ok(true)
+}
+
+/// Where the GPU code lies: the `.nv_fatbin` section (`__nv_relfatbin` in
+/// an object built with `-rdc`), if any. Reads the section names.
+fn fatbin_section(file: &File, data: &mut Sparse) -> Result<Option<(u64, u64)>, String> {
+    let names = {
+        let h = Header::parse(&*data).map_err(err)?;
+        let index = h.shstrndx(ENDIAN, &*data).map_err(err)?;
+        let headers = h.section_headers(ENDIAN, &*data).map_err(err)?;
+        match headers.get(index as usize) {
+            Some(s) if index != 0 && s.sh_type(ENDIAN) != oelf::SHT_NOBITS => {
+                (s.sh_offset(ENDIAN), s.sh_size(ENDIAN))
+            }
+            _ => return Ok(None),
+        }
+    };
+    data.add(file, names.0, names.1)?;
+    let h = Header::parse(&*data).map_err(err)?;
+    let headers = h.section_headers(ENDIAN, &*data).map_err(err)?;
+    let strings = StringTable::new(&*data, names.0, names.0 + names.1);
+    for s in headers {
+        let Ok(name) = s.name(ENDIAN, strings) else {
+            continue;
+        };
+        if (name == b".nv_fatbin" || name == b"__nv_relfatbin")
+            && s.sh_type(ENDIAN) != oelf::SHT_NOBITS
+            && s.sh_size(ENDIAN) > 0
+        {
+            return Ok(Some((s.sh_offset(ENDIAN), s.sh_size(ENDIAN))));
+        }
+    }
+    Ok(None)
 }
 
 /// Where the dynamic sections and the string tables they link to lie.

@@ -80,6 +80,7 @@ impl Pair {
             versions: Vec::new(),
             shebang: None,
             provenance: None,
+            machine: None,
         };
         let g = state.prepare(&req, &Counters::default()).unwrap();
         Pair {

@@ -493,6 +493,7 @@ mod tests {
             versions: Vec::new(),
             shebang: None,
             provenance: None,
+            machine: None,
         };
         let g = state.prepare(&req, &counters).unwrap();
         let mut tar = tar::Builder::new(Vec::new());

@@ -1,0 +1,281 @@
+//! The GPU code of a CUDA shared object: the targets of the entries of its
+//! `.nv_fatbin` section (`__nv_relfatbin` in `-rdc` objects), read from
+//! the container and entry headers alone ([`read_fatbin`]): a 1 GB
+//! `libtorch_cuda.so` has some 450 containers, so a few thousand small
+//! reads, never the kernels themselves.
+//!
+//! The layout (nvcc 13.0 output; the same as ZLUDA's `fatbin` module
+//! reads): the section is containers one after another, 8-aligned, each
+//! `u32 magic 0xBA55ED50, u16 version, u16 header size, u64 size of its
+//! entries`; each entry starts with `u16 kind (1 PTX, 2 ELF), u16, u32
+//! header size, u32 padded payload size` (the next entry follows the
+//! header and the padded payload), has its PTX ISA `minor, major` as two
+//! `u16` at 0x18, its SM number as `u32` at 0x1C and its flags as `u64` at
+//! 0x28 (`0x100000`: an `a` target such as `sm_90a`; `0x200000`: an `f`
+//! target such as `sm_100f`). Anything else ends the walk: a hostile or
+//! odd section yields what was read before it, never a loop or a large
+//! allocation.
+
+use std::io;
+
+use crate::model::{ArchVariant, GpuArch, GpuCode};
+
+const CONTAINER_MAGIC: u32 = 0xBA55_ED50;
+const CONTAINER_HEADER: u64 = 16;
+const ENTRY_HEADER: u64 = 64;
+const KIND_PTX: u16 = 1;
+const KIND_ELF: u16 = 2;
+const FLAG_ARCH: u64 = 0x10_0000;
+const FLAG_FAMILY: u64 = 0x20_0000;
+/// Bounds on a section's walk: no real fatbin comes near them.
+const MAX_CONTAINERS: u32 = 1 << 16;
+const MAX_ENTRIES: u32 = 1 << 20;
+/// How far past a container's end the next magic is looked for (padding).
+const RESYNC_WINDOW: u64 = 4096;
+
+/// Read the GPU code of the fatbin section at `offset`, `size` bytes long,
+/// through `read_at(offset, buf)` (a `pread` of the file). `Ok(None)` when
+/// the section holds no container at all.
+pub fn read_fatbin(
+    offset: u64,
+    size: u64,
+    read_at: &dyn Fn(u64, &mut [u8]) -> io::Result<()>,
+) -> io::Result<Option<GpuCode>> {
+    let end = offset.saturating_add(size);
+    let mut code = GpuCode::default();
+    let mut pos = offset;
+    let mut entries = 0u32;
+    while pos.saturating_add(CONTAINER_HEADER) <= end && code.containers < MAX_CONTAINERS {
+        let mut head = [0u8; CONTAINER_HEADER as usize];
+        read_at(pos, &mut head)?;
+        if u32_at(&head, 0) != CONTAINER_MAGIC {
+            match resync(pos, end, read_at)? {
+                Some(next) => {
+                    pos = next;
+                    continue;
+                }
+                None => break,
+            }
+        }
+        let header_size = u64::from(u16_at(&head, 6));
+        let fat_size = u64_at(&head, 8);
+        code.containers += 1;
+        let Some(container_end) = pos
+            .checked_add(header_size)
+            .and_then(|p| p.checked_add(fat_size))
+            .filter(|&e| e <= end && header_size >= CONTAINER_HEADER)
+        else {
+            break;
+        };
+        let mut e = pos + header_size;
+        while e + ENTRY_HEADER <= container_end && entries < MAX_ENTRIES {
+            let mut h = [0u8; ENTRY_HEADER as usize];
+            read_at(e, &mut h)?;
+            entries += 1;
+            let kind = u16_at(&h, 0);
+            let entry_header = u64::from(u32_at(&h, 4));
+            let padded = u64::from(u32_at(&h, 8));
+            let sm = u32_at(&h, 0x1C);
+            let flags = u64_at(&h, 0x28);
+            let variant = if flags & FLAG_ARCH != 0 {
+                ArchVariant::Arch
+            } else if flags & FLAG_FAMILY != 0 {
+                ArchVariant::Family
+            } else {
+                ArchVariant::Plain
+            };
+            let arch = GpuArch { sm, variant };
+            match kind {
+                KIND_ELF => code.cubins.push(arch),
+                KIND_PTX => {
+                    code.ptx.push(arch);
+                    let isa = (u16_at(&h, 0x1A), u16_at(&h, 0x18));
+                    code.ptx_isa = code.ptx_isa.max(Some(isa));
+                }
+                _ => {}
+            }
+            if entry_header < ENTRY_HEADER {
+                break;
+            }
+            e += entry_header + padded;
+        }
+        // The next container starts 8-aligned after this one.
+        pos = container_end.div_ceil(8) * 8;
+    }
+    if code.containers == 0 {
+        return Ok(None);
+    }
+    code.cubins.sort();
+    code.cubins.dedup();
+    code.ptx.sort();
+    code.ptx.dedup();
+    Ok(Some(code))
+}
+
+/// The next 8-aligned container magic within [`RESYNC_WINDOW`] after
+/// `pos` (zero padding between containers), if any.
+fn resync(
+    pos: u64,
+    end: u64,
+    read_at: &dyn Fn(u64, &mut [u8]) -> io::Result<()>,
+) -> io::Result<Option<u64>> {
+    let len = RESYNC_WINDOW.min(end - pos) as usize;
+    let mut buf = vec![0u8; len];
+    read_at(pos, &mut buf)?;
+    Ok((8..len.saturating_sub(3))
+        .step_by(8)
+        .find(|&i| u32_at(&buf, i) == CONTAINER_MAGIC)
+        .map(|i| pos + i as u64))
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Builders of fatbin sections for tests (here and in the preflight's).
+#[cfg(test)]
+pub(crate) mod build {
+    /// One entry: kind (1 PTX, 2 ELF), SM, flags, PTX ISA (major, minor),
+    /// payload bytes.
+    pub struct Entry {
+        pub kind: u16,
+        pub sm: u32,
+        pub flags: u64,
+        pub isa: (u16, u16),
+        pub payload: usize,
+    }
+
+    pub fn cubin(sm: u32) -> Entry {
+        Entry {
+            kind: 2,
+            sm,
+            flags: 0x11,
+            isa: (0, 0),
+            payload: 100,
+        }
+    }
+
+    pub fn cubin_a(sm: u32) -> Entry {
+        Entry {
+            flags: 0x11 | 0x10_0000,
+            ..cubin(sm)
+        }
+    }
+
+    pub fn cubin_f(sm: u32) -> Entry {
+        Entry {
+            flags: 0x11 | 0x20_0000,
+            ..cubin(sm)
+        }
+    }
+
+    pub fn ptx(sm: u32, isa: (u16, u16)) -> Entry {
+        Entry {
+            kind: 1,
+            sm,
+            flags: 0x11,
+            isa,
+            payload: 300,
+        }
+    }
+
+    /// A fatbin section: one container per slice of entries.
+    pub fn section(containers: &[Vec<Entry>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for entries in containers {
+            let mut body = Vec::new();
+            for e in entries {
+                let padded = e.payload.div_ceil(8) * 8;
+                let mut h = vec![0u8; 64];
+                h[0..2].copy_from_slice(&e.kind.to_le_bytes());
+                h[2..4].copy_from_slice(&0x101u16.to_le_bytes());
+                h[4..8].copy_from_slice(&64u32.to_le_bytes());
+                h[8..12].copy_from_slice(&(padded as u32).to_le_bytes());
+                h[0x10..0x14].copy_from_slice(&(e.payload as u32).to_le_bytes());
+                h[0x18..0x1A].copy_from_slice(&e.isa.1.to_le_bytes());
+                h[0x1A..0x1C].copy_from_slice(&e.isa.0.to_le_bytes());
+                h[0x1C..0x20].copy_from_slice(&e.sm.to_le_bytes());
+                h[0x28..0x30].copy_from_slice(&e.flags.to_le_bytes());
+                body.extend(h);
+                body.extend(std::iter::repeat_n(0xAB, padded));
+            }
+            out.extend(0xBA55_ED50u32.to_le_bytes());
+            out.extend(1u16.to_le_bytes());
+            out.extend(16u16.to_le_bytes());
+            out.extend((body.len() as u64).to_le_bytes());
+            out.extend(body);
+            while out.len() % 8 != 0 {
+                out.push(0);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::build::*;
+    use super::*;
+
+    fn read(bytes: &[u8]) -> Option<GpuCode> {
+        let reader = |off: u64, buf: &mut [u8]| -> io::Result<()> {
+            let off = off as usize;
+            let src = bytes
+                .get(off..off + buf.len())
+                .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+            buf.copy_from_slice(src);
+            Ok(())
+        };
+        read_fatbin(0, bytes.len() as u64, &reader).unwrap()
+    }
+
+    fn names(v: &[GpuArch]) -> Vec<String> {
+        v.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn lists_cubins_and_ptx_of_every_container() {
+        let s = section(&[
+            vec![cubin(75), cubin(80), cubin_a(90), ptx(90, (8, 7))],
+            vec![cubin(80), cubin_f(100), ptx(120, (9, 0))],
+        ]);
+        let code = read(&s).unwrap();
+        assert_eq!(code.containers, 2);
+        assert_eq!(names(&code.cubins), ["sm_75", "sm_80", "sm_90a", "sm_100f"]);
+        assert_eq!(names(&code.ptx), ["sm_90", "sm_120"]);
+        assert_eq!(code.ptx_isa, Some((9, 0)));
+    }
+
+    #[test]
+    fn padding_between_containers_is_skipped() {
+        let mut s = section(&[vec![cubin(80)]]);
+        s.extend([0u8; 24]);
+        s.extend(section(&[vec![cubin(90)]]));
+        assert_eq!(names(&read(&s).unwrap().cubins), ["sm_80", "sm_90"]);
+    }
+
+    #[test]
+    fn odd_sections_end_the_walk_without_failing() {
+        assert_eq!(read(&[0u8; 64]), None);
+        assert_eq!(read(&[]), None);
+        // A container that claims more than the section holds.
+        let mut s = section(&[vec![cubin(80)]]);
+        s[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(read(&s).unwrap().cubins, vec![]);
+        // An entry whose header size is 0 stops at that entry.
+        let mut s = section(&[vec![cubin(80), cubin(90)]]);
+        s[16 + 4..16 + 8].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(names(&read(&s).unwrap().cubins), ["sm_80"]);
+        // A section cut short inside an entry header.
+        let s = section(&[vec![cubin(80)]]);
+        assert!(read(&s[..40]).unwrap().cubins.is_empty());
+    }
+}
