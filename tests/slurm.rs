@@ -55,7 +55,16 @@ impl Cluster {
     /// host `i` (its sshd's); its folder lies in that host's folder, seen
     /// at the same path from both namespaces. Waits until the node is idle.
     fn start(tb: &Testbed, i: usize) -> Cluster {
-        for tool in ["mungekey", "munged", "slurmctld", "slurmd", "salloc", "sbcast", "srun", "sinfo"] {
+        for tool in [
+            "mungekey",
+            "munged",
+            "slurmctld",
+            "slurmd",
+            "salloc",
+            "sbcast",
+            "srun",
+            "sinfo",
+        ] {
             assert!(
                 Command::new("sh")
                     .args(["-c", &format!("command -v {tool}")])
@@ -124,13 +133,16 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         // makes that a warning (every client here is root).
         c.spawn(
             "munged",
-            Command::new("munged").arg("--foreground").arg("--force").args([
-                format!("--socket={d}/munge.socket"),
-                format!("--key-file={d}/munge.key"),
-                format!("--pid-file={d}/munged.pid"),
-                format!("--seed-file={d}/munged.seed"),
-                format!("--log-file={d}/munged-file.log"),
-            ]),
+            Command::new("munged")
+                .arg("--foreground")
+                .arg("--force")
+                .args([
+                    format!("--socket={d}/munge.socket"),
+                    format!("--key-file={d}/munge.key"),
+                    format!("--pid-file={d}/munged.pid"),
+                    format!("--seed-file={d}/munged.seed"),
+                    format!("--log-file={d}/munged-file.log"),
+                ]),
         );
         c.wait_for("munged's socket", |c| c.dir.join("munge.socket").exists());
         c.spawn(
@@ -282,7 +294,11 @@ fn documented(doc: &str, start: &str) -> Vec<String> {
         let mut cmd = line.to_string();
         while cmd.matches('\'').count() % 2 == 1 || cmd.ends_with('\\') {
             cmd.push('\n');
-            cmd.push_str(lines.next().unwrap_or_else(|| panic!("{doc}: {start} never ends")));
+            cmd.push_str(
+                lines
+                    .next()
+                    .unwrap_or_else(|| panic!("{doc}: {start} never ends")),
+            );
         }
         found.push(cmd);
     }
@@ -366,7 +382,9 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
     let [history, rollback] = [" history ", " rollback "].map(|w| {
         let found: Vec<&String> = after.iter().filter(|c| c.contains(w)).collect();
         assert_eq!(found.len(), 1, "docs/fleet.md's srun ...{w}: {after:?}");
-        for_one_node(&format!("{} ", found[0])).trim_end().to_string()
+        for_one_node(&format!("{} ", found[0]))
+            .trim_end()
+            .to_string()
     });
     assert!(
         apply.contains("--trust /etc/overlay/allowed_signers"),
@@ -387,13 +405,23 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
 
     let t0 = Instant::now();
     let cluster = Cluster::start(&tb, 1);
-    eprintln!("slurm: node {} idle in {:.1}s", cluster.node, t0.elapsed().as_secs_f64());
+    eprintln!(
+        "slurm: node {} idle in {:.1}s",
+        cluster.node,
+        t0.elapsed().as_secs_f64()
+    );
     let t1 = Instant::now();
     let out = cluster.sh(&tb.work, &apply);
-    eprintln!("slurm: salloc, sbcast and srun in {:.1}s", t1.elapsed().as_secs_f64());
+    eprintln!(
+        "slurm: salloc, sbcast and srun in {:.1}s",
+        t1.elapsed().as_secs_f64()
+    );
     let out = ok(out, &apply);
     // sbcast wrote into the node's /tmp (the test host's own).
-    assert_eq!(fs::read(node.join("tmp/stack.ovl")).unwrap(), fs::read(&stack).unwrap());
+    assert_eq!(
+        fs::read(node.join("tmp/stack.ovl")).unwrap(),
+        fs::read(&stack).unwrap()
+    );
     assert!(node.join("tmp/stack.ovl.sig").is_file() && node.join("tmp/overlay").is_file());
     // One JSON line per task (one task on the one node), labelled.
     let lines = labelled(&out.stdout);
@@ -402,7 +430,10 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
     assert_eq!(task, "0", "{out:?}");
     assert_eq!(result["ok"], true, "{result}");
     assert_eq!(result["verified"], true, "{result}");
-    let generation = result["generation"].as_str().expect("a generation").to_string();
+    let generation = result["generation"]
+        .as_str()
+        .expect("a generation")
+        .to_string();
     // The documented jq line reads srun's label in place of the host.
     let table = common::jq_table(&String::from_utf8_lossy(&out.stdout));
     let row: Vec<&str> = table.trim_end().split('\t').collect();
@@ -412,7 +443,10 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
     assert!(err.contains("signed by ops@example"), "{err}");
 
     // The node's venv equals a live apply of the same sets onto dst2.
-    ok(tb.overlay(&["plan", "src", "dst2"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst2"]).output().unwrap(),
+        "plan",
+    );
     ok(tb.overlay(&["apply"]).output().unwrap(), "apply");
     assert_same(
         &snapshot(tb.host_venv_dir(2)),
