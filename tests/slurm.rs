@@ -347,6 +347,16 @@ fn labelled(stdout: &[u8]) -> Vec<(String, serde_json::Value)> {
         .collect()
 }
 
+/// The static binary as `overlay` in folder `dir`, where the documented
+/// `sbcast -f overlay ...` takes it from (a hard link: 100+ MB in debug).
+fn binary_in(dir: &Path) {
+    let bin = env!("CARGO_BIN_EXE_overlay");
+    if fs::hard_link(bin, dir.join("overlay")).is_err() {
+        fs::copy(bin, dir.join("overlay")).unwrap();
+    }
+}
+
+/// The SHA256 fingerprint of the key pair `key` (as ssh-keygen -l shows it).
 fn fingerprint(key: &Path) -> String {
     let out = ok(
         Command::new("ssh-keygen")
@@ -398,7 +408,7 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
     // bundle and its signature. The node's allowed_signers put in place
     // once, as docs/fleet.md's pdcp does.
     let (stack, signers) = common::pack_signed(&tb, "stack.ovl");
-    fs::copy(env!("CARGO_BIN_EXE_overlay"), tb.work.join("overlay")).unwrap();
+    binary_in(&tb.work);
     let node = tb.host_dir(1);
     fs::copy(&signers, node.join("root/allowed_signers")).unwrap();
     let dst_before = snapshot(tb.host_venv_dir(1));
@@ -479,7 +489,7 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
     // the same command: every task refuses it (exit 5) and says so.
     let rogue = tb.work.join("rogue");
     fs::create_dir(&rogue).unwrap();
-    fs::copy(env!("CARGO_BIN_EXE_overlay"), rogue.join("overlay")).unwrap();
+    binary_in(&rogue);
     fs::copy(&stack, rogue.join("stack.ovl")).unwrap();
     let key = rogue.join("id_rogue");
     ok(
