@@ -392,9 +392,7 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
     let [history, rollback] = [" history ", " rollback "].map(|w| {
         let found: Vec<&String> = after.iter().filter(|c| c.contains(w)).collect();
         assert_eq!(found.len(), 1, "docs/fleet.md's srun ...{w}: {after:?}");
-        for_one_node(&format!("{} ", found[0]))
-            .trim_end()
-            .to_string()
+        for_one_node(found[0])
     });
     assert!(
         apply.contains("--trust /etc/overlay/allowed_signers"),
@@ -507,6 +505,11 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
         "sign",
     );
     let out = cluster.sh(&rogue, &apply);
+    assert_eq!(
+        fs::read(node.join("tmp/stack.ovl.sig")).unwrap(),
+        fs::read(rogue.join("stack.ovl.sig")).unwrap(),
+        "sbcast did not carry the rogue signature"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(5), "{out:?}");
     assert!(err.contains("task 0: Exited with exit code 5"), "{err}");
@@ -523,5 +526,15 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
         &snapshot(tb.host_venv_dir(1)),
         "a bundle by an untrusted signer changed the venv",
     );
+    let unpacked: Vec<_> = fs::read_dir(node.join("root"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".overlay-bundle.")
+        })
+        .collect();
+    assert!(unpacked.is_empty(), "left beside the venv: {unpacked:?}");
     drop(cluster);
 }
