@@ -399,6 +399,8 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
         "the documented apply trusts no file: {apply}"
     );
     let apply = for_one_node(&apply);
+    // The README's own text carries the refused bundle below.
+    let readme = for_one_node(&readme[0]);
 
     let tb = Testbed::new(3);
     tb.write_manifest(&format!("{}{}", common::SCENARIO_SETS, common::VERIFY));
@@ -484,7 +486,8 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
     );
 
     // The same bundle signed by a key the nodes do not trust, carried by
-    // the same command: every task refuses it (exit 5) and says so.
+    // the same command (the README's text of it): every task refuses it
+    // (exit 5) and says so.
     let rogue = tb.work.join("rogue");
     fs::create_dir(&rogue).unwrap();
     binary_in(&rogue);
@@ -504,7 +507,7 @@ fn salloc_sbcast_and_srun_apply_a_signed_bundle_as_documented() {
             .unwrap(),
         "sign",
     );
-    let out = cluster.sh(&rogue, &apply);
+    let out = cluster.sh(&rogue, &readme);
     assert_eq!(
         fs::read(node.join("tmp/stack.ovl.sig")).unwrap(),
         fs::read(rogue.join("stack.ovl.sig")).unwrap(),
