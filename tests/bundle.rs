@@ -66,40 +66,6 @@ fn on_host(tb: &Testbed, i: usize, args: &str) -> Output {
         .unwrap()
 }
 
-/// `overlay pack src -o FILE --sign KEY` with a key made here, and an
-/// allowed_signers file trusting it for bundles: (bundle, allowed_signers).
-fn pack_signed(tb: &Testbed, file: &str) -> (PathBuf, PathBuf) {
-    let key = tb.work.join("id_ops");
-    if !key.exists() {
-        ok(
-            std::process::Command::new("ssh-keygen")
-                .args(["-q", "-N", "", "-t", "ed25519", "-C", "ops", "-f"])
-                .arg(&key)
-                .output()
-                .unwrap(),
-            "ssh-keygen",
-        );
-    }
-    let out = ok(
-        tb.overlay(&["pack", "src", "-o", file, "--sign", key.to_str().unwrap()])
-            .output()
-            .unwrap(),
-        "pack --sign",
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("Signed with ssh-ed25519"), "{err}");
-    let signers = tb.work.join("allowed_signers");
-    fs::write(
-        &signers,
-        format!(
-            "ops@example namespaces=\"overlay-bundle\" {}",
-            fs::read_to_string(key.with_extension("pub")).unwrap()
-        ),
-    )
-    .unwrap();
-    (tb.work.join(file), signers)
-}
-
 /// Unpack folders left beside a host's venv.
 fn leftovers(tb: &Testbed, i: usize) -> Vec<String> {
     fs::read_dir(tb.host_dir(i).join("root"))
@@ -313,10 +279,6 @@ fn a_bundle_applied_on_the_host_equals_a_live_apply_and_rolls_back() {
     );
 }
 
-/// The documented jq line (docs/fleet.md "Bundles"): pdsh's `host: {json}`
-/// lines as a table, one tab-separated row per host.
-pub const JQ_TABLE: &str = r#"capture("^(?<host>[^:]+): (?<doc>[{].*)$") | (.doc | fromjson) as $r | [.host, (if $r.ok then "ok" else "FAILED" end), ($r.generation // "-"), ($r.changes // 0), ($r.error // "")] | @tsv"#;
-
 #[test]
 #[cfg_attr(
     not(overlay_test_root),
@@ -336,7 +298,7 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
     }
     let tb = Testbed::new(3);
     tb.write_manifest(SETS);
-    let (stack, signers) = pack_signed(&tb, "stack.ovl");
+    let (stack, signers) = common::pack_signed(&tb, "stack.ovl");
     let sig = tb.work.join("stack.ovl.sig");
     // dst2's venv is broken (no site-packages): its row says so, dst goes on.
     fs::rename(
@@ -393,18 +355,7 @@ fn pdcp_and_pdsh_carry_a_bundle_and_the_binary_to_every_host() {
         ],
     );
     let lines = String::from_utf8_lossy(&out.stdout).into_owned();
-    let table = std::process::Command::new("jq")
-        .args(["-rR", JQ_TABLE])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write as _;
-            c.stdin.take().unwrap().write_all(lines.as_bytes())?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    let table = String::from_utf8_lossy(&ok(table, "jq").stdout).into_owned();
+    let table = common::jq_table(&lines);
     let mut rows: Vec<Vec<&str>> = table.lines().map(|l| l.split('\t').collect()).collect();
     rows.sort();
     assert_eq!(
@@ -485,7 +436,7 @@ fn an_ansible_play_applies_in_batches_and_stops_at_a_failure() {
     );
     let tb = Testbed::new(3);
     tb.write_manifest(SETS);
-    let (stack, signers) = pack_signed(&tb, "stack.ovl");
+    let (stack, signers) = common::pack_signed(&tb, "stack.ovl");
     let before = [snapshot(tb.host_venv_dir(1)), snapshot(tb.host_venv_dir(2))];
     // dst2 first, and broken: the play stops there, dst is not started.
     fs::rename(

@@ -1017,3 +1017,62 @@ pub fn uid_of(name: &str) -> u32 {
     let out = run(Command::new("id").args(["-u", name]));
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
+
+// ---------------------------------------------------------------------------
+// Signed bundles carried by fleet tools (tests/bundle.rs, tests/slurm.rs)
+// ---------------------------------------------------------------------------
+
+/// `overlay pack src -o FILE --sign KEY` with a key made here, and an
+/// allowed_signers file trusting it for bundles: (bundle, allowed_signers).
+pub fn pack_signed(tb: &Testbed, file: &str) -> (PathBuf, PathBuf) {
+    let key = tb.work.join("id_ops");
+    if !key.exists() {
+        ok(
+            Command::new("ssh-keygen")
+                .args(["-q", "-N", "", "-t", "ed25519", "-C", "ops", "-f"])
+                .arg(&key)
+                .output()
+                .unwrap(),
+            "ssh-keygen",
+        );
+    }
+    let out = ok(
+        tb.overlay(&["pack", "src", "-o", file, "--sign", key.to_str().unwrap()])
+            .output()
+            .unwrap(),
+        "pack --sign",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Signed with ssh-ed25519"), "{err}");
+    let signers = tb.work.join("allowed_signers");
+    fs::write(
+        &signers,
+        format!(
+            "ops@example namespaces=\"overlay-bundle\" {}",
+            fs::read_to_string(key.with_extension("pub")).unwrap()
+        ),
+    )
+    .unwrap();
+    (tb.work.join(file), signers)
+}
+
+/// The documented jq line (docs/fleet.md "Bundles"): pdsh's `host: {json}`
+/// lines (or srun --label's `task: {json}`) as a table, one tab-separated
+/// row per host.
+pub const JQ_TABLE: &str = r#"capture("^(?<host>[^:]+): (?<doc>[{].*)$") | (.doc | fromjson) as $r | [.host, (if $r.ok then "ok" else "FAILED" end), ($r.generation // "-"), ($r.changes // 0), ($r.error // "")] | @tsv"#;
+
+/// [`JQ_TABLE`] run by jq over `lines`: the table's text.
+pub fn jq_table(lines: &str) -> String {
+    let out = Command::new("jq")
+        .args(["-rR", JQ_TABLE])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(lines.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("run jq (scripts/setup installs it)");
+    String::from_utf8_lossy(&ok(out, "jq").stdout).into_owned()
+}
