@@ -623,7 +623,10 @@ fn an_unchanged_record_of_a_placed_script_is_replaced_where_shebangs_are_rewritt
         set("tool", &["tool"], &[]),
     ];
     let s = ScanReport {
-        globs: vec![vec!["../../../bin/tool".into(), "../../../bin/tool2".into()]],
+        globs: vec![vec![
+            "../../../bin/tool".into(),
+            "../../../bin/tool2".into(),
+        ]],
         ..src_scan("/src/venv")
     };
     let d = ScanReport {
