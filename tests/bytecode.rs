@@ -6,6 +6,9 @@
 //! rollback brings the target's own old bytecode back byte for byte. Real
 //! venvs made by pip from the fixture wheels; real sshd hosts (as root), and
 //! the local transport for venvs at different paths (rewritten scripts).
+//! Issue 43: a target that is a copy of the source's venv at another path,
+//! its RECORDs the source's: the scripts the apply places are described by
+//! their RECORD rows on every route (relay, `--direct`, local, a bundle).
 
 mod common;
 
