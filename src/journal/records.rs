@@ -6,6 +6,10 @@
 //! ([`Generation::staged`]), so that `pip`, `overlay doctor` and a later
 //! plan all see a RECORD that agrees with the disk.
 //!
+//! The planner puts every RECORD that lists a script the plan places into
+//! the plan, even one both hosts have alike (`plan::compute`), so each such
+//! RECORD is staged here; this module decides its rows.
+//!
 //! A row is rewritten only when it described the source's script exactly:
 //! the script the target will have (staged by this generation, or already
 //! in place because the plan found it unchanged), with its shebang put

@@ -7,7 +7,11 @@
 //! with it: the source's `__pycache__` files of it are carried (added, or
 //! replacing the target's of the same name), the target's others are
 //! deleted as stale ([`Planner::record`]; the controller stats both sides'
-//! bytecode first, [`bytecode_to_stat`]). The per-path rules are in
+//! bytecode first, [`bytecode_to_stat`]). Where the venvs' paths differ,
+//! a RECORD that lists a `bin/` script the plan places (its shebang
+//! rewritten for the target) is replaced even when both sides have it
+//! alike, so that the target can rewrite the script's row as pip would
+//! ([`Planner::records_of_placed_scripts`]). The per-path rules are in
 //! [`super::paths`].
 
 use std::collections::BTreeSet;
@@ -136,16 +140,38 @@ pub fn compute_with<'a>(
         claimed: Default::default(),
         warnings: Vec::new(),
     };
-    let plans = sets
+    let mut unchanged_records = Vec::new();
+    let mut plans: Vec<SetPlan> = sets
         .iter()
         .zip(&src_members)
         .zip(&dst_members)
-        .map(|((set, sm), dm)| planner.set_plan(set, sm, dm))
+        .enumerate()
+        .map(|(i, ((set, sm), dm))| {
+            let (plan, records) = planner.set_plan(set, sm, dm);
+            unchanged_records.extend(records.into_iter().map(|p| (i, p)));
+            plan
+        })
         .collect();
+    if src.scan.venv != dst.scan.venv {
+        planner.records_of_placed_scripts(&mut plans, &unchanged_records);
+    }
     Ok(Computed {
         sets: plans,
         warnings: planner.warnings,
     })
+}
+
+/// A distribution's RECORD (`NAME.dist-info/RECORD`, relative to
+/// site-packages).
+fn is_record(path: &str) -> bool {
+    path.split_once('/')
+        .is_some_and(|(dir, file)| dir.ends_with(".dist-info") && file == "RECORD")
+}
+
+/// A script in the venv's `bin/` (relative to site-packages, as RECORD
+/// names it): its shebang is rewritten where the venvs' paths differ.
+fn is_script(path: &str) -> bool {
+    path.starts_with("../../../bin/")
 }
 
 /// Refuse a set that names nothing on the source, and any set with a
@@ -287,11 +313,19 @@ struct SetWork<'a> {
     special: Vec<&'a str>,
     /// The target's distributions in this set, matched once (not per path).
     in_set: BTreeSet<&'a str>,
+    /// The RECORDs this set counted unchanged (the same on both sides).
+    unchanged_records: Vec<&'a str>,
 }
 
 impl<'a, 's> Planner<'a, 's> {
-    /// Decide one set: its source paths, then the paths only the target has.
-    fn set_plan(&mut self, set: &'s Set, sm: &Members<'a>, dm: &Members<'a>) -> SetPlan {
+    /// Decide one set: its source paths, then the paths only the target
+    /// has. Also returns the RECORDs it counted unchanged.
+    fn set_plan(
+        &mut self,
+        set: &'s Set,
+        sm: &Members<'a>,
+        dm: &Members<'a>,
+    ) -> (SetPlan, Vec<&'a str>) {
         let mut work = SetWork {
             plan: SetPlan {
                 name: set.name.clone(),
@@ -305,6 +339,7 @@ impl<'a, 's> Planner<'a, 's> {
             stale: BTreeSet::new(),
             special: Vec::new(),
             in_set: dm.dists.iter().map(|d| d.normalized.as_str()).collect(),
+            unchanged_records: Vec::new(),
         };
         self.warnings.extend(duplicate_dist_infos(
             set,
@@ -323,7 +358,72 @@ impl<'a, 's> Planner<'a, 's> {
         let mut plan = work.plan;
         plan.changes.sort_by(|a, b| a.path.cmp(&b.path));
         plan.stale_bytecode = work.stale.into_iter().collect();
-        plan
+        (plan, work.unchanged_records)
+    }
+
+    /// Make each RECORD that lists a script the plan places, and that the
+    /// plan would leave unchanged, a change of the set that counted it: the
+    /// placed script's shebang names the target's venv, so the row the
+    /// RECORD has for it (the source's script) no longer describes it. The
+    /// target rewrites the row as pip would (`journal::records`, the rule
+    /// for every staged RECORD): only where the script, with its shebang
+    /// put back to the source's venv, matches the row. Called only where
+    /// the venvs' paths differ; `unchanged`: (set index, RECORD) as
+    /// [`Self::set_plan`] counted them.
+    fn records_of_placed_scripts(&self, plans: &mut [SetPlan], unchanged: &[(usize, &str)]) {
+        if unchanged.is_empty() {
+            return;
+        }
+        let placed: FxHashSet<&str> = plans
+            .iter()
+            .flat_map(|p| &p.changes)
+            .filter(|c| {
+                c.action != Action::Delete
+                    && is_script(&c.path)
+                    && matches!(c.source, Some(Kind::File { .. }))
+            })
+            .map(|c| c.path.as_str())
+            .collect();
+        if placed.is_empty() {
+            return;
+        }
+        let records: FxHashSet<String> = self
+            .src
+            .scan
+            .dists
+            .iter()
+            .filter(|d| {
+                d.files
+                    .iter()
+                    .any(|f| is_script(f) && placed.contains(f.as_str()))
+            })
+            .map(|d| format!("{}/RECORD", d.dist_info))
+            .collect();
+        let mut touched = BTreeSet::new();
+        for &(i, path) in unchanged {
+            if !records.contains(path) {
+                continue;
+            }
+            let (Some(s), Some(t)) = (self.src.entries.get(path), self.dst.entries.get(path))
+            else {
+                continue;
+            };
+            let skind = without_special_bits(&s.kind).unwrap_or_else(|| s.kind.clone());
+            let plan = &mut plans[i];
+            plan.unchanged = plan.unchanged.saturating_sub(1);
+            plan.unchanged_bytes = plan.unchanged_bytes.saturating_sub(skind.size());
+            plan.changes.push(Change {
+                path: path.to_string(),
+                action: Action::Replace,
+                size: skind.size(),
+                source: Some(skind),
+                target: Some(t.kind.clone()),
+            });
+            touched.insert(i);
+        }
+        for i in touched {
+            plans[i].changes.sort_by(|a, b| a.path.cmp(&b.path));
+        }
     }
 
     /// Decide a path the source set has: add it, replace the target's,
@@ -365,6 +465,9 @@ impl<'a, 's> Planner<'a, 's> {
             Some(t) if skind.same_as(t) => {
                 work.plan.unchanged += 1;
                 work.plan.unchanged_bytes += skind.size();
+                if is_record(path) {
+                    work.unchanged_records.push(path);
+                }
                 return;
             }
             Some(_) => Action::Replace,

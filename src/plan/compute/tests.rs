@@ -548,3 +548,100 @@ fn setuid_setgid_and_sticky_bits_are_dropped_with_one_warning() {
         "{m}"
     );
 }
+
+/// A script the plan places, listed by a RECORD both sides have alike:
+/// where the venvs' paths differ (the shebang is rewritten), the RECORD is
+/// replaced too, in the set that holds it, so that the target can rewrite
+/// the script's row; where they are the same, it stays unchanged.
+#[test]
+fn an_unchanged_record_of_a_placed_script_is_replaced_where_shebangs_are_rewritten() {
+    let files = [
+        "tool/__init__.py",
+        "../../../bin/tool",
+        "../../../bin/tool2",
+        "tool-1.dist-info/RECORD",
+    ];
+    let other = ["other/x.py", "other-1.dist-info/RECORD"];
+    let src_scan = |venv: &str| ScanReport {
+        venv: venv.into(),
+        ..scan(
+            vec![dist("tool", "1", &files), dist("other", "1", &other)],
+            vec![],
+        )
+    };
+    let d = scan(
+        vec![dist("tool", "1", &files), dist("other", "1", &other)],
+        vec![],
+    );
+    let se = entries(&[
+        ("tool/__init__.py", file("i", 1)),
+        ("../../../bin/tool", file("t-rewritten", 50)),
+        ("../../../bin/tool2", file("t2", 51)),
+        ("tool-1.dist-info/RECORD", file("r", 40)),
+        ("other/x.py", file("x", 2)),
+        ("other-1.dist-info/RECORD", file("o", 30)),
+    ]);
+    // The target lacks bin/tool; bin/tool2 and both RECORDs are alike.
+    let de = entries(&[
+        ("tool/__init__.py", file("i", 1)),
+        ("../../../bin/tool2", file("t2", 51)),
+        ("tool-1.dist-info/RECORD", file("r", 40)),
+        ("other/x.py", file("x", 2)),
+        ("other-1.dist-info/RECORD", file("o", 30)),
+    ]);
+    let sets = [set("tool", &["tool", "other"], &[])];
+    let s = src_scan("/src/venv");
+    let (plans, warnings) = run(&sets, (&s, &se), (&d, &de), &[]).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        actions(&plans[0]),
+        vec![
+            ("../../../bin/tool".into(), Action::Add),
+            ("tool-1.dist-info/RECORD".into(), Action::Replace),
+        ]
+    );
+    let record = &plans[0].changes[1];
+    assert_eq!(record.size, 40);
+    assert_eq!(record.source, Some(file("r", 40)));
+    assert_eq!(record.target, Some(file("r", 40)));
+    // tool/__init__.py, bin/tool2, other/x.py and other's RECORD.
+    assert_eq!(plans[0].unchanged, 4);
+    assert_eq!(plans[0].unchanged_bytes, 1 + 51 + 2 + 30);
+
+    // The same venv path: the script is placed as the source has it, and
+    // the RECORD's row describes it already.
+    let s = src_scan("/v");
+    let (plans, _) = run(&sets, (&s, &se), (&d, &de), &[]).unwrap();
+    assert_eq!(
+        actions(&plans[0]),
+        vec![("../../../bin/tool".into(), Action::Add)]
+    );
+    assert_eq!(plans[0].unchanged, 5);
+
+    // The RECORD in another set than the script: that set replaces it.
+    let sets = [
+        set("scripts", &[], &["../../../bin/*"]),
+        set("tool", &["tool"], &[]),
+    ];
+    let s = ScanReport {
+        globs: vec![vec![
+            "../../../bin/tool".into(),
+            "../../../bin/tool2".into(),
+        ]],
+        ..src_scan("/src/venv")
+    };
+    let d = ScanReport {
+        globs: vec![vec!["../../../bin/tool2".into()]],
+        ..d
+    };
+    let globs = ["../../../bin/*".to_string()];
+    let (plans, _) = run(&sets, (&s, &se), (&d, &de), &globs).unwrap();
+    assert_eq!(
+        actions(&plans[0]),
+        vec![("../../../bin/tool".into(), Action::Add)]
+    );
+    assert_eq!(
+        actions(&plans[1]),
+        vec![("tool-1.dist-info/RECORD".into(), Action::Replace)]
+    );
+}
