@@ -20,11 +20,11 @@
 //! | | [`validate`] | the target's own check of a prepare request |
 //! | host side | [`bundle`] | the bundle file of `overlay pack`: write, check, unpack |
 //! | | [`hashcache`] | BLAKE3 digests remembered by file stamp |
-//! | | [`inventory`] | finding the venv, scanning dists, stat and hash of paths |
+//! | | [`inventory`] | finding the venv, scanning dists, stat and hash of paths, the host's NVIDIA driver and GPUs |
 //! | | [`journal`] | generations: prepare, switch, commit, undo, history, prune |
 //! | | [`stream`] | the file stream: the source's send half, the target's receive half |
 //! | | [`verify`] | the smoke test run with the venv's interpreter |
-//! | | [`preflight`] | breakage predicted from requirements, CUDA majors and ELF facts |
+//! | | [`preflight`] | breakage predicted from requirements, CUDA majors, ELF facts and the GPU code against the driver and GPUs |
 //! | | [`doctor`] | a venv checked as it stands: RECORD, damage, bytecode, shebangs, preflight |
 //! | transport | [`transport`] | starting an agent: local child, SSH (libssh2), OpenSSH |
 //! | client | [`client`] | a typed client of one agent |

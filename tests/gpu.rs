@@ -232,7 +232,7 @@ fn the_plan_judges_the_targets_driver_and_gpus() {
     assert!(p.text.contains("0 predicted problems"), "{}", p.text);
 
     // Onto V100s: torch's library names sm_70 and what it has; the
-    // sm_90a-only module, PTX for newer GPUs only, and sgl-kernel's sm100
+    // `a`-only module, PTX for newer GPUs only, and sgl-kernel's sm100
     // build (its loader's pick on 7.0) have nothing either.
     fake.set(Some("580.159.04"), &[V100; 8], false);
     let p = plan(&tb);
@@ -292,7 +292,7 @@ fn the_plan_judges_the_targets_driver_and_gpus() {
     );
 
     // A host of two GPU kinds is judged per kind: only the A100s fail, for
-    // the sm_90a-only module and sgl-kernel's sm100 build.
+    // the `a`-only module and sgl-kernel's sm100 build.
     fake.set(Some("580.159.04"), &[H100, H100, A100, A100], false);
     let p = plan(&tb);
     assert!(

@@ -12,7 +12,8 @@
 //!   for `sm_XZ` with Z ≤ Y (`sm_XYa` only on exactly X.Y, `sm_XZf` within
 //!   the family), or PTX for an older or equal target that the driver can
 //!   JIT (a driver JITs PTX only of the ISA versions of its own toolkit
-//!   and older: [`TOOLKITS`]). A package that ships one build per
+//!   and older: [`TOOLKITS`]). Only code built for several architectures
+//!   is judged ([`multi_arch`]). A package that ships one build per
 //!   architecture and picks one at import ([`LOADERS`]: sgl-kernel's
 //!   `sm90/` and `sm100/`) is judged by the build its loader picks.
 //!
@@ -148,6 +149,20 @@ pub fn gpu_label(g: &GpuKind) -> String {
     format!("{} × {}{sm}", g.count, g.name)
 }
 
+/// Is `code` built for several architectures (two SM numbers or more,
+/// SASS and PTX together)? Only such builds are judged: code for one
+/// architecture alone is either a helper beside kernels kept elsewhere
+/// (the CUDA 13 wheels' `libcufft.so.12` has one container, `sm_75` SASS
+/// only, and runs on every GPU) or a build its package selects for that
+/// GPU (FlashAttention-3's `sm_90a`), and judging it would be a false
+/// alarm.
+pub fn multi_arch(code: &GpuCode) -> bool {
+    let mut sms: Vec<u32> = code.cubins.iter().chain(&code.ptx).map(|a| a.sm).collect();
+    sms.sort_unstable();
+    sms.dedup();
+    sms.len() >= 2
+}
+
 /// One kernel finding: what the report says, and its grouping key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelFinding {
@@ -161,6 +176,9 @@ pub struct KernelFinding {
 pub fn kernel_findings(rel: &str, code: &GpuCode, machine: &Machine) -> Vec<KernelFinding> {
     let driver = effective_driver(machine);
     let mut out = Vec::new();
+    if !multi_arch(code) {
+        return out;
+    }
     for g in &machine.gpus {
         let Some(cc) = g.capability else { continue };
         if not_loaded_on(rel, cc) {
@@ -408,6 +426,24 @@ mod tests {
             memory_mib: None,
             count: n,
         }
+    }
+
+    #[test]
+    fn code_for_one_architecture_is_not_judged() {
+        // The CUDA 13 wheels' libcufft.so.12: one container, sm_75 SASS only.
+        let cufft = code(&[arch(75, Plain)], &[], None);
+        let m = Machine {
+            driver: Driver::Loaded("580.159.04".into()),
+            gpus: vec![h100s(1, (9, 0), "NVIDIA H100 80GB HBM3")],
+            ..Default::default()
+        };
+        assert!(!multi_arch(&cufft));
+        assert!(kernel_findings("nvidia/cu13/lib/libcufft.so.12", &cufft, &m).is_empty());
+        assert!(multi_arch(&code(
+            &[arch(80, Plain)],
+            &[arch(90, Plain)],
+            None
+        )));
     }
 
     #[test]
