@@ -265,7 +265,7 @@ fn put_in_place(
 
 /// What [`posix_rename`] did.
 #[derive(Debug, PartialEq, Eq)]
-enum Renamed {
+pub(super) enum Renamed {
     Done,
     /// The server does not offer `posix-rename@openssh.com`.
     Unsupported,
@@ -289,7 +289,7 @@ unsafe extern "C" {
 /// The `ssh2` crate does not wrap libssh2's call for it, nor hand out its
 /// `Sftp`'s libssh2 handle, so this opens an SFTP channel of its own on
 /// `session` (a round trip or two, on the rare path of a replacement).
-fn posix_rename(
+pub(super) fn posix_rename(
     session: &ssh2::Session,
     from: &Path,
     to: &Path,
