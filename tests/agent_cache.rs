@@ -3,7 +3,9 @@
 //! folder from the home directory down to it belong to the login user (or
 //! root) and are not writable by group or others. A file that fails this is
 //! replaced; a folder that fails it stops the run with the folder's name
-//! and a hint. Real sshd hosts (tests/common).
+//! and a hint. Hosts that share a home directory share the file, and their
+//! agents start at once without ever finding it gone. Real sshd hosts
+//! (tests/common).
 
 mod common;
 
