@@ -267,7 +267,8 @@ fn put_in_place(
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Renamed {
     Done,
-    /// The server does not offer `posix-rename@openssh.com`.
+    /// The server does not offer `posix-rename@openssh.com`, or refused a
+    /// second SFTP channel (sshd's `MaxSessions 1`): try the other ways.
     Unsupported,
 }
 
@@ -304,8 +305,7 @@ pub(super) fn posix_rename(
     unsafe {
         let sftp = libssh2_sys::libssh2_sftp_init(raw);
         if sftp.is_null() {
-            let rc = libssh2_sys::libssh2_session_last_errno(raw);
-            return Err(ssh2::Error::from_session_error_raw(raw, rc));
+            return Ok(Renamed::Unsupported);
         }
         let rc = libssh2_sftp_posix_rename_ex(
             sftp,
