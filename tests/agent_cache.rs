@@ -142,7 +142,7 @@ fn hosts_sharing_a_home_start_their_agents_at_once() {
     assert_eq!(String::from_utf8_lossy(&seen.stdout), "from dst2\n");
     fs::remove_file(tb.host_venv_dir(1).join("only-on-dst")).unwrap();
     // The agent stripped (36 MB instead of 120): the same code, uploaded
-    // twice a round.
+    // by both hosts for the plan and again for the apply of every round.
     let agent = tb.dir().join("overlay-agent");
     common::run(
         std::process::Command::new("strip")
