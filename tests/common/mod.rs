@@ -617,6 +617,20 @@ impl Testbed {
         }
     }
 
+    /// Give SSH host `i` the home directory of SSH host `with`, as hosts
+    /// that mount one NFS `/home` or `/root` share it: host `i` is
+    /// restarted with its HOSTDIR/root a symlink to `with`'s, so both see
+    /// one /root (`~/.cache/overlay` included), each still with its own
+    /// /root/venv and /tmp (bound in its own mount namespace).
+    pub fn share_home(&mut self, i: usize, with: usize) {
+        assert_ne!(i, with);
+        self.stop(i);
+        let mine = self.hosts[i].dir.join("root");
+        fs::remove_dir_all(&mine).unwrap();
+        std::os::unix::fs::symlink(self.hosts[with].dir.join("root"), &mine).unwrap();
+        self.restart_host(i, &[]);
+    }
+
     /// Restart SSH host `i` on its address with `sshd_options` as extra
     /// sshd_config lines (e.g. `["Ciphers aes128-ctr", "MACs hmac-sha2-256"]`;
     /// none for the default config). Its host key, ~ and venv stay.

@@ -16,7 +16,7 @@ use ssh2::MethodType;
 
 use super::config::{LocalEnv, LocalUser, resolve};
 use super::connect::connect;
-use super::upload::agent_digest;
+use super::upload::{Renamed, agent_digest, posix_rename};
 use super::{AgentPipe, ConnectOptions, Who, start_agent_with};
 use crate::error::{Error, Result};
 
@@ -274,6 +274,7 @@ fn against_real_sshd() {
     negotiated_algorithms(&s);
     agent_reused_and_both_ways_at_once(&s, mtime);
     damaged_copy_replaced_and_agent_failure_reported(&s);
+    posix_rename_replaces_in_one_step(&s);
     host_key_changed_or_of_another_type(&s);
     wrong_keys_listed(&s);
     authenticated_through_ssh_agent(&s);
@@ -438,6 +439,39 @@ fn damaged_copy_replaced_and_agent_failure_reported(s: &Sshd) {
         e.message.contains("status 3") && e.message.contains("failing as asked"),
         "{e:?}"
     );
+}
+
+fn posix_rename_replaces_in_one_step(s: &Sshd) {
+    // 5b. What replaces an unusable agent file: OpenSSH's
+    //     posix-rename@openssh.com renames over an existing file (rename(2):
+    //     the old inode stays whole for whoever has it); a failure is an
+    //     SFTP status.
+    let r = resolve(
+        "box",
+        &std::fs::read_to_string(&s.env.config_path).unwrap(),
+        &s.env.user,
+    )
+    .unwrap();
+    let who = Who {
+        host: "ct1",
+        target: "box",
+    };
+    let conn = connect(who, &r, &s.opts, &s.env).unwrap();
+    let d = s.tmp.path();
+    let (new, old, kept) = (d.join("pr-new"), d.join("pr-old"), d.join("pr-kept"));
+    std::fs::write(&new, b"new").unwrap();
+    std::fs::write(&old, b"old").unwrap();
+    std::fs::hard_link(&old, &kept).unwrap();
+    assert_eq!(
+        posix_rename(&conn.session, &new, &old).unwrap(),
+        Renamed::Done
+    );
+    assert_eq!(std::fs::read(&old).unwrap(), b"new");
+    assert_eq!(std::fs::read(&kept).unwrap(), b"old");
+    assert!(!new.exists());
+    let e = posix_rename(&conn.session, &new, &old).unwrap_err();
+    assert_eq!(e.code(), ssh2::ErrorCode::SFTP(2), "{e:?}");
+    assert_eq!(std::fs::read(&old).unwrap(), b"new");
 }
 
 fn host_key_changed_or_of_another_type(s: &Sshd) {

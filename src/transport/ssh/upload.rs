@@ -3,11 +3,21 @@
 //! file there is this build and safe to run: its folders pass OpenSSH's
 //! `StrictModes` check over SFTP ([`safe_agent_dir`]), and a missing or
 //! unsafe file is uploaded again ([`write_remote`] to a temporary name,
-//! then renamed into place).
+//! then renamed into place by [`put_in_place`]).
+//!
+//! Hosts that share a home directory (an NFS `/home` or `/root`) share the
+//! file, and their agents may start at once, from several controllers or
+//! from one fanning out. So a file that is already this build is used and
+//! never removed, and a rename never leaves the path naming nothing: an
+//! upload goes in only where the path is free (SFTP v3's rename refuses to
+//! replace a file), and an unusable file is replaced in one step with
+//! OpenSSH's `posix-rename@openssh.com` ([`posix_rename`]).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -123,13 +133,21 @@ pub(super) fn upload_agent(
         return Ok(final_str);
     }
 
+    // Unique among the uploads of every controller to this home: the
+    // process, a counter for the threads of one process (a fan-out uploads
+    // to several hosts at once) and the clock for the other hosts' pids.
+    static UPLOADS: AtomicU64 = AtomicU64::new(0);
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let tmp = dir.join(format!(".{name}.tmp-{}-{nonce:08x}", std::process::id()));
+    let tmp = dir.join(format!(
+        ".{name}.tmp-{}-{}-{nonce:08x}",
+        std::process::id(),
+        UPLOADS.fetch_add(1, Ordering::Relaxed)
+    ));
     let result = write_remote(who, &sftp, &env.agent_binary, &tmp)
-        .and_then(|()| put_in_place(who, &sftp, &tmp, &dest));
+        .and_then(|()| put_in_place(who, &conn.session, &sftp, &tmp, &dest));
     // Gone after a successful rename; left over otherwise.
     let _ = sftp.unlink(&tmp);
     result?;
@@ -177,8 +195,28 @@ fn make_agent_dir(who: Who<'_>, sftp: &Sftp, home: &Path, dir: &Path) -> Result<
     Ok(())
 }
 
-/// Make the uploaded `tmp` executable and rename it to `dest.path`.
-fn put_in_place(who: Who<'_>, sftp: &Sftp, tmp: &Path, dest: &AgentFile<'_>) -> Result<()> {
+/// Make the uploaded `tmp` executable and put it at `dest.path` without
+/// ever leaving that path naming nothing, nor removing a usable agent:
+/// another controller, or a host that shares this home directory, may be
+/// starting the file there at this very moment.
+///
+/// 1. A plain rename: SFTP v3 (OpenSSH) renames only to a free name, so it
+///    replaces nothing.
+/// 2. The path is taken: by a usable agent, which is this build (its name
+///    is the digest), put there by another upload meanwhile; it is used
+///    and `tmp` left for the caller to remove.
+/// 3. By an unusable file (damaged, unsafe): replaced in one step by
+///    `posix-rename@openssh.com` (rename(2) on the host), or by an SFTP v5+
+///    rename with OVERWRITE|ATOMIC.
+/// 4. Only a server with neither is sent remove-then-rename, as before:
+///    there an agent starting from this path in between would not find it.
+fn put_in_place(
+    who: Who<'_>,
+    session: &ssh2::Session,
+    sftp: &Sftp,
+    tmp: &Path,
+    dest: &AgentFile<'_>,
+) -> Result<()> {
     let chmod = ssh2::FileStat {
         size: None,
         uid: None,
@@ -194,22 +232,104 @@ fn put_in_place(who: Who<'_>, sftp: &Sftp, tmp: &Path, dest: &AgentFile<'_>) -> 
             &e,
         )
     })?;
-    let flags = RenameFlags::OVERWRITE | RenameFlags::ATOMIC | RenameFlags::NATIVE;
-    if sftp.rename(tmp, dest.path, Some(flags)).is_err() {
-        // SFTP v3 (OpenSSH) refuses to rename over an existing file.
-        let _ = sftp.unlink(dest.path);
-        if let Err(e) = sftp.rename(tmp, dest.path, Some(flags)) {
-            // Another controller may have put the same build there meanwhile.
-            if !is_usable_agent(sftp, dest) {
-                return Err(upload_failed(
-                    who,
-                    &format!("cannot rename it to {}", dest.path.display()),
-                    &e,
-                ));
-            }
-        }
+    let no_overwrite = RenameFlags::ATOMIC | RenameFlags::NATIVE;
+    if sftp.rename(tmp, dest.path, Some(no_overwrite)).is_ok() || is_usable_agent(sftp, dest) {
+        return Ok(());
     }
-    Ok(())
+    let failed = |e: &ssh2::Error| {
+        // Another upload may have put this build there meanwhile.
+        if is_usable_agent(sftp, dest) {
+            return Ok(());
+        }
+        Err(upload_failed(
+            who,
+            &format!("cannot rename it to {}", dest.path.display()),
+            e,
+        ))
+    };
+    match posix_rename(session, tmp, dest.path) {
+        Ok(Renamed::Done) => return Ok(()),
+        Ok(Renamed::Unsupported) => {}
+        Err(e) => return failed(&e),
+    }
+    let overwrite = RenameFlags::OVERWRITE | RenameFlags::ATOMIC | RenameFlags::NATIVE;
+    if sftp.rename(tmp, dest.path, Some(overwrite)).is_ok() {
+        return Ok(());
+    }
+    let _ = sftp.unlink(dest.path);
+    match sftp.rename(tmp, dest.path, Some(no_overwrite)) {
+        Ok(()) => Ok(()),
+        Err(e) => failed(&e),
+    }
+}
+
+/// What [`posix_rename`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Renamed {
+    Done,
+    /// The server does not offer `posix-rename@openssh.com`, or refused a
+    /// second SFTP channel (sshd's `MaxSessions 1`): try the other ways.
+    Unsupported,
+}
+
+// libssh2 has had it since 1.11.1 (the vendored one is 1.11.2); the
+// libssh2-sys crate does not declare it.
+unsafe extern "C" {
+    fn libssh2_sftp_posix_rename_ex(
+        sftp: *mut libssh2_sys::LIBSSH2_SFTP,
+        source_filename: *const libc::c_char,
+        source_filename_len: libc::size_t,
+        dest_filename: *const libc::c_char,
+        dest_filename_len: libc::size_t,
+    ) -> libc::c_int;
+}
+
+/// Rename `from` to `to` on the host, replacing `to` in one step, with
+/// OpenSSH's `posix-rename@openssh.com` SFTP extension: the server calls
+/// rename(2), so `to` names the old file or the new one, never nothing.
+/// The `ssh2` crate does not wrap libssh2's call for it, nor hand out its
+/// `Sftp`'s libssh2 handle, so this opens an SFTP channel of its own on
+/// `session` (a round trip or two, on the rare path of a replacement).
+pub(super) fn posix_rename(
+    session: &ssh2::Session,
+    from: &Path,
+    to: &Path,
+) -> std::result::Result<Renamed, ssh2::Error> {
+    let (from, to) = (from.as_os_str().as_bytes(), to.as_os_str().as_bytes());
+    let mut guard = session.raw();
+    let raw: *mut libssh2_sys::LIBSSH2_SESSION = &mut *guard;
+    // SAFETY: `raw` is the live session, locked by `guard` (held to the end,
+    // so no other thread uses it meanwhile, as ssh2's own calls lock it);
+    // the SFTP handle is made, used and shut down here, and the two names
+    // are passed with their lengths (libssh2 copies them into the packet).
+    unsafe {
+        let sftp = libssh2_sys::libssh2_sftp_init(raw);
+        if sftp.is_null() {
+            return Ok(Renamed::Unsupported);
+        }
+        let rc = libssh2_sftp_posix_rename_ex(
+            sftp,
+            from.as_ptr().cast(),
+            from.len(),
+            to.as_ptr().cast(),
+            to.len(),
+        );
+        let status = libssh2_sys::libssh2_sftp_last_error(sftp);
+        let result = match rc {
+            0 => Ok(Renamed::Done),
+            libssh2_sys::LIBSSH2_ERROR_SFTP_PROTOCOL
+                if status == libssh2_sys::LIBSSH2_FX_OP_UNSUPPORTED as libc::c_ulong =>
+            {
+                Ok(Renamed::Unsupported)
+            }
+            libssh2_sys::LIBSSH2_ERROR_SFTP_PROTOCOL => Err(ssh2::Error::from_errno(
+                ssh2::ErrorCode::SFTP(status as libc::c_int),
+            )),
+            rc => Err(ssh2::Error::from_session_error_raw(raw, rc)),
+        };
+        libssh2_sys::libssh2_sftp_shutdown(sftp);
+        result
+    }
 }
 
 /// The owners a file on the agent's path may have: root and the owner of
