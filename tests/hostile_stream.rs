@@ -152,6 +152,7 @@ impl Target {
             versions: Vec::new(),
             shebang: None,
             provenance: None,
+            machine: None,
         })));
         match agent.recv() {
             Some(Response::Prepared { .. }) => {}
