@@ -1,7 +1,9 @@
 //! This host's NVIDIA driver and GPUs ([`Machine`]), read without loading
 //! any GPU library into the agent: the kernel module's version from
 //! `/proc/driver/nvidia/version` (or `/sys/module/nvidia/version`), the
-//! user-space `libcuda.so.1`'s from the ld.so cache, and the GPUs from
+//! user-space `libcuda.so.1`'s from the ld.so cache (a cuda-compat one
+//! when it lies in a `compat` folder; any other that differs from the
+//! module is a mismatch, noted), and the GPUs from
 //! `nvidia-smi --query-gpu` (bounded in time; a driver whose `nvidia-smi`
 //! rejects `compute_cap` is asked again without it and its GPUs are known
 //! by name). No driver is a fact ([`Driver::None`]); what cannot be read
@@ -51,8 +53,17 @@ const KNOWN_GPUS: [(&str, (u32, u32)); 14] = [
 pub fn machine() -> Machine {
     let mut m = Machine::default();
     m.driver = driver(&mut m.notes);
-    if let Driver::Loaded(module) = &m.driver {
-        m.libcuda = libcuda_version().filter(|v| v != module);
+    if let Driver::Loaded(module) = &m.driver
+        && let Some((version, path)) = libcuda_version().filter(|(v, _)| v != module)
+    {
+        m.libcuda_compat = path.components().any(|c| c.as_os_str() == "compat");
+        if !m.libcuda_compat {
+            m.notes.push(format!(
+                "libcuda.so.1 is {version} ({}), the kernel module {module}: CUDA fails with a driver/library version mismatch until they agree (reload the module or reboot)",
+                path.display()
+            ));
+        }
+        m.libcuda = Some(version);
     }
     if !matches!(m.driver, Driver::None) {
         match find_nvidia_smi() {
@@ -130,8 +141,8 @@ pub fn module_version(text: &str) -> Option<String> {
 }
 
 /// The version of the `libcuda.so.1` the ld.so cache names, from the
-/// name of the file it resolves to (`libcuda.so.580.65.06`).
-fn libcuda_version() -> Option<String> {
+/// name of the file it resolves to (`libcuda.so.580.65.06`), and that file.
+fn libcuda_version() -> Option<(String, PathBuf)> {
     let out = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
         .iter()
         .find_map(|l| {
@@ -150,9 +161,11 @@ fn libcuda_version() -> Option<String> {
     })?;
     let real = std::fs::canonicalize(path).ok()?;
     let name = real.file_name()?.to_str()?;
-    name.strip_prefix("libcuda.so.")
-        .filter(|v| looks_like_version(v))
-        .map(String::from)
+    let version = name
+        .strip_prefix("libcuda.so.")
+        .filter(|v| looks_like_version(v))?
+        .to_string();
+    Some((version, real))
 }
 
 fn find_nvidia_smi() -> Option<PathBuf> {

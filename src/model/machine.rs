@@ -19,6 +19,12 @@ pub struct Machine {
     /// kernel module's: a cuda-compat install.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub libcuda: Option<String>,
+    /// That libcuda lies in a `compat` folder (the cuda-compat package's
+    /// `/usr/local/cuda-X.Y/compat/`): forward compatibility, which counts
+    /// instead of the module. Any other libcuda that differs from the
+    /// module is a driver/library mismatch, noted, and the module counts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub libcuda_compat: bool,
     /// The GPUs, one entry per kind (name and compute capability).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuKind>,
@@ -204,11 +210,11 @@ impl Machine {
                 let cuda = cuda_ceiling(v)
                     .map(|(a, b)| format!(" (CUDA ≤ {a}.{b})"))
                     .unwrap_or_default();
-                let compat = self
-                    .libcuda
-                    .as_deref()
-                    .map(|l| format!(", libcuda {l}"))
-                    .unwrap_or_default();
+                let compat = match (&self.libcuda, self.libcuda_compat) {
+                    (Some(l), true) => format!(", cuda-compat libcuda {l}"),
+                    (Some(l), false) => format!(", libcuda {l}"),
+                    (None, _) => String::new(),
+                };
                 parts.push(format!("NVIDIA driver {v}{cuda}{compat}"));
             }
         }

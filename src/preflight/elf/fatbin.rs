@@ -15,8 +15,14 @@
 //! target such as `sm_100f`). Anything else ends the walk: a hostile or
 //! odd section yields what was read before it, never a loop or a large
 //! allocation.
+//!
+//! The caller opens the file with `POSIX_FADV_RANDOM`: each header is a
+//! small read far from the last, and the kernel's read-ahead would
+//! otherwise read the kernels around it (the whole 4 GB stack, measured).
 
 use std::io;
+
+use rayon::prelude::*;
 
 use crate::model::{ArchVariant, GpuArch, GpuCode};
 
@@ -33,22 +39,105 @@ const MAX_ENTRIES: u32 = 1 << 20;
 /// How far past a container's end the next magic is looked for (padding).
 const RESYNC_WINDOW: u64 = 4096;
 
+/// Bytes read at once while walking the containers: the container's
+/// header, and the entry headers that lie in the same window (a container
+/// of small cubins, or several small containers, cost one read).
+const WINDOW: u64 = 64 << 10;
+
+/// What the walk of one container left to read: its entries from `next`
+/// on (their headers lay past the window), up to `end`.
+struct Rest {
+    next: u64,
+    end: u64,
+}
+
+/// The targets of the entries read so far.
+#[derive(Default)]
+struct Found {
+    cubins: Vec<GpuArch>,
+    ptx: Vec<GpuArch>,
+    ptx_isa: Option<(u16, u16)>,
+    entries: u32,
+}
+
+impl Found {
+    fn entry(&mut self, h: &[u8]) {
+        self.entries += 1;
+        let flags = u64_at(h, 0x28);
+        let variant = if flags & FLAG_ARCH != 0 {
+            ArchVariant::Arch
+        } else if flags & FLAG_FAMILY != 0 {
+            ArchVariant::Family
+        } else {
+            ArchVariant::Plain
+        };
+        let arch = GpuArch {
+            sm: u32_at(h, 0x1C),
+            variant,
+        };
+        match u16_at(h, 0) {
+            KIND_ELF => self.cubins.push(arch),
+            KIND_PTX => {
+                self.ptx.push(arch);
+                let isa = (u16_at(h, 0x1A), u16_at(h, 0x18));
+                self.ptx_isa = self.ptx_isa.max(Some(isa));
+            }
+            _ => {}
+        }
+    }
+
+    fn merge(&mut self, other: Found) {
+        self.cubins.extend(other.cubins);
+        self.ptx.extend(other.ptx);
+        self.ptx_isa = self.ptx_isa.max(other.ptx_isa);
+        self.entries += other.entries;
+    }
+}
+
+/// The entry after the one whose header `h` starts at `at`, if the header
+/// is sane.
+fn next_entry(at: u64, h: &[u8]) -> Option<u64> {
+    let header = u64::from(u32_at(h, 4));
+    let padded = u64::from(u32_at(h, 8));
+    (header >= ENTRY_HEADER).then(|| at + header + padded)
+}
+
 /// Read the GPU code of the fatbin section at `offset`, `size` bytes long,
 /// through `read_at(offset, buf)` (a `pread` of the file). `Ok(None)` when
 /// the section holds no container at all.
+///
+/// The containers are found one after another (each header says where the
+/// next starts), in windows of [`WINDOW`] bytes; the entries whose headers
+/// lie past a window are then read container by container, on all cores:
+/// a cold `libtorch_cuda.so` (444 containers, 2,789 entries) costs a chain
+/// of a few hundred small reads and the rest at once, never the kernels.
 pub fn read_fatbin(
     offset: u64,
     size: u64,
-    read_at: &dyn Fn(u64, &mut [u8]) -> io::Result<()>,
+    read_at: &(dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync),
 ) -> io::Result<Option<GpuCode>> {
     let end = offset.saturating_add(size);
-    let mut code = GpuCode::default();
+    let mut found = Found::default();
+    let mut rest: Vec<Rest> = Vec::new();
+    let mut containers = 0u32;
     let mut pos = offset;
-    let mut entries = 0u32;
-    while pos.saturating_add(CONTAINER_HEADER) <= end && code.containers < MAX_CONTAINERS {
-        let mut head = [0u8; CONTAINER_HEADER as usize];
-        read_at(pos, &mut head)?;
-        if u32_at(&head, 0) != CONTAINER_MAGIC {
+    let mut window: Vec<u8> = Vec::new();
+    let mut window_at = 0u64;
+    while pos.saturating_add(CONTAINER_HEADER) <= end && containers < MAX_CONTAINERS {
+        // The bytes at `pos`, from the window when it holds them.
+        let in_window = |at: u64, len: u64, window: &[u8], window_at: u64| {
+            (at >= window_at && at + len <= window_at + window.len() as u64)
+                .then(|| (at - window_at) as usize)
+        };
+        if in_window(pos, CONTAINER_HEADER + ENTRY_HEADER, &window, window_at).is_none() {
+            let len = WINDOW.min(end - pos) as usize;
+            window = vec![0u8; len];
+            read_at(pos, &mut window)?;
+            window_at = pos;
+        }
+        let at = (pos - window_at) as usize;
+        let head = &window[at..at + CONTAINER_HEADER as usize];
+        if u32_at(head, 0) != CONTAINER_MAGIC {
             match resync(pos, end, read_at)? {
                 Some(next) => {
                     pos = next;
@@ -57,9 +146,9 @@ pub fn read_fatbin(
                 None => break,
             }
         }
-        let header_size = u64::from(u16_at(&head, 6));
-        let fat_size = u64_at(&head, 8);
-        code.containers += 1;
+        let header_size = u64::from(u16_at(head, 6));
+        let fat_size = u64_at(head, 8);
+        containers += 1;
         let Some(container_end) = pos
             .checked_add(header_size)
             .and_then(|p| p.checked_add(fat_size))
@@ -67,44 +156,56 @@ pub fn read_fatbin(
         else {
             break;
         };
+        // The entries whose headers the window holds.
         let mut e = pos + header_size;
-        while e + ENTRY_HEADER <= container_end && entries < MAX_ENTRIES {
-            let mut h = [0u8; ENTRY_HEADER as usize];
-            read_at(e, &mut h)?;
-            entries += 1;
-            let kind = u16_at(&h, 0);
-            let entry_header = u64::from(u32_at(&h, 4));
-            let padded = u64::from(u32_at(&h, 8));
-            let sm = u32_at(&h, 0x1C);
-            let flags = u64_at(&h, 0x28);
-            let variant = if flags & FLAG_ARCH != 0 {
-                ArchVariant::Arch
-            } else if flags & FLAG_FAMILY != 0 {
-                ArchVariant::Family
-            } else {
-                ArchVariant::Plain
-            };
-            let arch = GpuArch { sm, variant };
-            match kind {
-                KIND_ELF => code.cubins.push(arch),
-                KIND_PTX => {
-                    code.ptx.push(arch);
-                    let isa = (u16_at(&h, 0x1A), u16_at(&h, 0x18));
-                    code.ptx_isa = code.ptx_isa.max(Some(isa));
-                }
-                _ => {}
-            }
-            if entry_header < ENTRY_HEADER {
+        while e + ENTRY_HEADER <= container_end && found.entries < MAX_ENTRIES {
+            let Some(i) = in_window(e, ENTRY_HEADER, &window, window_at) else {
+                rest.push(Rest {
+                    next: e,
+                    end: container_end,
+                });
                 break;
+            };
+            let h = &window[i..i + ENTRY_HEADER as usize];
+            found.entry(h);
+            match next_entry(e, h) {
+                Some(n) => e = n,
+                None => break,
             }
-            e += entry_header + padded;
         }
         // The next container starts 8-aligned after this one.
         pos = container_end.div_ceil(8) * 8;
     }
-    if code.containers == 0 {
+    if containers == 0 {
         return Ok(None);
     }
+    let budget = MAX_ENTRIES.saturating_sub(found.entries);
+    let more = rest
+        .par_iter()
+        .map(|r| {
+            let mut f = Found::default();
+            let mut e = r.next;
+            while e + ENTRY_HEADER <= r.end && f.entries < budget {
+                let mut h = [0u8; ENTRY_HEADER as usize];
+                read_at(e, &mut h)?;
+                f.entry(&h);
+                match next_entry(e, &h) {
+                    Some(n) => e = n,
+                    None => break,
+                }
+            }
+            Ok(f)
+        })
+        .collect::<io::Result<Vec<Found>>>()?;
+    for f in more {
+        found.merge(f);
+    }
+    let mut code = GpuCode {
+        cubins: found.cubins,
+        ptx: found.ptx,
+        ptx_isa: found.ptx_isa,
+        containers,
+    };
     code.cubins.sort();
     code.cubins.dedup();
     code.ptx.sort();
@@ -117,7 +218,7 @@ pub fn read_fatbin(
 fn resync(
     pos: u64,
     end: u64,
-    read_at: &dyn Fn(u64, &mut [u8]) -> io::Result<()>,
+    read_at: &(dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync),
 ) -> io::Result<Option<u64>> {
     let len = RESYNC_WINDOW.min(end - pos) as usize;
     let mut buf = vec![0u8; len];
@@ -252,6 +353,33 @@ mod tests {
         assert_eq!(names(&code.cubins), ["sm_75", "sm_80", "sm_90a", "sm_100f"]);
         assert_eq!(names(&code.ptx), ["sm_90", "sm_120"]);
         assert_eq!(code.ptx_isa, Some((9, 0)));
+    }
+
+    #[test]
+    fn entries_past_the_first_window_are_read_too() {
+        // Cubins of 100 KB: every entry header after the first lies past
+        // the container's window.
+        let big = |e: Entry| Entry {
+            payload: 100 << 10,
+            ..e
+        };
+        let s = section(&[
+            vec![
+                big(cubin(75)),
+                big(cubin(80)),
+                big(cubin_a(90)),
+                ptx(90, (8, 7)),
+            ],
+            vec![big(cubin(86)), big(cubin_f(100))],
+            vec![cubin(120)],
+        ]);
+        let code = read(&s).unwrap();
+        assert_eq!(code.containers, 3);
+        assert_eq!(
+            names(&code.cubins),
+            ["sm_75", "sm_80", "sm_86", "sm_90a", "sm_100f", "sm_120"]
+        );
+        assert_eq!(names(&code.ptx), ["sm_90"]);
     }
 
     #[test]

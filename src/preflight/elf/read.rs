@@ -149,6 +149,13 @@ fn parse_elf(file: &File, mut data: Sparse) -> Result<ElfInfo, String> {
     let sections: Sections<'_> = SectionTable::new(headers, StringTable::default());
     let mut info = ElfInfo::default();
     if let Some((offset, size)) = fatbin {
+        // Small reads far apart: no read-ahead of the kernels between them.
+        let _ = rustix::fs::fadvise(
+            file,
+            offset,
+            std::num::NonZeroU64::new(size),
+            rustix::fs::Advice::Random,
+        );
         let read_at = |at: u64, buf: &mut [u8]| file.read_exact_at(buf, at);
         info.gpu = super::fatbin::read_fatbin(offset, size, &read_at)
             .map_err(|e| format!("the .nv_fatbin section cannot be read: {e}"))?;
