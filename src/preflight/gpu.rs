@@ -250,14 +250,15 @@ pub fn runtime_majors<'a>(
 
 /// The driver problems of the distributions `after` on `machine` (named
 /// `host` in the reasons): each that loads a CUDA runtime the driver is too
-/// old for. `before`: the majors the venv needed as it was, whose problems
-/// are marked pre-existing (`None` for a venv judged as it stands).
+/// old for. `before`: the majors each distribution of the venv loaded as
+/// it was (by name): the same distribution needing the same major is a
+/// pre-existing problem (`None` for a venv judged as it stands).
 pub fn driver_problems(
     after: &[&Dist],
     cudart: &BTreeMap<String, BTreeSet<u32>>,
     machine: &Machine,
     host: &str,
-    before: Option<&BTreeSet<u32>>,
+    before: Option<&BTreeMap<String, BTreeSet<u32>>>,
 ) -> Vec<Problem> {
     let Some(driver) = effective_driver(machine) else {
         return Vec::new();
@@ -282,7 +283,7 @@ pub fn driver_problems(
                 continue;
             }
             let build = dist.build.as_deref().unwrap_or(&dist.version);
-            let already = before.is_some_and(|b| b.contains(&m));
+            let already = before.is_some_and(|b| b.get(name).is_some_and(|had| had.contains(&m)));
             out.push(Problem {
                 check: Check::Gpu,
                 dist: Some(name.to_string()),

@@ -241,7 +241,7 @@ pub fn preflight(
 
 /// The GPU check's problems on the target `host`: each distribution after
 /// the overlay whose CUDA runtime needs a newer driver than the host has
-/// (pre-existing when the venv as it is loads that major already), and
+/// (pre-existing when that distribution loads that major already), and
 /// each shared object without code for one of its GPU kinds (as the
 /// target found them).
 pub(super) fn gpu_problems(
@@ -252,10 +252,11 @@ pub(super) fn gpu_problems(
     kernels: &[crate::model::ElfFinding],
 ) -> Vec<Problem> {
     let before: Vec<&Dist> = dst_scan.dists.iter().collect();
-    let had: std::collections::BTreeSet<u32> = gpu::runtime_majors(&before, &Default::default())
-        .into_values()
-        .flat_map(|(_, m)| m)
-        .collect();
+    let had: std::collections::BTreeMap<String, std::collections::BTreeSet<u32>> =
+        gpu::runtime_majors(&before, &Default::default())
+            .into_iter()
+            .map(|(name, (_, majors))| (name.to_string(), majors))
+            .collect();
     let mut problems = gpu::driver_problems(after, cudart, &dst_scan.machine, host, Some(&had));
     for f in kernels {
         problems.push(Problem {
