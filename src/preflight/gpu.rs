@@ -49,11 +49,11 @@ pub fn ptx_toolkit(isa: (u16, u16)) -> Option<((u32, u32), &'static str)> {
 }
 
 /// The driver that counts for the CUDA runtime: the kernel module's, or a
-/// newer user-space libcuda's (cuda-compat).
+/// newer cuda-compat libcuda's (one in a `compat` folder).
 pub fn effective_driver(m: &Machine) -> Option<&str> {
     let module = m.driver.version()?;
     match m.libcuda.as_deref() {
-        Some(lib) if older(module, lib) => Some(lib),
+        Some(lib) if m.libcuda_compat && older(module, lib) => Some(lib),
         _ => Some(module),
     }
 }
@@ -394,14 +394,22 @@ mod tests {
         let m = Machine {
             driver: Driver::Loaded("570.172.08".into()),
             libcuda: Some("580.65.06".into()),
+            libcuda_compat: true,
             ..Default::default()
         };
         assert_eq!(effective_driver(&m), Some("580.65.06"));
-        let m = Machine {
+        let older = Machine {
             libcuda: Some("560.1".into()),
+            ..m.clone()
+        };
+        assert_eq!(effective_driver(&older), Some("570.172.08"));
+        // A libcuda outside a compat folder that differs from the module
+        // (an upgrade not yet loaded): the module counts.
+        let mismatch = Machine {
+            libcuda_compat: false,
             ..m
         };
-        assert_eq!(effective_driver(&m), Some("570.172.08"));
+        assert_eq!(effective_driver(&mismatch), Some("570.172.08"));
     }
 
     #[test]

@@ -16,9 +16,12 @@
 //! odd section yields what was read before it, never a loop or a large
 //! allocation.
 //!
-//! The caller opens the file with `POSIX_FADV_RANDOM`: each header is a
-//! small read far from the last, and the kernel's read-ahead would
-//! otherwise read the kernels around it (the whole 4 GB stack, measured).
+//! Where nvcc's wrappers (`.nvFatBinSegment`) say where every container
+//! starts, the containers are read all at once ([`read_containers`]);
+//! otherwise they are walked one after another ([`read_fatbin`]). The
+//! caller opens the file with `POSIX_FADV_RANDOM`: each header is a small
+//! read far from the last, and the kernel's read-ahead would otherwise
+//! read the kernels around it (the whole 4 GB stack, measured).
 
 use std::io;
 
@@ -213,6 +216,77 @@ pub fn read_fatbin(
     Ok(Some(code))
 }
 
+/// Read the GPU code of the containers that start at `offsets` (file
+/// offsets inside a fatbin section ending at `end`, as the wrappers beside
+/// it say), all at once on all cores: each container's header and first
+/// entry in one read, its other entries one read each. `Ok(None)` when no
+/// offset holds a container.
+pub fn read_containers(
+    offsets: &[u64],
+    end: u64,
+    read_at: &(dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync),
+) -> io::Result<Option<GpuCode>> {
+    let per_container = MAX_ENTRIES / (offsets.len() as u32).max(1);
+    let found = offsets
+        .par_iter()
+        .take(MAX_CONTAINERS as usize)
+        .map(|&at| -> io::Result<Option<Found>> {
+            if at.saturating_add(CONTAINER_HEADER) > end {
+                return Ok(None);
+            }
+            let mut first = vec![0u8; (CONTAINER_HEADER + ENTRY_HEADER).min(end - at) as usize];
+            read_at(at, &mut first)?;
+            if u32_at(&first, 0) != CONTAINER_MAGIC {
+                return Ok(None);
+            }
+            let header_size = u64::from(u16_at(&first, 6));
+            let Some(container_end) = at
+                .checked_add(header_size)
+                .and_then(|p| p.checked_add(u64_at(&first, 8)))
+                .filter(|&e| e <= end && header_size >= CONTAINER_HEADER)
+            else {
+                return Ok(None);
+            };
+            let mut f = Found::default();
+            let mut e = at + header_size;
+            while e + ENTRY_HEADER <= container_end && f.entries < per_container {
+                let mut h = [0u8; ENTRY_HEADER as usize];
+                let held = (e - at) as usize;
+                match first.get(held..held + ENTRY_HEADER as usize) {
+                    Some(bytes) => h.copy_from_slice(bytes),
+                    None => read_at(e, &mut h)?,
+                }
+                f.entry(&h);
+                match next_entry(e, &h) {
+                    Some(n) => e = n,
+                    None => break,
+                }
+            }
+            Ok(Some(f))
+        })
+        .collect::<io::Result<Vec<Option<Found>>>>()?;
+    let mut all = Found::default();
+    let mut containers = 0u32;
+    for f in found.into_iter().flatten() {
+        containers += 1;
+        all.merge(f);
+    }
+    if containers == 0 {
+        return Ok(None);
+    }
+    let mut code = GpuCode {
+        cubins: all.cubins,
+        ptx: all.ptx,
+        ptx_isa: all.ptx_isa,
+        containers,
+    };
+    code.cubins.sort();
+    code.cubins.dedup();
+    code.ptx.sort();
+    code.ptx.dedup();
+    Ok(Some(code))
+}
+
 /// The next 8-aligned container magic within [`RESYNC_WINDOW`] after
 /// `pos` (zero padding between containers), if any.
 fn resync(
@@ -380,6 +454,40 @@ mod tests {
             ["sm_75", "sm_80", "sm_86", "sm_90a", "sm_100f", "sm_120"]
         );
         assert_eq!(names(&code.ptx), ["sm_90"]);
+    }
+
+    #[test]
+    fn containers_named_by_their_wrappers_are_read_at_once() {
+        let big = |e: Entry| Entry {
+            payload: 100 << 10,
+            ..e
+        };
+        let one = section(&[vec![big(cubin(75)), big(cubin(80)), ptx(90, (8, 7))]]);
+        let two = section(&[vec![big(cubin_a(90)), cubin(120)]]);
+        let mut s = one.clone();
+        s.extend(&two);
+        let reader = |off: u64, buf: &mut [u8]| -> io::Result<()> {
+            let off = off as usize;
+            let src = s
+                .get(off..off + buf.len())
+                .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+            buf.copy_from_slice(src);
+            Ok(())
+        };
+        let end = s.len() as u64;
+        let code = read_containers(&[0, one.len() as u64], end, &reader)
+            .unwrap()
+            .unwrap();
+        assert_eq!(code.containers, 2);
+        assert_eq!(names(&code.cubins), ["sm_75", "sm_80", "sm_90a", "sm_120"]);
+        assert_eq!(names(&code.ptx), ["sm_90"]);
+        assert_eq!(code, read(&s).unwrap(), "the same as the walk");
+        // An offset that holds no container is skipped; none at all: None.
+        let code = read_containers(&[8, one.len() as u64], end, &reader)
+            .unwrap()
+            .unwrap();
+        assert_eq!(code.containers, 1);
+        assert_eq!(read_containers(&[8], end, &reader).unwrap(), None);
     }
 
     #[test]

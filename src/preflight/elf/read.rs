@@ -148,17 +148,21 @@ fn parse_elf(file: &File, mut data: Sparse) -> Result<ElfInfo, String> {
     let headers = h.section_headers(ENDIAN, &data).map_err(err)?;
     let sections: Sections<'_> = SectionTable::new(headers, StringTable::default());
     let mut info = ElfInfo::default();
-    if let Some((offset, size)) = fatbin {
+    if let Some(fat) = fatbin {
         // Small reads far apart: no read-ahead of the kernels between them.
         let _ = rustix::fs::fadvise(
             file,
-            offset,
-            std::num::NonZeroU64::new(size),
+            fat.offset,
+            std::num::NonZeroU64::new(fat.size),
             rustix::fs::Advice::Random,
         );
         let read_at = |at: u64, buf: &mut [u8]| file.read_exact_at(buf, at);
-        info.gpu = super::fatbin::read_fatbin(offset, size, &read_at)
-            .map_err(|e| format!("the .nv_fatbin section cannot be read: {e}"))?;
+        let end = fat.offset + fat.size;
+        info.gpu = match container_offsets(file, &fat) {
+            Some(offsets) => super::fatbin::read_containers(&offsets, end, &read_at),
+            None => super::fatbin::read_fatbin(fat.offset, fat.size, &read_at),
+        }
+        .map_err(|e| format!("the .nv_fatbin section cannot be read: {e}"))?;
     }
     read_dynamic(&sections, &data, &mut info)?;
     read_version_needs(&sections, &data, &mut info)?;
@@ -189,9 +193,26 @@ fn read_section_headers(file: &File, data: &mut Sparse) -> Result<bool, String> 
     Ok(true)
 }
 
-/// Where the GPU code lies: the `.nv_fatbin` section (`__nv_relfatbin` in
-/// an object built with `-rdc`), if any. Reads the section names.
-fn fatbin_section(file: &File, data: &mut Sparse) -> Result<Option<(u64, u64)>, String> {
+/// Where an object's GPU code lies: its fatbin section, and what says
+/// where each container starts.
+struct FatbinSections {
+    /// `.nv_fatbin` (`__nv_relfatbin` in an object built with `-rdc`).
+    offset: u64,
+    size: u64,
+    addr: u64,
+    /// `.nvFatBinSegment`: one 24-byte wrapper per container (magic
+    /// `0x466243B1`, version, the container's address, a pointer), as
+    /// nvcc writes one per translation unit: (offset, size, address).
+    wrappers: Option<(u64, u64, u64)>,
+    /// The `SHT_RELA` sections (offset, size): in a shared object the
+    /// wrappers' addresses are relocations (`R_X86_64_RELATIVE`), their
+    /// addends the addresses.
+    rela: Vec<(u64, u64)>,
+}
+
+/// The fatbin's sections, if the object has GPU code. Reads the section
+/// names.
+fn fatbin_section(file: &File, data: &mut Sparse) -> Result<Option<FatbinSections>, String> {
     let names = {
         let h = Header::parse(&*data).map_err(err)?;
         let index = h.shstrndx(ENDIAN, &*data).map_err(err)?;
@@ -207,18 +228,107 @@ fn fatbin_section(file: &File, data: &mut Sparse) -> Result<Option<(u64, u64)>, 
     let h = Header::parse(&*data).map_err(err)?;
     let headers = h.section_headers(ENDIAN, &*data).map_err(err)?;
     let strings = StringTable::new(&*data, names.0, names.0 + names.1);
+    let mut fat: Option<FatbinSections> = None;
+    let mut wrappers = None;
+    let mut rela = Vec::new();
     for s in headers {
         let Ok(name) = s.name(ENDIAN, strings) else {
             continue;
         };
-        if (name == b".nv_fatbin" || name == b"__nv_relfatbin")
-            && s.sh_type(ENDIAN) != oelf::SHT_NOBITS
-            && s.sh_size(ENDIAN) > 0
-        {
-            return Ok(Some((s.sh_offset(ENDIAN), s.sh_size(ENDIAN))));
+        let (t, offset, size, addr) = (
+            s.sh_type(ENDIAN),
+            s.sh_offset(ENDIAN),
+            s.sh_size(ENDIAN),
+            s.sh_addr(ENDIAN),
+        );
+        if t == oelf::SHT_NOBITS || size == 0 {
+            continue;
+        }
+        if (name == b".nv_fatbin" || name == b"__nv_relfatbin") && fat.is_none() {
+            fat = Some(FatbinSections {
+                offset,
+                size,
+                addr,
+                wrappers: None,
+                rela: Vec::new(),
+            });
+        } else if name == b".nvFatBinSegment" {
+            wrappers = Some((offset, size, addr));
+        } else if t == oelf::SHT_RELA {
+            rela.push((offset, size));
         }
     }
-    Ok(None)
+    Ok(fat.map(|f| FatbinSections {
+        wrappers,
+        rela,
+        ..f
+    }))
+}
+
+/// The wrappers' section and the relocations read at most: bounds on
+/// what a hostile object can make the reader allocate.
+const MAX_WRAPPERS_BYTES: u64 = 1 << 20;
+const MAX_RELA_BYTES: u64 = 64 << 20;
+const WRAPPER_MAGIC: u32 = 0x4662_43B1;
+const R_X86_64_RELATIVE: u32 = 8;
+
+/// Where each fatbin container starts (file offsets), from the wrappers
+/// nvcc writes beside them: so all containers can be read at once instead
+/// of one after another. `None` when the object has no wrappers, or one
+/// cannot be resolved to a place in the fatbin section (the containers are
+/// then walked one after another).
+fn container_offsets(file: &File, fat: &FatbinSections) -> Option<Vec<u64>> {
+    let (w_off, w_size, w_addr) = fat.wrappers?;
+    if w_size > MAX_WRAPPERS_BYTES || w_size % 24 != 0 {
+        return None;
+    }
+    let mut raw = vec![0u8; w_size as usize];
+    file.read_exact_at(&mut raw, w_off).ok()?;
+    let mut addrs: Vec<u64> = Vec::new();
+    // Wrapper fields whose address is a relocation: field address -> slot.
+    let mut pending: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    for (i, w) in raw.chunks_exact(24).enumerate() {
+        if u32::from_le_bytes(w[0..4].try_into().ok()?) != WRAPPER_MAGIC {
+            return None;
+        }
+        match u64::from_le_bytes(w[8..16].try_into().ok()?) {
+            0 => {
+                pending.insert(w_addr + 24 * i as u64 + 8);
+            }
+            a => addrs.push(a),
+        }
+    }
+    if !pending.is_empty() {
+        let total: u64 = fat.rela.iter().map(|r| r.1).sum();
+        if total > MAX_RELA_BYTES {
+            return None;
+        }
+        for &(off, size) in &fat.rela {
+            let mut buf = vec![0u8; size as usize];
+            file.read_exact_at(&mut buf, off).ok()?;
+            for r in buf.chunks_exact(24) {
+                let r_offset = u64::from_le_bytes(r[0..8].try_into().ok()?);
+                let r_type = u64::from_le_bytes(r[8..16].try_into().ok()?) as u32;
+                if r_type == R_X86_64_RELATIVE && pending.remove(&r_offset) {
+                    addrs.push(u64::from_le_bytes(r[16..24].try_into().ok()?));
+                }
+            }
+        }
+        if !pending.is_empty() {
+            return None;
+        }
+    }
+    let mut offsets: Vec<u64> = addrs
+        .into_iter()
+        .map(|a| {
+            a.checked_sub(fat.addr)
+                .filter(|rel| *rel < fat.size)
+                .map(|rel| fat.offset + rel)
+        })
+        .collect::<Option<Vec<u64>>>()?;
+    offsets.sort_unstable();
+    offsets.dedup();
+    (!offsets.is_empty()).then_some(offsets)
 }
 
 /// Where the dynamic sections and the string tables they link to lie.
@@ -373,6 +483,74 @@ mod tests {
     use super::*;
     use crate::preflight::elf::testutil::{BaseAndUser, base_and_user};
     use std::fs;
+
+    /// C source of `.nv_fatbin` arrays with a `.nvFatBinSegment` wrapper
+    /// each (as nvcc writes them), and an unwrapped array between them.
+    fn fatbin_object_c(containers: &[Vec<u8>], between: &[u8]) -> String {
+        let array = |name: &str, bytes: &[u8]| {
+            let list: Vec<String> = bytes.iter().map(|b| b.to_string()).collect();
+            format!(
+                "__attribute__((section(\".nv_fatbin\"), used, aligned(8))) static const unsigned char {name}[{}] = {{{}}};\n",
+                bytes.len(),
+                list.join(",")
+            )
+        };
+        let mut c =
+            String::from("struct w { int magic; int version; const void *data; void *unused; };\n");
+        for (i, bytes) in containers.iter().enumerate() {
+            c += &array(&format!("fatbin{i}"), bytes);
+            c += &format!(
+                "__attribute__((section(\".nvFatBinSegment\"), used, aligned(8))) static const struct w wrapper{i} = {{0x466243b1, 1, fatbin{i}, 0}};\n"
+            );
+            if i == 0 {
+                c += &array("junk", between);
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn gpu_code_is_read_from_the_containers_the_wrappers_name() {
+        use crate::preflight::elf::fatbin::build::{cubin, cubin_a, ptx, section};
+        use crate::preflight::elf::testutil::cc;
+        let t = tempfile::tempdir().unwrap();
+        let one = section(&[vec![cubin(75), cubin(80), ptx(90, (8, 7))]]);
+        let two = section(&[vec![cubin_a(90), cubin(120)]]);
+        // 8 KiB of bytes that are no container between them: a walk from
+        // the first container cannot find the second.
+        let junk = vec![0x5Au8; 8192];
+        let so = cc(
+            t.path(),
+            "libk.so",
+            &fatbin_object_c(&[one, two], &junk),
+            false,
+            &[],
+        );
+        let gpu = read_elf(&so).unwrap().unwrap().gpu.expect("GPU code");
+        assert_eq!(gpu.containers, 2, "{gpu:?}");
+        let names: Vec<String> = gpu.cubins.iter().map(|a| a.to_string()).collect();
+        assert_eq!(names, ["sm_75", "sm_80", "sm_90a", "sm_120"]);
+        assert_eq!(gpu.ptx_isa, Some((8, 7)));
+        // Without wrappers the containers are walked: what follows junk is lost.
+        let so = cc(
+            t.path(),
+            "libplain.so",
+            &format!(
+                "__attribute__((section(\".nv_fatbin\"), used, aligned(8))) static const unsigned char f[{}] = {{{}}};\n",
+                section(&[vec![cubin(86), cubin(89)]]).len(),
+                section(&[vec![cubin(86), cubin(89)]])
+                    .iter()
+                    .map(|b| b.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            false,
+            &[],
+        );
+        let gpu = read_elf(&so).unwrap().unwrap().gpu.expect("GPU code");
+        assert_eq!(gpu.containers, 1);
+        assert_eq!(gpu.cubins.len(), 2);
+    }
 
     #[test]
     fn read_elf_facts() {
