@@ -225,6 +225,11 @@ pub enum Request {
     ElfInfo {
         venv: String,
         paths: Vec<String>,
+        /// The compute capabilities of the target's GPUs: GPU code is read
+        /// until it runs on them (`None`: all of it; see
+        /// `preflight::elf::fatbin`).
+        #[serde(default)]
+        gpus: Option<Vec<(u32, u32)>>,
     },
     /// Source side: start reading the ELF facts of these files (site-packages
     /// relative) in the background, for the `ElfInfo` that follows
@@ -232,6 +237,9 @@ pub enum Request {
     PrefetchElf {
         venv: String,
         paths: Vec<String>,
+        /// As in `ElfInfo`.
+        #[serde(default)]
+        gpus: Option<Vec<(u32, u32)>>,
     },
     /// Target side: start listing site-packages' shared objects (and reading
     /// their ELF facts) in the background, for the `Preflight` that follows (answered at once with
@@ -239,6 +247,9 @@ pub enum Request {
     /// agent is otherwise idle while the controller decides the plan.
     PrefetchPreflight {
         venv: String,
+        /// As in `ElfInfo`: this host's GPUs.
+        #[serde(default)]
+        gpus: Option<Vec<(u32, u32)>>,
     },
     /// Target side: predict what fails to load after the overlay.
     Preflight(Box<PreflightRequest>),

@@ -103,9 +103,18 @@ impl Session {
             Request::Prune { venv, keep } => h::prune(self, &venv, keep),
             Request::Recover { venv, resume } => h::recover(self, output, &venv, resume),
             Request::Verify(req) => h::verify(&req),
-            Request::ElfInfo { venv, paths } => h::elf_info(self, output, &venv, &paths),
-            Request::PrefetchElf { venv, paths } => h::prefetch_elf(self, venv, paths),
-            Request::PrefetchPreflight { venv } => h::prefetch_preflight(self, venv),
+            Request::ElfInfo { venv, paths, gpus } => {
+                crate::preflight::elf::fatbin::read_for(gpus);
+                h::elf_info(self, output, &venv, &paths)
+            }
+            Request::PrefetchElf { venv, paths, gpus } => {
+                crate::preflight::elf::fatbin::read_for(gpus);
+                h::prefetch_elf(self, venv, paths)
+            }
+            Request::PrefetchPreflight { venv, gpus } => {
+                crate::preflight::elf::fatbin::read_for(gpus);
+                h::prefetch_preflight(self, venv)
+            }
             Request::Preflight(req) => h::preflight(self, output, &req),
             Request::Doctor(req) => h::doctor(output, &req),
             Request::RecordCheck(req) => h::record_check(self, output, &req),

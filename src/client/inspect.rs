@@ -119,28 +119,41 @@ impl Client {
 
     /// Start listing the target's shared objects in the background, for
     /// the [`Client::preflight`] that follows.
-    pub fn prefetch_preflight(&mut self, venv: &str) -> Result<()> {
+    pub fn prefetch_preflight(&mut self, venv: &str, gpus: Option<Vec<(u32, u32)>>) -> Result<()> {
         let req = Request::PrefetchPreflight {
             venv: venv.to_string(),
+            gpus,
         };
         answer!(self, &req, "a preflight prefetch", Response::Prefetching => ())
     }
 
     /// Start reading the ELF facts of `paths` (site-packages relative) on the
     /// source in the background, for the [`Client::elf_info`] that follows.
-    pub fn prefetch_elf(&mut self, venv: &str, paths: Vec<String>) -> Result<()> {
+    pub fn prefetch_elf(
+        &mut self,
+        venv: &str,
+        paths: Vec<String>,
+        gpus: Option<Vec<(u32, u32)>>,
+    ) -> Result<()> {
         let req = Request::PrefetchElf {
             venv: venv.to_string(),
             paths,
+            gpus,
         };
         answer!(self, &req, "an ELF facts prefetch", Response::Prefetching => ())
     }
 
     /// ELF facts of `paths` (site-packages relative), one per path.
-    pub fn elf_info(&mut self, venv: &str, paths: Vec<String>) -> Result<Vec<Option<ElfInfo>>> {
+    pub fn elf_info(
+        &mut self,
+        venv: &str,
+        paths: Vec<String>,
+        gpus: Option<Vec<(u32, u32)>>,
+    ) -> Result<Vec<Option<ElfInfo>>> {
         let req = Request::ElfInfo {
             venv: venv.to_string(),
             paths,
+            gpus,
         };
         answer!(self, &req, "a request for ELF facts", Response::ElfInfo { infos } => infos)
     }

@@ -46,6 +46,8 @@ pub use record::{Row, SHA256_CACHE, parse_rows, sha256_file};
 /// Check the venv of `req` as it stands.
 pub fn run(req: &DoctorRequest, counters: &Counters) -> Result<DoctorReport> {
     let scan = crate::inventory::scan(&req.venv, &[])?;
+    // GPU code is read for this host's GPUs (docs/preflight.md#gpu).
+    crate::preflight::elf::fatbin::read_for(Some(scan.machine.capabilities()));
     let venv = Venv::open(&req.venv)?;
     let site = venv.site();
     let dists: Vec<&Dist> = scan.dists.iter().collect();

@@ -223,7 +223,8 @@ fn make_plans(
     // ELF facts of what any plan places once.
     let computed = decide(sets, &globs, src_host, &src.scan, &targets, &venvs)?;
     clock.mark("decide");
-    let known = placed_elf_facts(&mut src.client, &src_host.venv, &computed)?;
+    let gpus = all_capabilities(targets.iter().map(|t| &t.scan));
+    let known = placed_elf_facts(&mut src.client, &src_host.venv, &computed, gpus)?;
     let mut plans = Vec::with_capacity(targets.len());
     // The source's notes are about the source: each is shown once.
     let once = Once {
@@ -441,6 +442,7 @@ fn placed_elf_facts(
     src: &mut Client,
     venv: &str,
     computed: &[plan::Computed],
+    gpus: Vec<(u32, u32)>,
 ) -> Result<HashMap<String, Option<ElfInfo>>> {
     let mut shared: BTreeSet<String> = BTreeSet::new();
     for c in computed {
@@ -456,9 +458,18 @@ fn placed_elf_facts(
     let infos = if shared.is_empty() {
         Vec::new()
     } else {
-        src.elf_info(venv, shared.clone())?
+        src.elf_info(venv, shared.clone(), Some(gpus))?
     };
     Ok(shared.into_iter().zip(infos).collect())
+}
+
+/// The compute capabilities of every target's GPUs, each once: what the
+/// source reads GPU code for.
+fn all_capabilities<'a>(scans: impl Iterator<Item = &'a ScanReport>) -> Vec<(u32, u32)> {
+    let mut ccs: Vec<(u32, u32)> = scans.flat_map(|s| s.machine.capabilities()).collect();
+    ccs.sort_unstable();
+    ccs.dedup();
+    ccs
 }
 
 /// Say goodbye to every client, all at once, on a thread of their own.
@@ -494,10 +505,12 @@ fn plan_for_venv(
     // Phase 1: stat, everyone at once.
     *src_entries = stat_everyone(sets, globs, (src_side, src), &src_order, &mut targets)?;
     if prefetch_elf {
-        src.prefetch_elf(src_side.venv, shared_files(src_entries))?;
+        let gpus = all_capabilities(targets.iter().map(|t| &t.scan));
+        src.prefetch_elf(src_side.venv, shared_files(src_entries), Some(gpus))?;
     }
     for t in targets.iter_mut() {
-        t.client.prefetch_preflight(&t.host.venv)?;
+        let gpus = t.scan.machine.capabilities();
+        t.client.prefetch_preflight(&t.host.venv, Some(gpus))?;
     }
 
     // Phase 2: hash what decides something (see `plan::needs_hash`).

@@ -78,6 +78,15 @@ impl GpuKind {
 }
 
 impl Machine {
+    /// The compute capabilities of its GPUs that are known, each once: what
+    /// GPU code is read for ([`GpuCode::complete`]).
+    pub fn capabilities(&self) -> Vec<(u32, u32)> {
+        let mut ccs: Vec<(u32, u32)> = self.gpus.iter().filter_map(|g| g.capability).collect();
+        ccs.sort_unstable();
+        ccs.dedup();
+        ccs
+    }
+
     /// Facts worth a line in the plan: a driver, or GPUs.
     pub fn has_nvidia(&self) -> bool {
         matches!(self.driver, Driver::Loaded(_)) || !self.gpus.is_empty()
@@ -113,6 +122,45 @@ fn is_plain(v: &ArchVariant) -> bool {
     *v == ArchVariant::Plain
 }
 
+impl GpuArch {
+    /// Does SASS for this target run on a GPU of SM number `sm` (`90` for
+    /// 9.0)? Its own major with an older or equal minor; an `a` target
+    /// only on exactly its own.
+    pub fn sass_runs(&self, sm: u32) -> bool {
+        match self.variant {
+            ArchVariant::Arch => self.sm == sm,
+            ArchVariant::Plain | ArchVariant::Family => {
+                self.sm / 10 == sm / 10 && self.sm % 10 <= sm % 10
+            }
+        }
+    }
+
+    /// Does PTX for this target JIT-compile for `sm`? Any newer GPU for a
+    /// plain target; within the family for `f`, exactly its own for `a`.
+    pub fn ptx_runs(&self, sm: u32) -> bool {
+        match self.variant {
+            ArchVariant::Arch => self.sm == sm,
+            ArchVariant::Family => self.sm / 10 == sm / 10 && self.sm % 10 <= sm % 10,
+            ArchVariant::Plain => self.sm <= sm,
+        }
+    }
+}
+
+impl GpuCode {
+    /// Does some of its SASS run on a GPU of compute capability `cc`?
+    /// (PTX alone does not settle it: the driver must know its ISA.)
+    pub fn sass_runs_on(&self, cc: (u32, u32)) -> bool {
+        let sm = cc.0 * 10 + cc.1;
+        self.cubins.iter().any(|a| a.sass_runs(sm))
+    }
+
+    /// Does this reading tell about a GPU of compute capability `cc`: it
+    /// read every container, or SASS it read runs there already?
+    pub fn tells_about(&self, cc: (u32, u32)) -> bool {
+        self.complete || self.sass_runs_on(cc)
+    }
+}
+
 impl std::fmt::Display for GpuArch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let suffix = match self.variant {
@@ -138,6 +186,11 @@ pub struct GpuCode {
     pub ptx_isa: Option<(u16, u16)>,
     /// Fatbin containers read.
     pub containers: u32,
+    /// Every container was read. A reading for some GPUs stops once what
+    /// it read runs on all of them (a healthy server reads one container
+    /// of each library); it then says only that ([`GpuCode::tells_about`]).
+    #[serde(default)]
+    pub complete: bool,
 }
 
 /// The oldest driver of each CUDA major under minor version

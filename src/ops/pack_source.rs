@@ -149,7 +149,8 @@ fn elf_facts(
     if shared.is_empty() {
         return Ok(BTreeMap::new());
     }
-    let infos = client.elf_info(venv, shared.clone())?;
+    // A bundle serves any target: its GPU code is read whole.
+    let infos = client.elf_info(venv, shared.clone(), None)?;
     Ok(shared
         .into_iter()
         .zip(infos)

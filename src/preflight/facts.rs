@@ -72,7 +72,9 @@ fn read_one(p: &Path, cache: &FactsCache, parsed: &AtomicUsize) -> Option<ElfInf
     if !m.is_file() {
         return None;
     }
-    if let Some(info) = cache.get(p, &m) {
+    if let Some(info) = cache.get(p, &m)
+        && super::elf::fatbin::serves(&info)
+    {
         return info;
     }
     parsed.fetch_add(1, Ordering::Relaxed);

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::model::{ArchVariant, Check, Dist, Driver, GpuArch, GpuCode, GpuKind, Machine, Problem};
+use crate::model::{Check, Dist, Driver, GpuArch, GpuCode, GpuKind, Machine, Problem};
 
 pub use crate::model::{MAJOR_DRIVERS, TOOLKITS, cuda_ceiling, driver_older as older, version_key};
 
@@ -75,28 +75,13 @@ pub enum Verdict {
     NoKernel,
 }
 
-fn sass_runs(a: &GpuArch, sm: u32) -> bool {
-    match a.variant {
-        ArchVariant::Arch => a.sm == sm,
-        ArchVariant::Plain | ArchVariant::Family => a.sm / 10 == sm / 10 && a.sm % 10 <= sm % 10,
-    }
-}
-
-fn ptx_runs(a: &GpuArch, sm: u32) -> bool {
-    match a.variant {
-        ArchVariant::Arch => a.sm == sm,
-        ArchVariant::Family => a.sm / 10 == sm / 10 && a.sm % 10 <= sm % 10,
-        ArchVariant::Plain => a.sm <= sm,
-    }
-}
-
 /// Does `code` run on a GPU of compute capability `cc` with this driver?
 pub fn judge(code: &GpuCode, cc: (u32, u32), driver: Option<&str>) -> Verdict {
     let sm = cc.0 * 10 + cc.1;
-    if let Some(a) = code.cubins.iter().rev().find(|a| sass_runs(a, sm)) {
+    if let Some(a) = code.cubins.iter().rev().find(|a| a.sass_runs(sm)) {
         return Verdict::Sass(*a);
     }
-    let Some(a) = code.ptx.iter().rev().find(|a| ptx_runs(a, sm)) else {
+    let Some(a) = code.ptx.iter().rev().find(|a| a.ptx_runs(sm)) else {
         return Verdict::NoKernel;
     };
     match (code.ptx_isa.and_then(ptx_toolkit), driver) {
@@ -179,9 +164,12 @@ pub fn kernel_findings(rel: &str, code: &GpuCode, machine: &Machine) -> Vec<Kern
     if !multi_arch(code) {
         return out;
     }
+    // A reading that stopped early says nothing of the GPUs it was not
+    // read for (the agent reads again for those).
+    let told = |cc| code.tells_about(cc);
     for g in &machine.gpus {
         let Some(cc) = g.capability else { continue };
-        if not_loaded_on(rel, cc) {
+        if not_loaded_on(rel, cc) || !told(cc) {
             continue;
         }
         let has = |code: &GpuCode| {
@@ -304,6 +292,7 @@ pub fn driver_problems(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ArchVariant;
     use crate::model::ArchVariant::*;
 
     fn arch(sm: u32, variant: ArchVariant) -> GpuArch {
@@ -316,6 +305,7 @@ mod tests {
             ptx: ptx.to_vec(),
             ptx_isa: isa,
             containers: 1,
+            complete: true,
         }
     }
 

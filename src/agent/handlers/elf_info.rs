@@ -91,10 +91,12 @@ mod tests {
             Request::PrefetchElf {
                 venv: venv.clone(),
                 paths: vec![user_rel.clone()],
+                gpus: None,
             },
             Request::ElfInfo {
                 venv: venv.clone(),
                 paths: vec![base_rel, user_rel, "pkg/gone.so".into()],
+                gpus: None,
             },
         ]);
         assert!(matches!(answers[0], Response::Prefetching), "{answers:?}");

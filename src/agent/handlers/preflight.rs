@@ -27,6 +27,9 @@ pub fn preflight(
     req: &PreflightRequest,
 ) -> Result<Response> {
     let counters = Counters::default();
+    if let Some(m) = &req.machine {
+        crate::preflight::elf::fatbin::read_for(Some(m.capabilities()));
+    }
     let listed = match session.prefetch.take() {
         Some((venv, walk)) if venv == req.venv => walk.join().ok().flatten(),
         _ => None,
@@ -71,7 +74,10 @@ mod tests {
             machine: None,
         };
         let ahead = exchange(&[
-            Request::PrefetchPreflight { venv: venv.clone() },
+            Request::PrefetchPreflight {
+                venv: venv.clone(),
+                gpus: None,
+            },
             Request::Preflight(Box::new(req.clone())),
         ]);
         let cold = exchange(&[Request::Preflight(Box::new(req))]);

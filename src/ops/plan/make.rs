@@ -142,8 +142,14 @@ fn read_sides<'s>(
     // The preflight's ELF work can start now, on both agents, while this
     // side hashes and decides: the source reads the facts of the sets'
     // shared objects, the target lists and reads all of site-packages'.
-    src.prefetch_elf(&src_host.venv, shared_files(&stated.src_entries))?;
-    dst.prefetch_preflight(&dst_host.venv)?;
+    // GPU code is read for the target's GPUs (docs/preflight.md#gpu).
+    let gpus = dst_scan.machine.capabilities();
+    src.prefetch_elf(
+        &src_host.venv,
+        shared_files(&stated.src_entries),
+        Some(gpus.clone()),
+    )?;
+    dst.prefetch_preflight(&dst_host.venv, Some(gpus))?;
     hash_phase((&src_side, src), (&dst_side, dst), &mut stated, clock, obs)?;
     bytecode_phase(
         (&src_side, src),

@@ -160,7 +160,11 @@ pub fn preflight(
         Some(known) if shared.iter().all(|p| known.contains_key(p)) => {
             shared.iter().map(|p| known[p].clone()).collect()
         }
-        _ => src.elf_info(src_venv, shared.clone())?,
+        _ => src.elf_info(
+            src_venv,
+            shared.clone(),
+            Some(dst_scan.machine.capabilities()),
+        )?,
     };
     clock.mark(&format!(
         "preflight: requirements, and ELF facts of {} shared objects",

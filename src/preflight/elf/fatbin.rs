@@ -24,6 +24,7 @@
 //! read the kernels around it (the whole 4 GB stack, measured).
 
 use std::io;
+use std::sync::RwLock;
 
 use rayon::prelude::*;
 
@@ -46,6 +47,32 @@ const RESYNC_WINDOW: u64 = 4096;
 /// header, and the entry headers that lie in the same window (a container
 /// of small cubins, or several small containers, cost one read).
 const WINDOW: u64 = 64 << 10;
+
+/// The GPUs (compute capabilities) the readings of this process are for:
+/// `None`, every container is read (a bundle's facts, a reading for no
+/// particular host); `Some`, a reading stops once what it read runs on all
+/// of them, and reads nothing for none. Set by the agent from the request
+/// (the target's GPUs) or its own machine ([`read_for`]).
+static WANTED: RwLock<Option<Vec<(u32, u32)>>> = RwLock::new(None);
+
+/// Read GPU code for these GPUs from now on (see [`WANTED`]).
+pub fn read_for(gpus: Option<Vec<(u32, u32)>>) {
+    *WANTED.write().unwrap_or_else(|e| e.into_inner()) = gpus;
+}
+
+pub fn wanted() -> Option<Vec<(u32, u32)>> {
+    WANTED.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Does a reading (cached, say) tell what the readings are wanted for
+/// now? Every reading without GPU code does; one that stopped early does
+/// when what it read runs on every GPU wanted.
+pub fn serves(info: &Option<crate::model::ElfInfo>) -> bool {
+    let Some(code) = info.as_ref().and_then(|i| i.gpu.as_ref()) else {
+        return true;
+    };
+    code.complete || wanted().is_some_and(|w| w.iter().all(|&cc| code.sass_runs_on(cc)))
+}
 
 /// What the walk of one container left to read: its entries from `next`
 /// on (their headers lay past the window), up to `end`.
@@ -89,6 +116,28 @@ impl Found {
         }
     }
 
+    /// Does SASS found so far run on all of `gpus` (compute capabilities)?
+    /// PTX does not settle it: whether it runs depends on the driver.
+    fn runs_on_all(&self, gpus: &[(u32, u32)]) -> bool {
+        gpus.iter()
+            .all(|&(a, b)| self.cubins.iter().any(|x| x.sass_runs(a * 10 + b)))
+    }
+
+    fn into_code(self, containers: u32, complete: bool) -> GpuCode {
+        let mut code = GpuCode {
+            cubins: self.cubins,
+            ptx: self.ptx,
+            ptx_isa: self.ptx_isa,
+            containers,
+            complete,
+        };
+        code.cubins.sort();
+        code.cubins.dedup();
+        code.ptx.sort();
+        code.ptx.dedup();
+        code
+    }
+
     fn merge(&mut self, other: Found) {
         self.cubins.extend(other.cubins);
         self.ptx.extend(other.ptx);
@@ -106,8 +155,9 @@ fn next_entry(at: u64, h: &[u8]) -> Option<u64> {
 }
 
 /// Read the GPU code of the fatbin section at `offset`, `size` bytes long,
-/// through `read_at(offset, buf)` (a `pread` of the file). `Ok(None)` when
-/// the section holds no container at all.
+/// through `read_at(offset, buf)` (a `pread` of the file), for the GPUs
+/// `want` ([`WANTED`]). `Ok(None)` when the section holds no container at
+/// all.
 ///
 /// The containers are found one after another (each header says where the
 /// next starts), in windows of [`WINDOW`] bytes; the entries whose headers
@@ -118,8 +168,12 @@ pub fn read_fatbin(
     offset: u64,
     size: u64,
     read_at: &(dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync),
+    want: Option<&[(u32, u32)]>,
 ) -> io::Result<Option<GpuCode>> {
     let end = offset.saturating_add(size);
+    if want.as_ref().is_some_and(|w| w.is_empty()) {
+        return Ok(Some(Found::default().into_code(0, false)));
+    }
     let mut found = Found::default();
     let mut rest: Vec<Rest> = Vec::new();
     let mut containers = 0u32;
@@ -178,6 +232,18 @@ pub fn read_fatbin(
         }
         // The next container starts 8-aligned after this one.
         pos = container_end.div_ceil(8) * 8;
+        // Reading for some GPUs: this container's entries now, and stop
+        // once they run on all of them.
+        if let Some(w) = want {
+            for r in rest.drain(..) {
+                let f = rest_of(&r, MAX_ENTRIES.saturating_sub(found.entries), read_at)?;
+                found.merge(f);
+            }
+            if found.runs_on_all(w) {
+                let complete = pos.saturating_add(CONTAINER_HEADER) > end;
+                return Ok(Some(found.into_code(containers, complete)));
+            }
+        }
     }
     if containers == 0 {
         return Ok(None);
@@ -185,35 +251,32 @@ pub fn read_fatbin(
     let budget = MAX_ENTRIES.saturating_sub(found.entries);
     let more = rest
         .par_iter()
-        .map(|r| {
-            let mut f = Found::default();
-            let mut e = r.next;
-            while e + ENTRY_HEADER <= r.end && f.entries < budget {
-                let mut h = [0u8; ENTRY_HEADER as usize];
-                read_at(e, &mut h)?;
-                f.entry(&h);
-                match next_entry(e, &h) {
-                    Some(n) => e = n,
-                    None => break,
-                }
-            }
-            Ok(f)
-        })
+        .map(|r| rest_of(r, budget, read_at))
         .collect::<io::Result<Vec<Found>>>()?;
     for f in more {
         found.merge(f);
     }
-    let mut code = GpuCode {
-        cubins: found.cubins,
-        ptx: found.ptx,
-        ptx_isa: found.ptx_isa,
-        containers,
-    };
-    code.cubins.sort();
-    code.cubins.dedup();
-    code.ptx.sort();
-    code.ptx.dedup();
-    Ok(Some(code))
+    Ok(Some(found.into_code(containers, true)))
+}
+
+/// The entries of one container from where its window ended, one read each.
+fn rest_of(
+    r: &Rest,
+    budget: u32,
+    read_at: &(dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync),
+) -> io::Result<Found> {
+    let mut f = Found::default();
+    let mut e = r.next;
+    while e + ENTRY_HEADER <= r.end && f.entries < budget {
+        let mut h = [0u8; ENTRY_HEADER as usize];
+        read_at(e, &mut h)?;
+        f.entry(&h);
+        match next_entry(e, &h) {
+            Some(n) => e = n,
+            None => break,
+        }
+    }
+    Ok(f)
 }
 
 /// Read the GPU code of the containers that start at `offsets` (file
@@ -225,48 +288,67 @@ pub fn read_containers(
     offsets: &[u64],
     end: u64,
     read_at: &(dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync),
+    want: Option<&[(u32, u32)]>,
 ) -> io::Result<Option<GpuCode>> {
+    if want.as_ref().is_some_and(|w| w.is_empty()) {
+        return Ok(Some(Found::default().into_code(0, false)));
+    }
+    let offsets = &offsets[..offsets.len().min(MAX_CONTAINERS as usize)];
     let per_container = MAX_ENTRIES / (offsets.len() as u32).max(1);
-    let found = offsets
-        .par_iter()
-        .take(MAX_CONTAINERS as usize)
-        .map(|&at| -> io::Result<Option<Found>> {
-            if at.saturating_add(CONTAINER_HEADER) > end {
-                return Ok(None);
+    let one = |&at: &u64| -> io::Result<Option<Found>> {
+        if at.saturating_add(CONTAINER_HEADER) > end {
+            return Ok(None);
+        }
+        let mut first = vec![0u8; (CONTAINER_HEADER + ENTRY_HEADER).min(end - at) as usize];
+        read_at(at, &mut first)?;
+        if u32_at(&first, 0) != CONTAINER_MAGIC {
+            return Ok(None);
+        }
+        let header_size = u64::from(u16_at(&first, 6));
+        let Some(container_end) = at
+            .checked_add(header_size)
+            .and_then(|p| p.checked_add(u64_at(&first, 8)))
+            .filter(|&e| e <= end && header_size >= CONTAINER_HEADER)
+        else {
+            return Ok(None);
+        };
+        let mut f = Found::default();
+        let mut e = at + header_size;
+        while e + ENTRY_HEADER <= container_end && f.entries < per_container {
+            let mut h = [0u8; ENTRY_HEADER as usize];
+            let held = (e - at) as usize;
+            match first.get(held..held + ENTRY_HEADER as usize) {
+                Some(bytes) => h.copy_from_slice(bytes),
+                None => read_at(e, &mut h)?,
             }
-            let mut first = vec![0u8; (CONTAINER_HEADER + ENTRY_HEADER).min(end - at) as usize];
-            read_at(at, &mut first)?;
-            if u32_at(&first, 0) != CONTAINER_MAGIC {
-                return Ok(None);
+            f.entry(&h);
+            match next_entry(e, &h) {
+                Some(n) => e = n,
+                None => break,
             }
-            let header_size = u64::from(u16_at(&first, 6));
-            let Some(container_end) = at
-                .checked_add(header_size)
-                .and_then(|p| p.checked_add(u64_at(&first, 8)))
-                .filter(|&e| e <= end && header_size >= CONTAINER_HEADER)
-            else {
-                return Ok(None);
-            };
-            let mut f = Found::default();
-            let mut e = at + header_size;
-            while e + ENTRY_HEADER <= container_end && f.entries < per_container {
-                let mut h = [0u8; ENTRY_HEADER as usize];
-                let held = (e - at) as usize;
-                match first.get(held..held + ENTRY_HEADER as usize) {
-                    Some(bytes) => h.copy_from_slice(bytes),
-                    None => read_at(e, &mut h)?,
-                }
-                f.entry(&h);
-                match next_entry(e, &h) {
-                    Some(n) => e = n,
-                    None => break,
-                }
-            }
-            Ok(Some(f))
-        })
-        .collect::<io::Result<Vec<Option<Found>>>>()?;
+        }
+        Ok(Some(f))
+    };
+    // Reading for some GPUs: the first container alone may tell already.
     let mut all = Found::default();
     let mut containers = 0u32;
+    let mut from = 0;
+    if let Some(w) = want
+        && let Some(first) = offsets.first()
+    {
+        from = 1;
+        if let Some(f) = one(first)? {
+            containers += 1;
+            all.merge(f);
+            if all.runs_on_all(w) {
+                return Ok(Some(all.into_code(containers, offsets.len() == 1)));
+            }
+        }
+    }
+    let found = offsets[from..]
+        .par_iter()
+        .map(one)
+        .collect::<io::Result<Vec<Option<Found>>>>()?;
     for f in found.into_iter().flatten() {
         containers += 1;
         all.merge(f);
@@ -274,17 +356,7 @@ pub fn read_containers(
     if containers == 0 {
         return Ok(None);
     }
-    let mut code = GpuCode {
-        cubins: all.cubins,
-        ptx: all.ptx,
-        ptx_isa: all.ptx_isa,
-        containers,
-    };
-    code.cubins.sort();
-    code.cubins.dedup();
-    code.ptx.sort();
-    code.ptx.dedup();
-    Ok(Some(code))
+    Ok(Some(all.into_code(containers, true)))
 }
 
 /// The next 8-aligned container magic within [`RESYNC_WINDOW`] after
@@ -409,7 +481,7 @@ mod tests {
             buf.copy_from_slice(src);
             Ok(())
         };
-        read_fatbin(0, bytes.len() as u64, &reader).unwrap()
+        read_fatbin(0, bytes.len() as u64, &reader, None).unwrap()
     }
 
     fn names(v: &[GpuArch]) -> Vec<String> {
@@ -475,7 +547,7 @@ mod tests {
             Ok(())
         };
         let end = s.len() as u64;
-        let code = read_containers(&[0, one.len() as u64], end, &reader)
+        let code = read_containers(&[0, one.len() as u64], end, &reader, None)
             .unwrap()
             .unwrap();
         assert_eq!(code.containers, 2);
@@ -483,11 +555,38 @@ mod tests {
         assert_eq!(names(&code.ptx), ["sm_90"]);
         assert_eq!(code, read(&s).unwrap(), "the same as the walk");
         // An offset that holds no container is skipped; none at all: None.
-        let code = read_containers(&[8, one.len() as u64], end, &reader)
+        let code = read_containers(&[8, one.len() as u64], end, &reader, None)
             .unwrap()
             .unwrap();
         assert_eq!(code.containers, 1);
-        assert_eq!(read_containers(&[8], end, &reader).unwrap(), None);
+        assert_eq!(read_containers(&[8], end, &reader, None).unwrap(), None);
+        // Read for an A100: SASS of the first container (7.5 and 8.0) runs
+        // there already. For an H100 only its PTX would: every container is
+        // read (PTX runs only where the driver knows it). For nothing,
+        // nothing is read.
+        let a100 = read_containers(&[0, one.len() as u64], end, &reader, Some(&[(8, 0)]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((a100.containers, a100.complete), (1, false));
+        assert!(a100.tells_about((8, 0)) && !a100.tells_about((7, 0)));
+        let h100 = read_containers(&[0, one.len() as u64], end, &reader, Some(&[(9, 0)]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((h100.containers, h100.complete), (2, true));
+        let none = read_containers(&[0], end, &reader, Some(&[]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((none.containers, none.complete), (0, false));
+        // For a V100 nothing runs: every container is read.
+        let v100 = read_containers(&[0, one.len() as u64], end, &reader, Some(&[(7, 0)]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((v100.containers, v100.complete), (2, true));
+        // The walk stops the same way.
+        let walk = read_fatbin(0, end, &reader, Some(&[(8, 6)]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((walk.containers, walk.complete), (1, false));
     }
 
     #[test]

@@ -158,9 +158,11 @@ fn parse_elf(file: &File, mut data: Sparse) -> Result<ElfInfo, String> {
         );
         let read_at = |at: u64, buf: &mut [u8]| file.read_exact_at(buf, at);
         let end = fat.offset + fat.size;
+        let want = super::fatbin::wanted();
+        let want = want.as_deref();
         info.gpu = match container_offsets(file, &fat) {
-            Some(offsets) => super::fatbin::read_containers(&offsets, end, &read_at),
-            None => super::fatbin::read_fatbin(fat.offset, fat.size, &read_at),
+            Some(offsets) => super::fatbin::read_containers(&offsets, end, &read_at, want),
+            None => super::fatbin::read_fatbin(fat.offset, fat.size, &read_at, want),
         }
         .map_err(|e| format!("the .nv_fatbin section cannot be read: {e}"))?;
     }

@@ -117,7 +117,9 @@ fn read_disk(p: &Path, persistent: Option<&StampCache<Option<ElfInfo>>>) -> OnDi
             Err(_) => OnDisk::Absent,
         },
         Ok(m) if m.is_file() => {
-            let cached = persistent.and_then(|c| c.get(p, &m));
+            let cached = persistent
+                .and_then(|c| c.get(p, &m))
+                .filter(super::fatbin::serves);
             let info = match cached {
                 Some(info) => info,
                 None => {
