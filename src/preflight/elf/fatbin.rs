@@ -259,6 +259,56 @@ pub fn read_fatbin(
     Ok(Some(found.into_code(containers, true)))
 }
 
+/// The first container of the section at `offset` alone, when its SASS
+/// runs on every GPU of `want` (a healthy server: torch's first container
+/// has sm_90); `None` otherwise, and the whole section is to be read. Costs
+/// a window and the first container's other entries, and nothing of the
+/// relocations the wrappers need.
+pub fn read_first(
+    offset: u64,
+    size: u64,
+    read_at: &(dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync),
+    want: &[(u32, u32)],
+) -> io::Result<Option<GpuCode>> {
+    let end = offset.saturating_add(size);
+    if offset.saturating_add(CONTAINER_HEADER + ENTRY_HEADER) > end {
+        return Ok(None);
+    }
+    let mut window = vec![0u8; WINDOW.min(end - offset) as usize];
+    read_at(offset, &mut window)?;
+    if u32_at(&window, 0) != CONTAINER_MAGIC {
+        return Ok(None);
+    }
+    let header_size = u64::from(u16_at(&window, 6));
+    let Some(container_end) = offset
+        .checked_add(header_size)
+        .and_then(|p| p.checked_add(u64_at(&window, 8)))
+        .filter(|&e| e <= end && header_size >= CONTAINER_HEADER)
+    else {
+        return Ok(None);
+    };
+    let mut found = Found::default();
+    let mut e = offset + header_size;
+    while e + ENTRY_HEADER <= container_end && found.entries < MAX_ENTRIES {
+        let held = (e - offset) as usize;
+        let mut h = [0u8; ENTRY_HEADER as usize];
+        match window.get(held..held + ENTRY_HEADER as usize) {
+            Some(bytes) => h.copy_from_slice(bytes),
+            None => read_at(e, &mut h)?,
+        }
+        found.entry(&h);
+        match next_entry(e, &h) {
+            Some(n) => e = n,
+            None => break,
+        }
+    }
+    if !found.runs_on_all(want) {
+        return Ok(None);
+    }
+    let last = container_end.div_ceil(8) * 8 + CONTAINER_HEADER > end;
+    Ok(Some(found.into_code(1, last)))
+}
+
 /// The entries of one container from where its window ended, one read each.
 fn rest_of(
     r: &Rest,
@@ -587,6 +637,25 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((walk.containers, walk.complete), (1, false));
+    }
+
+    #[test]
+    fn the_first_container_alone_tells_when_it_runs_on_every_gpu_wanted() {
+        let s = section(&[vec![cubin(80), cubin(90)], vec![cubin(70)]]);
+        let reader = |off: u64, buf: &mut [u8]| -> io::Result<()> {
+            let off = off as usize;
+            buf.copy_from_slice(&s[off..off + buf.len()]);
+            Ok(())
+        };
+        let end = s.len() as u64;
+        let h100 = read_first(0, end, &reader, &[(9, 0), (8, 6)])
+            .unwrap()
+            .unwrap();
+        assert_eq!((h100.containers, h100.complete), (1, false));
+        assert_eq!(
+            read_first(0, end, &reader, &[(9, 0), (7, 0)]).unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -160,9 +160,20 @@ fn parse_elf(file: &File, mut data: Sparse) -> Result<ElfInfo, String> {
         let end = fat.offset + fat.size;
         let want = super::fatbin::wanted();
         let want = want.as_deref();
-        info.gpu = match container_offsets(file, &fat) {
-            Some(offsets) => super::fatbin::read_containers(&offsets, end, &read_at, want),
-            None => super::fatbin::read_fatbin(fat.offset, fat.size, &read_at, want),
+        let first = match want {
+            // For some GPUs: the first container may tell already.
+            Some(w) if !w.is_empty() => {
+                super::fatbin::read_first(fat.offset, fat.size, &read_at, w)
+            }
+            _ => Ok(None),
+        };
+        info.gpu = match first {
+            Ok(Some(code)) => Ok(Some(code)),
+            Err(e) => Err(e),
+            Ok(None) => match container_offsets(file, &fat) {
+                Some(offsets) => super::fatbin::read_containers(&offsets, end, &read_at, want),
+                None => super::fatbin::read_fatbin(fat.offset, fat.size, &read_at, want),
+            },
         }
         .map_err(|e| format!("the .nv_fatbin section cannot be read: {e}"))?;
     }
