@@ -298,18 +298,12 @@ impl Beneath {
         rustix::fs::renameat(&from_fd, from_name, &to_fd, to_name).map_err(Into::into)
     }
 
-    /// Rename `from` to `to` only if nothing is at `to` (`EEXIST` otherwise).
+    /// Rename `from` to `to` only if nothing is at `to` (`EEXIST` otherwise);
+    /// where the file system refuses the flag, see [`rename_noreplace_at`].
     pub fn rename_noreplace(&self, from: &str, dest: &Beneath, to: &str) -> io::Result<()> {
         let (from_fd, from_name) = self.parent(from)?;
         let (to_fd, to_name) = dest.parent(to)?;
-        rustix::fs::renameat_with(
-            &from_fd,
-            from_name,
-            &to_fd,
-            to_name,
-            rustix::fs::RenameFlags::NOREPLACE,
-        )
-        .map_err(Into::into)
+        rename_noreplace_at(from_fd.as_fd(), from_name, to_fd.as_fd(), to_name)
     }
 
     /// Create the symlink `rel` pointing at `target` (stored as is; never followed here).
@@ -492,6 +486,92 @@ impl AsFd for Parent<'_> {
     }
 }
 
+/// `renameat2(RENAME_NOREPLACE)` of `from_name` (in `from_fd`) to `to_name`
+/// (in `to_fd`): `EEXIST`, and nothing moved, if anything is at the
+/// destination. Many FUSE file systems and NFS refuse the flag (`EINVAL`,
+/// or `ENOSYS`/`EOPNOTSUPP`); only for that error, [`noreplace_fallback`]
+/// gives the same guarantee another way.
+pub fn rename_noreplace_at(
+    from_fd: BorrowedFd<'_>,
+    from_name: &str,
+    to_fd: BorrowedFd<'_>,
+    to_name: &str,
+) -> io::Result<()> {
+    match rustix::fs::renameat_with(
+        from_fd,
+        from_name,
+        to_fd,
+        to_name,
+        rustix::fs::RenameFlags::NOREPLACE,
+    ) {
+        Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+            noreplace_fallback(from_fd, from_name, to_fd, to_name)
+        }
+        r => r.map_err(Into::into),
+    }
+}
+
+/// A no-replace rename without the flag. A file or symlink: `link(2)` to
+/// the destination, which fails with `EEXIST` if anything is there (the
+/// same no-clobber guarantee, and it works on NFS), then `unlink(2)` of the
+/// source. A crash between the two leaves both names on one inode: the
+/// next attempt finishes the move ([`finish_link_move`]). A directory
+/// cannot be hard-linked (nor a file where the file system has no hard
+/// links): it is renamed after checking that nothing is at the
+/// destination. The residual race: an *empty directory* someone makes at
+/// the destination between the check and the rename is replaced (a file or
+/// a non-empty directory makes the rename fail); overlay holds the venv's
+/// lock, so only a writer that ignores it could, and it loses nothing but
+/// an empty directory.
+pub fn noreplace_fallback(
+    from_fd: BorrowedFd<'_>,
+    from_name: &str,
+    to_fd: BorrowedFd<'_>,
+    to_name: &str,
+) -> io::Result<()> {
+    let st = rustix::fs::statat(from_fd, from_name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+        match rustix::fs::linkat(from_fd, from_name, to_fd, to_name, AtFlags::empty()) {
+            Ok(()) => {
+                return rustix::fs::unlinkat(from_fd, from_name, AtFlags::empty())
+                    .map_err(Into::into);
+            }
+            Err(Errno::EXIST) => return finish_link_move(from_fd, from_name, to_fd, to_name),
+            // No hard links here: move it as a directory is moved.
+            Err(Errno::PERM | Errno::OPNOTSUPP | Errno::NOSYS | Errno::MLINK) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match rustix::fs::statat(to_fd, to_name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => return Err(Errno::EXIST.into()),
+        Err(Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    rustix::fs::renameat(from_fd, from_name, to_fd, to_name).map_err(Into::into)
+}
+
+/// The destination exists: if it is the source's own inode (a non-directory
+/// left with both names by a link-then-unlink move a crash cut short),
+/// finish that move by unlinking the source; otherwise `EEXIST`.
+fn finish_link_move(
+    from_fd: BorrowedFd<'_>,
+    from_name: &str,
+    to_fd: BorrowedFd<'_>,
+    to_name: &str,
+) -> io::Result<()> {
+    let from = rustix::fs::statat(from_fd, from_name, AtFlags::SYMLINK_NOFOLLOW);
+    let to = rustix::fs::statat(to_fd, to_name, AtFlags::SYMLINK_NOFOLLOW);
+    match (from, to) {
+        (Ok(a), Ok(b))
+            if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+                && !rustix::fs::FileType::from_raw_mode(a.st_mode).is_dir() =>
+        {
+            rustix::fs::unlinkat(from_fd, from_name, AtFlags::empty()).map_err(Into::into)
+        }
+        _ => Err(Errno::EXIST.into()),
+    }
+}
+
 /// `lstat` of `name` in the parent directory just opened for it; `None` if
 /// the parent (a component missing) or `name` does not exist.
 fn lstat_in<Fd: AsFd>(parent: io::Result<(Fd, &str)>) -> io::Result<Option<Stat>> {
@@ -612,13 +692,7 @@ impl<'a> DirCache<'a> {
     pub fn rename_noreplace(&self, from: &str, dest: &DirCache<'_>, to: &str) -> io::Result<()> {
         let (from_fd, from_name) = self.parent(from)?;
         let (to_fd, to_name) = dest.parent(to)?;
-        rustix::fs::renameat_with(
-            from_fd.fd(),
-            from_name,
-            to_fd.fd(),
-            to_name,
-            rustix::fs::RenameFlags::NOREPLACE,
-        )?;
+        rename_noreplace_at(from_fd.fd(), from_name, to_fd.fd(), to_name)?;
         self.forget(from);
         dest.forget(to);
         Ok(())

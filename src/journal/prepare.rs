@@ -211,6 +211,7 @@ fn new_meta(req: &PrepareRequest, id: &str, created: u64, list: ChangeList) -> M
         versions: req.versions.clone(),
         provenance: req.provenance.clone(),
         machine: req.machine.clone(),
+        durability: None,
         digest: DIGEST.into(),
         changes: list
             .changes
@@ -389,15 +390,22 @@ impl State {
         Ok(now_entries)
     }
 
-    /// Free space: new files are staged in full before anything is switched.
-    fn check_space(&self, changes: &[GenChange]) -> Result<()> {
+    /// Free space: new files are staged in full before anything is
+    /// switched. A file system that reports no size (`f_blocks` 0) cannot
+    /// say: that is a warning (returned), not a refusal.
+    fn check_space(&self, changes: &[GenChange]) -> Result<Option<String>> {
         let need: u64 = changes
             .iter()
             .filter(|c| c.action != Action::Delete)
             .map(|c| c.source.as_ref().map_or(0, Kind::size))
             .sum();
-        let free = free_bytes_at(&self.fs, &self.root)?;
         let margin = 16 << 20;
+        let Some(free) = free_bytes_at(&self.fs, &self.root)? else {
+            return Ok(Some(format!(
+                "the file system of {} reports no size, so its free space is unknown: the apply needs {need} bytes; if it fills up while staging, nothing in the venv is changed",
+                self.root.display()
+            )));
+        };
         // Test hook: OVERLAY_TEST_SKIP_SPACE_CHECK lets the disk fill up while staging.
         if need + margin > free && std::env::var_os("OVERLAY_TEST_SKIP_SPACE_CHECK").is_none() {
             return Err(err!(
@@ -410,12 +418,12 @@ impl State {
                 free
             ));
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Make the folder of generation `meta.id` with an empty `staging/`,
     /// write before.json and meta.json, and journal `Prepared`.
-    fn create_generation(&self, meta: Meta, before: &[Entry]) -> Result<Generation> {
+    fn create_generation(&self, mut meta: Meta, before: &[Entry]) -> Result<Generation> {
         let id = meta.id.clone();
         let rel = format!("{GENERATIONS}/{id}");
         let dir = self.gen_dir(&id);
@@ -426,6 +434,8 @@ impl State {
         let fs = self.fs.dir(&rel).map_err(|e| fs_err("open", &dir, &e))?;
         fs.create_dir("staging", 0o700)
             .map_err(|e| fs_err("create", &dir.join("staging"), &e))?;
+        // What the stage and the switch will make durable, and how.
+        meta.durability = Some(super::durable::durability(&self.fs, &fs));
         write_before(&fs, &dir, before)?;
         write_meta(&fs, &dir, &meta)?;
         let rels = validate(&self.venv, &id, &meta, &[]).map_err(|p| err!("{p}"))?;
@@ -436,6 +446,7 @@ impl State {
             meta,
             records: Vec::new(),
             rels,
+            warnings: Vec::new(),
         };
         g.append(Record::Prepared)?;
         Ok(g)
@@ -446,10 +457,12 @@ impl State {
         let shapes = self.check_shapes(&req.changes)?;
         let mut list = with_asides(&req.changes, shapes);
         let before = self.check_drift(&req.venv, &mut list, counters)?;
-        self.check_space(&list.changes)?;
+        let space = self.check_space(&list.changes)?;
         let created = now();
         let id = new_id(created, self.generation_ids().last().map(String::as_str));
-        self.create_generation(new_meta(req, &id, created, list), &before)
+        let mut g = self.create_generation(new_meta(req, &id, created, list), &before)?;
+        g.warnings.extend(space);
+        Ok(g)
     }
 }
 

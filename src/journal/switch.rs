@@ -17,6 +17,19 @@ use crate::error::Result;
 use crate::inventory::Counters;
 use crate::model::{Action, Kind};
 
+/// Whether `rel` and its backup are one inode: a link-then-unlink move
+/// (`beneath::noreplace_fallback`, where the file system refuses
+/// `RENAME_NOREPLACE`) that a crash cut short; moving it again finishes it.
+fn half_moved(fs: &Dirs<'_>, rel: &str, backup: &str) -> bool {
+    match (fs.venv.lstat(rel), fs.generation.lstat(backup)) {
+        (Ok(Some(a)), Ok(Some(b))) => {
+            (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+                && !rustix::fs::FileType::from_raw_mode(a.st_mode).is_dir()
+        }
+        _ => false,
+    }
+}
+
 /// Switch steps whose journal records share one fsync, at first; each
 /// batch after is twice the one before, up to [`SWITCH_BATCH_MAX`] (an
 /// interrupted small switch has little to undo; a big one takes few fsyncs:
@@ -167,7 +180,8 @@ impl State {
             };
             if c.action != Action::Add
                 && present(&rel, &made, &gone)
-                && !fs.generation.exists(&g.backup_rel(i))
+                && (!fs.generation.exists(&g.backup_rel(i))
+                    || half_moved(fs, &rel, &g.backup_rel(i)))
                 && !(c.action == Action::Replace && !fs.generation.exists(&staged) && g.placed(i))
             {
                 records.push(Record::Move { i });
@@ -273,13 +287,16 @@ impl State {
     }
 
     /// Make the renames durable: every directory that gained or lost an
-    /// entry. Where one `syncfs` vouches for them ([`durable::batched`]):
-    /// one of the venv's file system and one of the generation's (when it
-    /// is another), instead of an fsync per directory, each its own journal
-    /// commit. Either way this comes before the `Switched` record, and a
-    /// crash before it is undone from the journal as before.
+    /// entry. Where one `syncfs` vouches for them ([`durable::barrier`]:
+    /// both file systems write back through it): one of the venv's file
+    /// system and one of the generation's (when it is another), instead of
+    /// an fsync per directory, each its own journal commit. Elsewhere
+    /// (FUSE, NFS, unknown) an fsync of each directory. Either way this
+    /// comes before the `Switched` record, and a crash before it is undone
+    /// from the journal as before.
     fn sync_changed_dirs(&self, g: &Generation) {
-        if durable::batched() {
+        use std::os::fd::AsFd;
+        if durable::barrier(&[self.fs.as_fd(), g.fs.as_fd()]) == durable::Barrier::Syncfs {
             let venv = durable::sync_fs(&self.fs);
             let generation = if durable::device(&self.fs) == durable::device(&g.fs) {
                 Ok(())
@@ -290,10 +307,23 @@ impl State {
                 return;
             }
         }
-        let mut parents: BTreeSet<&str> = g.rels.iter().map(|r| parent_of(r)).collect();
+        // Every directory above a changed path: a parent the switch made
+        // gained its entry in its own parent.
+        let mut parents: BTreeSet<&str> = g.rels.iter().flat_map(|r| ancestors(r)).collect();
         parents.insert(&self.venv.site_rel);
+        parents.insert("");
         for p in parents {
             if let Ok(d) = self.fs.dir(p) {
+                let _ = d.sync();
+            }
+        }
+        // The generation's side: `staging/` lost entries, the backup's
+        // folders gained them.
+        let backups: Vec<String> = (0..g.rels.len()).map(|i| g.backup_rel(i)).collect();
+        let mut gen_dirs: BTreeSet<&str> = backups.iter().flat_map(|b| ancestors(b)).collect();
+        gen_dirs.insert("staging");
+        for p in gen_dirs {
+            if let Ok(d) = g.fs.dir(p) {
                 let _ = d.sync();
             }
         }
