@@ -864,4 +864,49 @@ mod tests {
         b.remove_dir("s/t").unwrap();
         assert!(b.lstat("s/t").unwrap().is_none());
     }
+
+    /// Where the file system refuses `RENAME_NOREPLACE`: a file or symlink
+    /// is linked then unlinked, a directory renamed after checking the
+    /// destination; nothing at the destination is ever replaced.
+    #[test]
+    fn the_no_replace_fallback_never_replaces() {
+        let (_t, b, _outside) = tree();
+        let root = b.path().to_path_buf();
+        let fallback = |from: &str, to: &str| {
+            let (ff, fname) = b.parent(from).unwrap();
+            let (tf, tname) = b.parent(to).unwrap();
+            noreplace_fallback(ff.as_fd(), fname, tf.as_fd(), tname)
+        };
+        std::fs::write(root.join("f"), b"new").unwrap();
+        std::fs::write(root.join("g"), b"old").unwrap();
+        std::fs::create_dir(root.join("d")).unwrap();
+        std::fs::write(root.join("d/in"), b"x").unwrap();
+        std::fs::create_dir(root.join("e")).unwrap();
+        symlink("f", root.join("l")).unwrap();
+        // Onto something: EEXIST, both untouched.
+        for (from, to) in [("f", "g"), ("d", "e"), ("d", "g"), ("l", "g"), ("f", "e")] {
+            let e = fallback(from, to).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{from} -> {to}");
+        }
+        assert_eq!(std::fs::read(root.join("g")).unwrap(), b"old");
+        assert_eq!(std::fs::read(root.join("f")).unwrap(), b"new");
+        // Onto nothing: moved.
+        fallback("f", "f2").unwrap();
+        fallback("d", "d2").unwrap();
+        fallback("l", "l2").unwrap();
+        assert!(!root.join("f").exists() && !root.join("d").exists());
+        assert_eq!(std::fs::read(root.join("f2")).unwrap(), b"new");
+        assert_eq!(std::fs::read(root.join("d2/in")).unwrap(), b"x");
+        assert_eq!(std::fs::read_link(root.join("l2")).unwrap(), Path::new("f"));
+        // A link-then-unlink cut short between the two: the next move finishes it.
+        std::fs::hard_link(root.join("f2"), root.join("f3")).unwrap();
+        fallback("f2", "f3").unwrap();
+        assert!(!root.join("f2").exists());
+        assert_eq!(std::fs::read(root.join("f3")).unwrap(), b"new");
+        // And through the cache, with the flag (this file system takes it).
+        let cache = DirCache::new(&b);
+        cache.rename_noreplace("f3", &cache, "f4").unwrap();
+        let e = cache.rename_noreplace("f4", &cache, "g").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+    }
 }

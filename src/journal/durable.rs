@@ -173,6 +173,34 @@ mod tests {
     }
 
     #[test]
+    fn syncfs_only_where_the_file_system_writes_data_back_through_it() {
+        for (magic, name) in SYNCFS_WRITES_BACK {
+            assert_eq!(barrier_for_type(*magic, true), Barrier::Syncfs, "{name}");
+            // An old kernel does not report writeback errors through it.
+            assert_eq!(barrier_for_type(*magic, false), Barrier::Fsync, "{name}");
+        }
+        for (magic, name) in FSYNC_ONLY {
+            assert_eq!(barrier_for_type(*magic, true), Barrier::Fsync, "{name}");
+        }
+        // Unknown: the fsyncs.
+        assert_eq!(barrier_for_type(0x1234_5678, true), Barrier::Fsync);
+        assert_eq!(fs_type_name(0xEF53), "ext4");
+        assert_eq!(fs_type_name(0x6573_5546), "fuse");
+        assert_eq!(fs_type_name(0x1234_5678), "0x12345678");
+    }
+
+    #[test]
+    fn the_barrier_of_a_real_directory_follows_its_file_system() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = std::fs::File::open(t.path()).unwrap();
+        let t = fs_type(&dir).unwrap();
+        let want = barrier_for_type(t, kernel_reports_syncfs_errors());
+        assert_eq!(barrier(&[dir.as_fd()]), want);
+        let d = durability(&dir, &dir);
+        assert_eq!((d.fs, d.barrier), (fs_type_name(t), want));
+    }
+
+    #[test]
     fn a_file_written_and_synced_through_its_file_system_is_there() {
         let t = tempfile::tempdir().unwrap();
         let dir = std::fs::File::open(t.path()).unwrap();
