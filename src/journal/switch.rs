@@ -293,8 +293,9 @@ impl State {
     /// an fsync per directory, each its own journal commit. Elsewhere
     /// (FUSE, NFS, unknown) an fsync of each directory. Either way this
     /// comes before the `Switched` record, and a crash before it is undone
-    /// from the journal as before.
-    fn sync_changed_dirs(&self, g: &Generation) {
+    /// from the journal as before. An undo makes its renames durable the
+    /// same way before its `RolledBack` record.
+    pub(super) fn sync_changed_dirs(&self, g: &Generation) {
         use std::os::fd::AsFd;
         if durable::barrier(&[self.fs.as_fd(), g.fs.as_fd()]) == durable::Barrier::Syncfs {
             let venv = durable::sync_fs(&self.fs);
@@ -318,10 +319,10 @@ impl State {
             }
         }
         // The generation's side: `staging/` lost entries, the backup's
-        // folders gained them.
+        // folders gained them (and an undo's `undone/`).
         let backups: Vec<String> = (0..g.rels.len()).map(|i| g.backup_rel(i)).collect();
         let mut gen_dirs: BTreeSet<&str> = backups.iter().flat_map(|b| ancestors(b)).collect();
-        gen_dirs.insert("staging");
+        gen_dirs.extend(["staging", "undone"]);
         for p in gen_dirs {
             if let Ok(d) = g.fs.dir(p) {
                 let _ = d.sync();
