@@ -507,6 +507,9 @@ pub fn rename_noreplace_at(
         Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
             noreplace_fallback(from_fd, from_name, to_fd, to_name)
         }
+        // Perhaps a fallback's move cut short (on this file system, or on
+        // a FUSE view of it): finished, never replaced.
+        Err(Errno::EXIST) => finish_link_move(from_fd, from_name, to_fd, to_name),
         r => r.map_err(Into::into),
     }
 }

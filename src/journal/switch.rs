@@ -437,7 +437,7 @@ impl PauseHook {
 mod tests {
     use super::super::State;
     use super::super::tests_support::{Fx, New, apply, change, history, request, rollback, stage};
-    use super::{SWITCH_BATCH, SWITCH_BATCH_MAX, batches};
+    use super::{Record, SWITCH_BATCH, SWITCH_BATCH_MAX, batches};
     use crate::inventory::Counters;
     use crate::model::{Action, Status};
 
@@ -485,6 +485,43 @@ mod tests {
             assert_eq!(fx.beside(), beside);
         }
         assert!(stopped >= 5, "stopped {stopped} times");
+    }
+
+    /// A crash between the `link` and the `unlink` of a move to the backup
+    /// (the fallback where the file system refuses `RENAME_NOREPLACE`)
+    /// leaves the old file under both names: resuming the switch finishes
+    /// that move and the rest, and rollback restores the venv exactly.
+    #[test]
+    fn a_move_to_the_backup_cut_short_between_link_and_unlink_is_finished() {
+        let fx = Fx::new();
+        std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
+        std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
+        let (before, beside) = (fx.tree(), fx.beside());
+        let list = [(
+            "pkg/a.py",
+            Action::Replace,
+            Some(New::File(b"new a".to_vec())),
+        )];
+        let state = State::open(&fx.v()).unwrap();
+        let changes = list
+            .iter()
+            .map(|(p, a, n)| change(&fx, p, *a, n.as_ref()))
+            .collect();
+        let counters = Counters::default();
+        let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
+        stage(&mut g, &[list[0].2.clone()]);
+        // The journalled move, taken as far as its link.
+        g.append(Record::Move { i: 0 }).unwrap();
+        let backup = g.backup_rel(0);
+        g.fs.create_dir_all(super::parent_of(&backup), 0o700).unwrap();
+        std::fs::hard_link(fx.site().join("pkg/a.py"), g.dir.join(&backup)).unwrap();
+        state.switch_unless(&mut g, &|| false).unwrap().unwrap();
+        assert_eq!(std::fs::read(fx.site().join("pkg/a.py")).unwrap(), b"new a");
+        assert_eq!(std::fs::read(g.dir.join(&backup)).unwrap(), b"old a");
+        let undone = state.undo(&mut g).unwrap();
+        state.finish_undo(&g, &undone, &counters).unwrap();
+        assert_eq!(fx.tree(), before);
+        assert_eq!(fx.beside(), beside);
     }
 
     /// A directory replaced by a symlink: its planned children go to the
