@@ -196,6 +196,33 @@ fn new_id(created: u64, newest: Option<&str>) -> String {
     }
 }
 
+/// Whether `need` bytes fit in `free` (plus a 16 MiB margin) on the file
+/// system of `root`: a refusal if not; a warning (returned) where the
+/// file system reports no size (`free` unknown, `f_blocks` 0), since "0
+/// free" there means "not known", and a stage that fills the disk fails
+/// before the venv is touched anyway.
+fn space_verdict(root: &std::path::Path, need: u64, free: Option<u64>) -> Result<Option<String>> {
+    let margin = 16 << 20;
+    let Some(free) = free else {
+        return Ok(Some(format!(
+            "the file system of {} reports no size, so its free space is unknown: the apply needs {need} bytes; if it fills up while staging, nothing in the venv is changed",
+            root.display()
+        )));
+    };
+    if need + margin > free {
+        return Err(err!(
+            kind = Refused,
+            hint = "free space on that file system, then run `overlay apply` again",
+            "Not enough space for the apply in {}: {} bytes needed (plus {} margin), {} free",
+            root.display(),
+            need,
+            margin,
+            free
+        ));
+    }
+    Ok(None)
+}
+
 /// The meta.json of a new generation. No setuid, setgid or sticky bit
 /// comes in, whatever the plan says: the stage writes modes masked to
 /// 0o777, and the check after the switch compares with these.
@@ -391,34 +418,19 @@ impl State {
     }
 
     /// Free space: new files are staged in full before anything is
-    /// switched. A file system that reports no size (`f_blocks` 0) cannot
-    /// say: that is a warning (returned), not a refusal.
+    /// switched ([`space_verdict`]).
     fn check_space(&self, changes: &[GenChange]) -> Result<Option<String>> {
         let need: u64 = changes
             .iter()
             .filter(|c| c.action != Action::Delete)
             .map(|c| c.source.as_ref().map_or(0, Kind::size))
             .sum();
-        let margin = 16 << 20;
-        let Some(free) = free_bytes_at(&self.fs, &self.root)? else {
-            return Ok(Some(format!(
-                "the file system of {} reports no size, so its free space is unknown: the apply needs {need} bytes; if it fills up while staging, nothing in the venv is changed",
-                self.root.display()
-            )));
-        };
+        let free = free_bytes_at(&self.fs, &self.root)?;
         // Test hook: OVERLAY_TEST_SKIP_SPACE_CHECK lets the disk fill up while staging.
-        if need + margin > free && std::env::var_os("OVERLAY_TEST_SKIP_SPACE_CHECK").is_none() {
-            return Err(err!(
-                kind = Refused,
-                hint = "free space on that file system, then run `overlay apply` again",
-                "Not enough space for the apply in {}: {} bytes needed (plus {} margin), {} free",
-                self.root.display(),
-                need,
-                margin,
-                free
-            ));
+        if std::env::var_os("OVERLAY_TEST_SKIP_SPACE_CHECK").is_some() {
+            return Ok(None);
         }
-        Ok(None)
+        space_verdict(&self.root, need, free)
     }
 
     /// Make the folder of generation `meta.id` with an empty `staging/`,
@@ -470,6 +482,18 @@ impl State {
 mod tests {
     use super::super::tests_support::{Fx, New, apply, history};
     use crate::model::Action;
+
+    /// Too little space refuses; a file system that reports no size only
+    /// warns.
+    #[test]
+    fn unknown_free_space_is_a_warning_not_a_refusal() {
+        let root = std::path::Path::new("/v");
+        let e = super::space_verdict(root, 100 << 20, Some(50 << 20)).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::Refused, "{e:?}");
+        assert_eq!(super::space_verdict(root, 1 << 20, Some(1 << 30)).unwrap(), None);
+        let w = super::space_verdict(root, 100 << 20, None).unwrap().unwrap();
+        assert!(w.contains("reports no size") && w.contains("/v"), "{w}");
+    }
 
     /// Two generations in one second (or after the clock stepped back)
     /// still sort in the order they were made.
