@@ -34,10 +34,7 @@ impl Mounts {
 
     /// Unmount `at` (the newest mount there).
     fn unmount(&mut self, at: &Path) {
-        ok(
-            Command::new("umount").arg(at).output().unwrap(),
-            "umount",
-        );
+        ok(Command::new("umount").arg(at).output().unwrap(), "umount");
         if let Some(i) = self.0.iter().rposition(|p| p == at) {
             self.0.remove(i);
         }
@@ -61,7 +58,12 @@ impl Drop for Mounts {
 fn private_mount_namespace() {
     // SAFETY: a plain syscall; it changes only this thread's namespace.
     let r = unsafe { libc::unshare(libc::CLONE_NEWNS) };
-    assert_eq!(r, 0, "unshare(CLONE_NEWNS): {}", std::io::Error::last_os_error());
+    assert_eq!(
+        r,
+        0,
+        "unshare(CLONE_NEWNS): {}",
+        std::io::Error::last_os_error()
+    );
     ok(
         Command::new("mount")
             .args(["--make-rprivate", "/"])
@@ -74,7 +76,11 @@ fn private_mount_namespace() {
 /// The `statfs` type of `p`'s file system, in hex.
 fn fs_type(p: &Path) -> String {
     let out = ok(
-        Command::new("stat").args(["-f", "-c", "%t"]).arg(p).output().unwrap(),
+        Command::new("stat")
+            .args(["-f", "-c", "%t"])
+            .arg(p)
+            .output()
+            .unwrap(),
         "stat -f",
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -94,13 +100,19 @@ fn durability(tb: &Testbed) -> serde_json::Value {
 }
 
 fn plan_and_apply(tb: &Testbed) -> String {
-    ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     let out = ok(tb.overlay(&["apply", "-v"]).output().unwrap(), "apply");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
-#[cfg_attr(not(overlay_test_root), ignore = "needs root: FUSE mounts in a mount namespace")]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: FUSE mounts in a mount namespace"
+)]
 fn on_bindfs_apply_rollback_and_rollback_after_a_remount_succeed_with_fsyncs() {
     assert!(
         Path::new("/usr/bin/bindfs").exists() && Path::new("/dev/fuse").exists(),
@@ -116,7 +128,11 @@ fn on_bindfs_apply_rollback_and_rollback_after_a_remount_succeed_with_fsyncs() {
     fs::rename(&venv, &real).unwrap();
     fs::create_dir(&venv).unwrap();
     mounts.bind(&real, &venv);
-    assert_eq!(fs_type(&venv), "65735546", "bindfs is FUSE (FUSE_SUPER_MAGIC)");
+    assert_eq!(
+        fs_type(&venv),
+        "65735546",
+        "bindfs is FUSE (FUSE_SUPER_MAGIC)"
+    );
     let before = snapshot(&venv);
 
     // Apply: the barrier there is an fsync per file and per directory.
@@ -131,7 +147,10 @@ fn on_bindfs_apply_rollback_and_rollback_after_a_remount_succeed_with_fsyncs() {
     assert_ne!(snapshot(&venv), before, "the apply changed the venv");
 
     // Rollback.
-    ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback");
+    ok(
+        tb.overlay(&["rollback", "dst"]).output().unwrap(),
+        "rollback",
+    );
     assert_same(&before, &snapshot(&venv), "after the rollback");
 
     // Apply again, then mount the file system again with a new device
@@ -145,10 +164,20 @@ fn on_bindfs_apply_rollback_and_rollback_after_a_remount_succeed_with_fsyncs() {
     mounts.bind(&real, &other);
     mounts.bind(&real, &venv);
     let new_dev = fs::metadata(&venv).unwrap().dev();
-    assert_ne!(dev, new_dev, "the remount gave the venv a new device number");
+    assert_ne!(
+        dev, new_dev,
+        "the remount gave the venv a new device number"
+    );
     assert_same(&applied, &snapshot(&venv), "after the remount");
-    let out = ok(tb.overlay(&["rollback", "dst"]).output().unwrap(), "rollback after the remount");
-    assert_same(&before, &snapshot(&venv), "after the rollback after the remount");
+    let out = ok(
+        tb.overlay(&["rollback", "dst"]).output().unwrap(),
+        "rollback after the remount",
+    );
+    assert_same(
+        &before,
+        &snapshot(&venv),
+        "after the rollback after the remount",
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("differ"), "{err}");
 }

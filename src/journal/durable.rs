@@ -95,7 +95,9 @@ pub fn fs_type_name(f_type: u64) -> String {
 fn fs_type(fd: impl AsFd) -> Option<u64> {
     // f_type is signed on some targets: its bits are the magic.
     #[allow(clippy::unnecessary_cast)]
-    rustix::fs::fstatfs(fd).ok().map(|s| s.f_type as u64 as u32 as u64)
+    rustix::fs::fstatfs(fd)
+        .ok()
+        .map(|s| s.f_type as u64 as u32 as u64)
 }
 
 /// The barrier every one of `fds`' file systems allows: [`Barrier::Syncfs`]
@@ -104,9 +106,9 @@ fn fs_type(fd: impl AsFd) -> Option<u64> {
 /// the fsyncs.
 pub fn barrier(fds: &[std::os::fd::BorrowedFd<'_>]) -> Barrier {
     let reports = kernel_reports_syncfs_errors();
-    let all = fds.iter().all(|fd| {
-        fs_type(fd).is_some_and(|t| barrier_for_type(t, reports) == Barrier::Syncfs)
-    });
+    let all = fds
+        .iter()
+        .all(|fd| fs_type(fd).is_some_and(|t| barrier_for_type(t, reports) == Barrier::Syncfs));
     if all { Barrier::Syncfs } else { Barrier::Fsync }
 }
 

@@ -490,8 +490,13 @@ mod tests {
         let root = std::path::Path::new("/v");
         let e = super::space_verdict(root, 100 << 20, Some(50 << 20)).unwrap_err();
         assert_eq!(e.kind, crate::error::ErrorKind::Refused, "{e:?}");
-        assert_eq!(super::space_verdict(root, 1 << 20, Some(1 << 30)).unwrap(), None);
-        let w = super::space_verdict(root, 100 << 20, None).unwrap().unwrap();
+        assert_eq!(
+            super::space_verdict(root, 1 << 20, Some(1 << 30)).unwrap(),
+            None
+        );
+        let w = super::space_verdict(root, 100 << 20, None)
+            .unwrap()
+            .unwrap();
         assert!(w.contains("reports no size") && w.contains("/v"), "{w}");
     }
 

@@ -513,7 +513,8 @@ mod tests {
         // The journalled move, taken as far as its link.
         g.append(Record::Move { i: 0 }).unwrap();
         let backup = g.backup_rel(0);
-        g.fs.create_dir_all(super::parent_of(&backup), 0o700).unwrap();
+        g.fs.create_dir_all(super::parent_of(&backup), 0o700)
+            .unwrap();
         std::fs::hard_link(fx.site().join("pkg/a.py"), g.dir.join(&backup)).unwrap();
         state.switch_unless(&mut g, &|| false).unwrap().unwrap();
         assert_eq!(std::fs::read(fx.site().join("pkg/a.py")).unwrap(), b"new a");
