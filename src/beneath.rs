@@ -298,18 +298,12 @@ impl Beneath {
         rustix::fs::renameat(&from_fd, from_name, &to_fd, to_name).map_err(Into::into)
     }
 
-    /// Rename `from` to `to` only if nothing is at `to` (`EEXIST` otherwise).
+    /// Rename `from` to `to` only if nothing is at `to` (`EEXIST` otherwise);
+    /// where the file system refuses the flag, see [`rename_noreplace_at`].
     pub fn rename_noreplace(&self, from: &str, dest: &Beneath, to: &str) -> io::Result<()> {
         let (from_fd, from_name) = self.parent(from)?;
         let (to_fd, to_name) = dest.parent(to)?;
-        rustix::fs::renameat_with(
-            &from_fd,
-            from_name,
-            &to_fd,
-            to_name,
-            rustix::fs::RenameFlags::NOREPLACE,
-        )
-        .map_err(Into::into)
+        rename_noreplace_at(from_fd.as_fd(), from_name, to_fd.as_fd(), to_name)
     }
 
     /// Create the symlink `rel` pointing at `target` (stored as is; never followed here).
@@ -492,6 +486,95 @@ impl AsFd for Parent<'_> {
     }
 }
 
+/// `renameat2(RENAME_NOREPLACE)` of `from_name` (in `from_fd`) to `to_name`
+/// (in `to_fd`): `EEXIST`, and nothing moved, if anything is at the
+/// destination. Many FUSE file systems and NFS refuse the flag (`EINVAL`,
+/// or `ENOSYS`/`EOPNOTSUPP`); only for that error, [`noreplace_fallback`]
+/// gives the same guarantee another way.
+pub fn rename_noreplace_at(
+    from_fd: BorrowedFd<'_>,
+    from_name: &str,
+    to_fd: BorrowedFd<'_>,
+    to_name: &str,
+) -> io::Result<()> {
+    match rustix::fs::renameat_with(
+        from_fd,
+        from_name,
+        to_fd,
+        to_name,
+        rustix::fs::RenameFlags::NOREPLACE,
+    ) {
+        Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+            noreplace_fallback(from_fd, from_name, to_fd, to_name)
+        }
+        // Perhaps a fallback's move cut short (on this file system, or on
+        // a FUSE view of it): finished, never replaced.
+        Err(Errno::EXIST) => finish_link_move(from_fd, from_name, to_fd, to_name),
+        r => r.map_err(Into::into),
+    }
+}
+
+/// A no-replace rename without the flag. A file or symlink: `link(2)` to
+/// the destination, which fails with `EEXIST` if anything is there (the
+/// same no-clobber guarantee, and it works on NFS), then `unlink(2)` of the
+/// source. A crash between the two leaves both names on one inode: the
+/// next attempt finishes the move ([`finish_link_move`]). A directory
+/// cannot be hard-linked (nor a file where the file system has no hard
+/// links): it is renamed after checking that nothing is at the
+/// destination. The residual race: an *empty directory* someone makes at
+/// the destination between the check and the rename is replaced (a file or
+/// a non-empty directory makes the rename fail); overlay holds the venv's
+/// lock, so only a writer that ignores it could, and it loses nothing but
+/// an empty directory.
+pub fn noreplace_fallback(
+    from_fd: BorrowedFd<'_>,
+    from_name: &str,
+    to_fd: BorrowedFd<'_>,
+    to_name: &str,
+) -> io::Result<()> {
+    let st = rustix::fs::statat(from_fd, from_name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+        match rustix::fs::linkat(from_fd, from_name, to_fd, to_name, AtFlags::empty()) {
+            Ok(()) => {
+                return rustix::fs::unlinkat(from_fd, from_name, AtFlags::empty())
+                    .map_err(Into::into);
+            }
+            Err(Errno::EXIST) => return finish_link_move(from_fd, from_name, to_fd, to_name),
+            // No hard links here: move it as a directory is moved.
+            Err(Errno::PERM | Errno::OPNOTSUPP | Errno::NOSYS | Errno::MLINK) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match rustix::fs::statat(to_fd, to_name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => return Err(Errno::EXIST.into()),
+        Err(Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    rustix::fs::renameat(from_fd, from_name, to_fd, to_name).map_err(Into::into)
+}
+
+/// The destination exists: if it is the source's own inode (a non-directory
+/// left with both names by a link-then-unlink move a crash cut short),
+/// finish that move by unlinking the source; otherwise `EEXIST`.
+fn finish_link_move(
+    from_fd: BorrowedFd<'_>,
+    from_name: &str,
+    to_fd: BorrowedFd<'_>,
+    to_name: &str,
+) -> io::Result<()> {
+    let from = rustix::fs::statat(from_fd, from_name, AtFlags::SYMLINK_NOFOLLOW);
+    let to = rustix::fs::statat(to_fd, to_name, AtFlags::SYMLINK_NOFOLLOW);
+    match (from, to) {
+        (Ok(a), Ok(b))
+            if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+                && !rustix::fs::FileType::from_raw_mode(a.st_mode).is_dir() =>
+        {
+            rustix::fs::unlinkat(from_fd, from_name, AtFlags::empty()).map_err(Into::into)
+        }
+        _ => Err(Errno::EXIST.into()),
+    }
+}
+
 /// `lstat` of `name` in the parent directory just opened for it; `None` if
 /// the parent (a component missing) or `name` does not exist.
 fn lstat_in<Fd: AsFd>(parent: io::Result<(Fd, &str)>) -> io::Result<Option<Stat>> {
@@ -612,13 +695,7 @@ impl<'a> DirCache<'a> {
     pub fn rename_noreplace(&self, from: &str, dest: &DirCache<'_>, to: &str) -> io::Result<()> {
         let (from_fd, from_name) = self.parent(from)?;
         let (to_fd, to_name) = dest.parent(to)?;
-        rustix::fs::renameat_with(
-            from_fd.fd(),
-            from_name,
-            to_fd.fd(),
-            to_name,
-            rustix::fs::RenameFlags::NOREPLACE,
-        )?;
+        rename_noreplace_at(from_fd.fd(), from_name, to_fd.fd(), to_name)?;
         self.forget(from);
         dest.forget(to);
         Ok(())
@@ -789,5 +866,50 @@ mod tests {
         assert!(b.is_empty_dir("s/t").unwrap());
         b.remove_dir("s/t").unwrap();
         assert!(b.lstat("s/t").unwrap().is_none());
+    }
+
+    /// Where the file system refuses `RENAME_NOREPLACE`: a file or symlink
+    /// is linked then unlinked, a directory renamed after checking the
+    /// destination; nothing at the destination is ever replaced.
+    #[test]
+    fn the_no_replace_fallback_never_replaces() {
+        let (_t, b, _outside) = tree();
+        let root = b.path().to_path_buf();
+        let fallback = |from: &str, to: &str| {
+            let (ff, fname) = b.parent(from).unwrap();
+            let (tf, tname) = b.parent(to).unwrap();
+            noreplace_fallback(ff.as_fd(), fname, tf.as_fd(), tname)
+        };
+        std::fs::write(root.join("f"), b"new").unwrap();
+        std::fs::write(root.join("g"), b"old").unwrap();
+        std::fs::create_dir(root.join("d")).unwrap();
+        std::fs::write(root.join("d/in"), b"x").unwrap();
+        std::fs::create_dir(root.join("e")).unwrap();
+        symlink("f", root.join("l")).unwrap();
+        // Onto something: EEXIST, both untouched.
+        for (from, to) in [("f", "g"), ("d", "e"), ("d", "g"), ("l", "g"), ("f", "e")] {
+            let e = fallback(from, to).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{from} -> {to}");
+        }
+        assert_eq!(std::fs::read(root.join("g")).unwrap(), b"old");
+        assert_eq!(std::fs::read(root.join("f")).unwrap(), b"new");
+        // Onto nothing: moved.
+        fallback("f", "f2").unwrap();
+        fallback("d", "d2").unwrap();
+        fallback("l", "l2").unwrap();
+        assert!(!root.join("f").exists() && !root.join("d").exists());
+        assert_eq!(std::fs::read(root.join("f2")).unwrap(), b"new");
+        assert_eq!(std::fs::read(root.join("d2/in")).unwrap(), b"x");
+        assert_eq!(std::fs::read_link(root.join("l2")).unwrap(), Path::new("f"));
+        // A link-then-unlink cut short between the two: the next move finishes it.
+        std::fs::hard_link(root.join("f2"), root.join("f3")).unwrap();
+        fallback("f2", "f3").unwrap();
+        assert!(!root.join("f2").exists());
+        assert_eq!(std::fs::read(root.join("f3")).unwrap(), b"new");
+        // And through the cache, with the flag (this file system takes it).
+        let cache = DirCache::new(&b);
+        cache.rename_noreplace("f3", &cache, "f4").unwrap();
+        let e = cache.rename_noreplace("f4", &cache, "g").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
     }
 }

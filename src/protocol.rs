@@ -315,6 +315,13 @@ pub enum Response {
     Prepared {
         generation: String,
         recovered: Option<String>,
+        /// What prepare could not check (free space a file system does
+        /// not report): the controller warns.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        warnings: Vec<String>,
+        /// The venv's file system and the durability barrier chosen for it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        durability: Option<crate::model::Durability>,
     },
     Staged {
         files: u64,

@@ -14,6 +14,10 @@ pub struct Prepared {
     pub generation: String,
     /// What was done first to an interrupted generation, if there was one.
     pub recovered: Option<String>,
+    /// What the target could not check (free space it does not know).
+    pub warnings: Vec<String>,
+    /// The venv's file system and the durability barrier chosen for it.
+    pub durability: Option<crate::model::Durability>,
 }
 
 /// A generation committed on the target ([`Client::commit`]).
@@ -58,9 +62,13 @@ impl Client {
         answer!(self, &req, "a prepare", Response::Prepared {
             generation,
             recovered,
+            warnings,
+            durability,
         } => Prepared {
             generation,
             recovered,
+            warnings,
+            durability,
         })
     }
 

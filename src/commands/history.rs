@@ -106,6 +106,13 @@ fn print_table(generations: &[GenerationInfo], verbose: bool) {
         if let Some(p) = g.provenance.as_ref().filter(|_| verbose) {
             println!("    from {}", overlay::text::escape(&p.describe()));
         }
+        if let Some(d) = g.durability.as_ref().filter(|_| verbose) {
+            println!(
+                "    on {}: made durable with {}",
+                overlay::text::escape(&d.fs),
+                d.barrier.words()
+            );
+        }
     }
 }
 

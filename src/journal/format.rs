@@ -78,6 +78,10 @@ pub struct Meta {
     /// See [`crate::model::PrepareRequest::machine`]; none in older generations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<crate::model::Machine>,
+    /// The file system and the barrier chosen at prepare
+    /// (`journal::durable`); none in older generations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<crate::model::Durability>,
 }
 
 /// The content hash this version writes and checks.
@@ -103,6 +107,9 @@ pub struct Generation {
     pub records: Vec<Record>,
     /// Each change's path relative to the venv root (validated).
     pub(super) rels: Vec<String>,
+    /// What prepare could not check and the operator should hear (free
+    /// space a file system does not report).
+    pub warnings: Vec<String>,
 }
 
 /// The status a list of records gives.
@@ -218,6 +225,7 @@ impl Generation {
             meta,
             records,
             rels,
+            warnings: Vec::new(),
         })
     }
 
@@ -349,6 +357,7 @@ impl Generation {
             versions: self.meta.versions.clone(),
             provenance: self.meta.provenance.clone(),
             machine: self.meta.machine.clone(),
+            durability: self.meta.durability.clone(),
             status: self.status(),
             damaged: None,
         }

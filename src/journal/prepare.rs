@@ -196,6 +196,33 @@ fn new_id(created: u64, newest: Option<&str>) -> String {
     }
 }
 
+/// Whether `need` bytes fit in `free` (plus a 16 MiB margin) on the file
+/// system of `root`: a refusal if not; a warning (returned) where the
+/// file system reports no size (`free` unknown, `f_blocks` 0), since "0
+/// free" there means "not known", and a stage that fills the disk fails
+/// before the venv is touched anyway.
+fn space_verdict(root: &std::path::Path, need: u64, free: Option<u64>) -> Result<Option<String>> {
+    let margin = 16 << 20;
+    let Some(free) = free else {
+        return Ok(Some(format!(
+            "the file system of {} reports no size, so its free space is unknown: the apply needs {need} bytes; if it fills up while staging, nothing in the venv is changed",
+            root.display()
+        )));
+    };
+    if need + margin > free {
+        return Err(err!(
+            kind = Refused,
+            hint = "free space on that file system, then run `overlay apply` again",
+            "Not enough space for the apply in {}: {} bytes needed (plus {} margin), {} free",
+            root.display(),
+            need,
+            margin,
+            free
+        ));
+    }
+    Ok(None)
+}
+
 /// The meta.json of a new generation. No setuid, setgid or sticky bit
 /// comes in, whatever the plan says: the stage writes modes masked to
 /// 0o777, and the check after the switch compares with these.
@@ -211,6 +238,7 @@ fn new_meta(req: &PrepareRequest, id: &str, created: u64, list: ChangeList) -> M
         versions: req.versions.clone(),
         provenance: req.provenance.clone(),
         machine: req.machine.clone(),
+        durability: None,
         digest: DIGEST.into(),
         changes: list
             .changes
@@ -389,33 +417,25 @@ impl State {
         Ok(now_entries)
     }
 
-    /// Free space: new files are staged in full before anything is switched.
-    fn check_space(&self, changes: &[GenChange]) -> Result<()> {
+    /// Free space: new files are staged in full before anything is
+    /// switched ([`space_verdict`]).
+    fn check_space(&self, changes: &[GenChange]) -> Result<Option<String>> {
         let need: u64 = changes
             .iter()
             .filter(|c| c.action != Action::Delete)
             .map(|c| c.source.as_ref().map_or(0, Kind::size))
             .sum();
         let free = free_bytes_at(&self.fs, &self.root)?;
-        let margin = 16 << 20;
         // Test hook: OVERLAY_TEST_SKIP_SPACE_CHECK lets the disk fill up while staging.
-        if need + margin > free && std::env::var_os("OVERLAY_TEST_SKIP_SPACE_CHECK").is_none() {
-            return Err(err!(
-                kind = Refused,
-                hint = "free space on that file system, then run `overlay apply` again",
-                "Not enough space for the apply in {}: {} bytes needed (plus {} margin), {} free",
-                self.root.display(),
-                need,
-                margin,
-                free
-            ));
+        if std::env::var_os("OVERLAY_TEST_SKIP_SPACE_CHECK").is_some() {
+            return Ok(None);
         }
-        Ok(())
+        space_verdict(&self.root, need, free)
     }
 
     /// Make the folder of generation `meta.id` with an empty `staging/`,
     /// write before.json and meta.json, and journal `Prepared`.
-    fn create_generation(&self, meta: Meta, before: &[Entry]) -> Result<Generation> {
+    fn create_generation(&self, mut meta: Meta, before: &[Entry]) -> Result<Generation> {
         let id = meta.id.clone();
         let rel = format!("{GENERATIONS}/{id}");
         let dir = self.gen_dir(&id);
@@ -426,6 +446,8 @@ impl State {
         let fs = self.fs.dir(&rel).map_err(|e| fs_err("open", &dir, &e))?;
         fs.create_dir("staging", 0o700)
             .map_err(|e| fs_err("create", &dir.join("staging"), &e))?;
+        // What the stage and the switch will make durable, and how.
+        meta.durability = Some(super::durable::durability(&self.fs, &fs));
         write_before(&fs, &dir, before)?;
         write_meta(&fs, &dir, &meta)?;
         let rels = validate(&self.venv, &id, &meta, &[]).map_err(|p| err!("{p}"))?;
@@ -436,6 +458,7 @@ impl State {
             meta,
             records: Vec::new(),
             rels,
+            warnings: Vec::new(),
         };
         g.append(Record::Prepared)?;
         Ok(g)
@@ -446,10 +469,12 @@ impl State {
         let shapes = self.check_shapes(&req.changes)?;
         let mut list = with_asides(&req.changes, shapes);
         let before = self.check_drift(&req.venv, &mut list, counters)?;
-        self.check_space(&list.changes)?;
+        let space = self.check_space(&list.changes)?;
         let created = now();
         let id = new_id(created, self.generation_ids().last().map(String::as_str));
-        self.create_generation(new_meta(req, &id, created, list), &before)
+        let mut g = self.create_generation(new_meta(req, &id, created, list), &before)?;
+        g.warnings.extend(space);
+        Ok(g)
     }
 }
 
@@ -457,6 +482,23 @@ impl State {
 mod tests {
     use super::super::tests_support::{Fx, New, apply, history};
     use crate::model::Action;
+
+    /// Too little space refuses; a file system that reports no size only
+    /// warns.
+    #[test]
+    fn unknown_free_space_is_a_warning_not_a_refusal() {
+        let root = std::path::Path::new("/v");
+        let e = super::space_verdict(root, 100 << 20, Some(50 << 20)).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::Refused, "{e:?}");
+        assert_eq!(
+            super::space_verdict(root, 1 << 20, Some(1 << 30)).unwrap(),
+            None
+        );
+        let w = super::space_verdict(root, 100 << 20, None)
+            .unwrap()
+            .unwrap();
+        assert!(w.contains("reports no size") && w.contains("/v"), "{w}");
+    }
 
     /// Two generations in one second (or after the clock stepped back)
     /// still sort in the order they were made.

@@ -244,6 +244,7 @@ impl State {
                     versions: Vec::new(),
                     provenance: None,
                     machine: None,
+                    durability: None,
                     status: Status::Damaged,
                     damaged: Some(format!(
                         "{}{}",

@@ -17,6 +17,19 @@ use crate::error::Result;
 use crate::inventory::Counters;
 use crate::model::{Action, Kind};
 
+/// Whether `rel` and its backup are one inode: a link-then-unlink move
+/// (`beneath::noreplace_fallback`, where the file system refuses
+/// `RENAME_NOREPLACE`) that a crash cut short; moving it again finishes it.
+fn half_moved(fs: &Dirs<'_>, rel: &str, backup: &str) -> bool {
+    match (fs.venv.lstat(rel), fs.generation.lstat(backup)) {
+        (Ok(Some(a)), Ok(Some(b))) => {
+            (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+                && !rustix::fs::FileType::from_raw_mode(a.st_mode).is_dir()
+        }
+        _ => false,
+    }
+}
+
 /// Switch steps whose journal records share one fsync, at first; each
 /// batch after is twice the one before, up to [`SWITCH_BATCH_MAX`] (an
 /// interrupted small switch has little to undo; a big one takes few fsyncs:
@@ -167,7 +180,8 @@ impl State {
             };
             if c.action != Action::Add
                 && present(&rel, &made, &gone)
-                && !fs.generation.exists(&g.backup_rel(i))
+                && (!fs.generation.exists(&g.backup_rel(i))
+                    || half_moved(fs, &rel, &g.backup_rel(i)))
                 && !(c.action == Action::Replace && !fs.generation.exists(&staged) && g.placed(i))
             {
                 records.push(Record::Move { i });
@@ -273,13 +287,17 @@ impl State {
     }
 
     /// Make the renames durable: every directory that gained or lost an
-    /// entry. Where one `syncfs` vouches for them ([`durable::batched`]):
-    /// one of the venv's file system and one of the generation's (when it
-    /// is another), instead of an fsync per directory, each its own journal
-    /// commit. Either way this comes before the `Switched` record, and a
-    /// crash before it is undone from the journal as before.
-    fn sync_changed_dirs(&self, g: &Generation) {
-        if durable::batched() {
+    /// entry. Where one `syncfs` vouches for them ([`durable::barrier`]:
+    /// both file systems write back through it): one of the venv's file
+    /// system and one of the generation's (when it is another), instead of
+    /// an fsync per directory, each its own journal commit. Elsewhere
+    /// (FUSE, NFS, unknown) an fsync of each directory. Either way this
+    /// comes before the `Switched` record, and a crash before it is undone
+    /// from the journal as before. An undo makes its renames durable the
+    /// same way before its `RolledBack` record.
+    pub(super) fn sync_changed_dirs(&self, g: &Generation) {
+        use std::os::fd::AsFd;
+        if durable::barrier(&[self.fs.as_fd(), g.fs.as_fd()]) == durable::Barrier::Syncfs {
             let venv = durable::sync_fs(&self.fs);
             let generation = if durable::device(&self.fs) == durable::device(&g.fs) {
                 Ok(())
@@ -290,10 +308,23 @@ impl State {
                 return;
             }
         }
-        let mut parents: BTreeSet<&str> = g.rels.iter().map(|r| parent_of(r)).collect();
+        // Every directory above a changed path: a parent the switch made
+        // gained its entry in its own parent.
+        let mut parents: BTreeSet<&str> = g.rels.iter().flat_map(|r| ancestors(r)).collect();
         parents.insert(&self.venv.site_rel);
+        parents.insert("");
         for p in parents {
             if let Ok(d) = self.fs.dir(p) {
+                let _ = d.sync();
+            }
+        }
+        // The generation's side: `staging/` lost entries, the backup's
+        // folders gained them (and an undo's `undone/`).
+        let backups: Vec<String> = (0..g.rels.len()).map(|i| g.backup_rel(i)).collect();
+        let mut gen_dirs: BTreeSet<&str> = backups.iter().flat_map(|b| ancestors(b)).collect();
+        gen_dirs.extend(["staging", "undone"]);
+        for p in gen_dirs {
+            if let Ok(d) = g.fs.dir(p) {
                 let _ = d.sync();
             }
         }
@@ -406,7 +437,7 @@ impl PauseHook {
 mod tests {
     use super::super::State;
     use super::super::tests_support::{Fx, New, apply, change, history, request, rollback, stage};
-    use super::{SWITCH_BATCH, SWITCH_BATCH_MAX, batches};
+    use super::{Record, SWITCH_BATCH, SWITCH_BATCH_MAX, batches};
     use crate::inventory::Counters;
     use crate::model::{Action, Status};
 
@@ -454,6 +485,44 @@ mod tests {
             assert_eq!(fx.beside(), beside);
         }
         assert!(stopped >= 5, "stopped {stopped} times");
+    }
+
+    /// A crash between the `link` and the `unlink` of a move to the backup
+    /// (the fallback where the file system refuses `RENAME_NOREPLACE`)
+    /// leaves the old file under both names: resuming the switch finishes
+    /// that move and the rest, and rollback restores the venv exactly.
+    #[test]
+    fn a_move_to_the_backup_cut_short_between_link_and_unlink_is_finished() {
+        let fx = Fx::new();
+        std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
+        std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
+        let (before, beside) = (fx.tree(), fx.beside());
+        let list = [(
+            "pkg/a.py",
+            Action::Replace,
+            Some(New::File(b"new a".to_vec())),
+        )];
+        let state = State::open(&fx.v()).unwrap();
+        let changes = list
+            .iter()
+            .map(|(p, a, n)| change(&fx, p, *a, n.as_ref()))
+            .collect();
+        let counters = Counters::default();
+        let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
+        stage(&mut g, &[list[0].2.clone()]);
+        // The journalled move, taken as far as its link.
+        g.append(Record::Move { i: 0 }).unwrap();
+        let backup = g.backup_rel(0);
+        g.fs.create_dir_all(super::parent_of(&backup), 0o700)
+            .unwrap();
+        std::fs::hard_link(fx.site().join("pkg/a.py"), g.dir.join(&backup)).unwrap();
+        state.switch_unless(&mut g, &|| false).unwrap().unwrap();
+        assert_eq!(std::fs::read(fx.site().join("pkg/a.py")).unwrap(), b"new a");
+        assert_eq!(std::fs::read(g.dir.join(&backup)).unwrap(), b"old a");
+        let undone = state.undo(&mut g).unwrap();
+        state.finish_undo(&g, &undone, &counters).unwrap();
+        assert_eq!(fx.tree(), before);
+        assert_eq!(fx.beside(), beside);
     }
 
     /// A directory replaced by a symlink: its planned children go to the

@@ -372,9 +372,9 @@ impl State {
                 failed.push(step_failure(&what, &e));
             }
         }
-        if let Ok(d) = self.fs.dir(&self.venv.site_rel) {
-            let _ = d.sync();
-        }
+        // Every rename back durable before `RolledBack`: one syncfs, or an
+        // fsync of each directory it touched (`journal::durable`).
+        self.sync_changed_dirs(g);
         if !failed.is_empty() {
             return Err(err!(
                 "Rollback of generation {} in {} could not restore {} path{}: {}",

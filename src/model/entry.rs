@@ -181,6 +181,16 @@ impl StatEntry {
 }
 
 /// A file's identity and last change: device, inode, mtime and ctime (ns).
+///
+/// The device number is recorded but never compared ([`FileStamp::same`]):
+/// it names a mount, not a file system, and changes when a FUSE or NFS
+/// file system is mounted again or a reboot numbers the disks differently,
+/// while every file on it is what it was. What it would guard against, an
+/// inode number of another file system, needs another file system mounted
+/// inside the venv meanwhile (overlay reaches every path beneath the venv's
+/// root, never through a symlink) and a file there with the same inode
+/// number, size, mode and mtime to the nanosecond: the inode number with
+/// those stands for the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileStamp {
     pub dev: u64,
@@ -190,9 +200,16 @@ pub struct FileStamp {
 }
 
 impl FileStamp {
-    /// The same inode, not modified since (a rename changes only the ctime).
+    /// The same inode, not modified since (a rename changes only the
+    /// ctime); the device number is not compared (see [`FileStamp`]).
     pub fn same_inode_unchanged(&self, now: &FileStamp) -> bool {
-        self.dev == now.dev && self.ino == now.ino && self.mtime_ns == now.mtime_ns
+        self.ino == now.ino && self.mtime_ns == now.mtime_ns
+    }
+
+    /// The same inode, not changed in any way since (mtime and ctime); the
+    /// device number is not compared (see [`FileStamp`]).
+    pub fn same(&self, now: &FileStamp) -> bool {
+        (self.ino, self.mtime_ns, self.ctime_ns) == (now.ino, now.mtime_ns, now.ctime_ns)
     }
 
     pub fn of(m: &std::fs::Metadata) -> FileStamp {
@@ -217,17 +234,16 @@ impl Kind {
     /// the content decides; without one, the size, mode and stamp must all
     /// be unchanged.
     pub fn unchanged_in(&self, now: &Kind) -> bool {
-        self.matches_by(now, |a, b| a == b)
+        self.matches_by(now, FileStamp::same)
     }
 
     /// After a rollback: is `now` the file that `self` was before the apply?
     /// With a hash, the content decides. Without one, the same inode with the
     /// same size and mtime: rollback renames the old inode back, and overlay
     /// never writes into an existing inode (a rename changes only its ctime).
+    /// Not the device number: a remount in between changes it ([`FileStamp`]).
     pub fn restored_in(&self, now: &Kind) -> bool {
-        self.matches_by(now, |a, b| {
-            (a.dev, a.ino, a.mtime_ns) == (b.dev, b.ino, b.mtime_ns)
-        })
+        self.matches_by(now, FileStamp::same_inode_unchanged)
     }
 
     /// Content decides where `self` has a hash; otherwise size, mode and
@@ -298,5 +314,40 @@ impl Kind {
             (Kind::Symlink { target: t1 }, Kind::Symlink { target: t2 }) => t1 == t2,
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(dev: u64, ino: u64, mtime_ns: i64, ctime_ns: i64) -> Kind {
+        Kind::File {
+            size: 3,
+            mode: 0o644,
+            blake3: None,
+            stamp: Some(FileStamp {
+                dev,
+                ino,
+                mtime_ns,
+                ctime_ns,
+            }),
+        }
+    }
+
+    /// A remount that gives the file system a new device number changes
+    /// nothing of its files: rollback's check and the drift check agree.
+    #[test]
+    fn a_new_device_number_alone_is_the_same_file() {
+        let before = file(40, 7, 100, 200);
+        assert!(before.restored_in(&file(41, 7, 100, 200)));
+        assert!(before.unchanged_in(&file(41, 7, 100, 200)));
+        // A rename back changes only the ctime: still the file rollback restored.
+        assert!(before.restored_in(&file(41, 7, 100, 300)));
+        assert!(!before.unchanged_in(&file(41, 7, 100, 300)));
+        // Another inode, or a write since, is not.
+        assert!(!before.restored_in(&file(40, 8, 100, 200)));
+        assert!(!before.restored_in(&file(40, 7, 101, 200)));
+        assert!(!before.unchanged_in(&file(40, 8, 100, 200)));
     }
 }

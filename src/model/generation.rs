@@ -111,6 +111,45 @@ pub struct PrepareRequest {
     pub machine: Option<super::Machine>,
 }
 
+/// How a generation's staged files and renames were made durable
+/// (`journal::durable`): one `syncfs` of the file system, or an fsync per
+/// file and per directory.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Barrier {
+    /// One `syncfs(2)` of the file system (ext4, XFS, btrfs, ...).
+    Syncfs,
+    /// An fsync per file and per directory (FUSE, NFS, unknown).
+    Fsync,
+}
+
+impl Barrier {
+    /// Its name, as JSON spells it (`syncfs`, `fsync`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Barrier::Syncfs => "syncfs",
+            Barrier::Fsync => "fsync",
+        }
+    }
+
+    /// In words, for messages.
+    pub fn words(self) -> &'static str {
+        match self {
+            Barrier::Syncfs => "one syncfs of the file system",
+            Barrier::Fsync => "an fsync per file and per directory",
+        }
+    }
+}
+
+/// The file system a generation was written on, and its [`Barrier`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Durability {
+    /// Its type (`ext4`, `fuse`, or the hex `f_type`); with the state
+    /// folder's after a comma when that is another.
+    pub fs: String,
+    pub barrier: Barrier,
+}
+
 /// What `overlay history` shows for a generation.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct GenerationInfo {
@@ -136,6 +175,10 @@ pub struct GenerationInfo {
     /// The target's NVIDIA driver and GPUs when it was planned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<super::Machine>,
+    /// The venv's file system and the barrier chosen for it (none for
+    /// generations made before overlay recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<Durability>,
     pub status: Status,
     /// Why the generation's state cannot be read (status `damaged`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

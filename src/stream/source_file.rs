@@ -104,7 +104,8 @@ impl FileToSend<'_> {
         // Unhashed in the plan (or hashed by the receiver): the stamp must
         // be as the plan saw it.
         let by_stamp = blake3.as_deref().is_none_or(str::is_empty);
-        if !is_file || (by_stamp && *stamp != Some(stamp_of(self.meta))) {
+        // Not the device number: a remount since the plan keeps every file.
+        if !is_file || (by_stamp && !stamp.is_some_and(|s| s.same(&stamp_of(self.meta)))) {
             return Err(src.changed());
         }
         walker.open(src.rel).map_err(|b| src.blocked(b))

@@ -12,14 +12,17 @@
 //! filesystem that refuses, is written through the page cache.
 //!
 //! Every staged file is durable before the stage is reported done, so
-//! before any switch. Where the kernel reports writeback errors through
-//! `syncfs` ([`durable::batched`], Linux 5.8+), the fsync threads only start
+//! before any switch. Where one `syncfs` writes back and vouches for every
+//! file of the staging file system ([`durable::barrier`]: ext4, XFS, btrfs
+//! and the like, on Linux 5.8+, which reports writeback errors through
+//! it), the fsync threads only start
 //! each finished file's writeback (`sync_file_range`), and the stage ends
 //! with one `syncfs` of the staging file system through an fd opened
 //! before the first write ([`staged_durably`]): it
 //! waits for every staged file's data, inode and directory entry, and fails
 //! if any of them failed to reach the disk, in one journal commit instead
-//! of one per file. Elsewhere each file is fsynced on its own.
+//! of one per file. Elsewhere (FUSE, NFS, an unknown file system) each
+//! file is fsynced on its own, and then the staging directory.
 //!
 //! As root, a staged file's owner is that of the file it replaces or the
 //! directory it lands in ([`Owners`]), or with `apply --same-owner` the
@@ -27,6 +30,7 @@
 
 use std::fs::{self, File};
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
@@ -278,7 +282,9 @@ pub(super) fn staged_durably<T>(
     let staging_dir = g.dir.join("staging");
     let staging_fd =
         File::open(&staging_dir).map_err(|e| stage_error(&staging_dir, e, host_dir, g))?;
-    let batched = durable::batched();
+    // One syncfs only where the staging file system writes file data back
+    // through it (`journal::durable`); an fsync per file elsewhere.
+    let batched = durable::barrier(&[staging_fd.as_fd()]) == durable::Barrier::Syncfs;
     std::thread::scope(|scope| {
         let syncers: Vec<_> = (0..2)
             .map(|_| {
@@ -345,10 +351,13 @@ pub(super) fn stage_error(dest: &Path, e: std::io::Error, dir: &Path, g: &Genera
             .filter_map(|c| c.source.as_ref())
             .map(Kind::size)
             .sum();
-        let free = free_bytes(dir).unwrap_or(0);
+        let free = match free_bytes(dir) {
+            Ok(Some(free)) => format!("{free} bytes are free"),
+            _ => "its file system does not say how much is free".to_string(),
+        };
         return err!(
             hint = "free space on that file system and run `overlay apply` again; the venv was not changed",
-            "No space left on device while staging {}: the apply needs {need} bytes, {free} bytes are free",
+            "No space left on device while staging {}: the apply needs {need} bytes, {free}",
             dest.display()
         );
     }

@@ -24,9 +24,13 @@ pub fn prepare(
     let recovered = state.recover(req.resume, &counters)?.map(|(_, msg)| msg);
     let g = with_progress(output, &counters, || state.prepare(req, &counters))??;
     let generation = g.meta.id.clone();
+    let warnings = g.warnings.clone();
+    let durability = g.meta.durability.clone();
     session.generation = Some(g);
     Ok(Response::Prepared {
         generation,
         recovered,
+        warnings,
+        durability,
     })
 }

@@ -90,6 +90,17 @@ pub fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
     if let Some(r) = &prepared.recovered {
         obs.status(&format!("{tname}: {r}"));
     }
+    for w in &prepared.warnings {
+        obs.warn(&format!("{tname}: {w}"));
+    }
+    if let Some(d) = &prepared.durability {
+        obs.note(&format!(
+            "{tname}: the venv is on {}: staged files and renames are made durable with {} (barrier: {})",
+            d.fs,
+            d.barrier.words(),
+            d.barrier.name()
+        ));
+    }
     Ok(Began::Ready(Box::new(Ready {
         opts: opts.clone(),
         plan,
