@@ -1,7 +1,7 @@
 //! The data that travels between controller and agent or is stored on a
 //! host: entries and their kinds, distributions, sets, endpoints, the plan's
 //! actions, generations and where they came from, the stream's files, verify and preflight reports,
-//! ELF facts. Plain structs and enums with serde derives and small pure
+//! ELF facts, the processes that run from a venv. Plain structs and enums with serde derives and small pure
 //! methods; nothing here does I/O beyond reading a `Metadata` it is given.
 //!
 //! Everything is re-exported flat: `crate::model::Entry`, not
@@ -19,6 +19,7 @@ mod paths;
 mod preflight;
 mod provenance;
 mod route;
+mod running;
 mod set;
 mod stream;
 mod verify;
@@ -35,6 +36,7 @@ pub use paths::*;
 pub use preflight::*;
 pub use provenance::*;
 pub use route::*;
+pub use running::*;
 pub use set::*;
 pub use stream::*;
 pub use verify::*;
