@@ -59,6 +59,10 @@ type Id = (u64, u64);
 pub struct VenvFiles {
     ids: HashSet<Id>,
     devs: HashSet<u64>,
+    /// What the venv's symlinks point to (`bin/python` to the system's
+    /// interpreter): only a process whose executable is one of these can
+    /// have been started through a bare `argv[0]` found in its PATH.
+    targets: HashSet<Id>,
 }
 
 impl VenvFiles {
@@ -71,6 +75,11 @@ impl VenvFiles {
         let state = root.join(STATE_DIR);
         let generations = state.join("generations");
         let mut it = walkdir::WalkDir::new(root).follow_links(false).into_iter();
+        // The device of each directory on the way down, by depth: a file's
+        // is its directory's (only a directory can be a mount point), and
+        // its inode is the one `readdir` gives, so the walk costs no
+        // `stat` a file.
+        let mut devs: Vec<u64> = Vec::new();
         while let Some(e) = it.next() {
             let e = match e {
                 Ok(e) => e,
@@ -90,15 +99,34 @@ impl VenvFiles {
             if e.file_type().is_dir() {
                 if path.starts_with(&state) && path != state && !path.starts_with(&generations) {
                     it.skip_current_dir();
+                    continue;
                 }
+                // The root itself may be a symlink to the venv.
+                let at = if e.depth() == 0 {
+                    AtFlags::empty()
+                } else {
+                    AtFlags::SYMLINK_NOFOLLOW
+                };
+                let Ok(st) = rustix::fs::statat(rustix::fs::CWD, path, at) else {
+                    it.skip_current_dir();
+                    continue;
+                };
+                devs.truncate(e.depth());
+                devs.push(st.st_dev);
+                out.devs.insert(st.st_dev);
                 continue;
             }
             if path.starts_with(&state) && !path.starts_with(&generations) {
                 continue;
             }
-            if let Ok(st) = rustix::fs::statat(rustix::fs::CWD, path, AtFlags::SYMLINK_NOFOLLOW) {
-                out.ids.insert((st.st_dev, st.st_ino));
-                out.devs.insert(st.st_dev);
+            let Some(&dev) = e.depth().checked_sub(1).and_then(|d| devs.get(d)) else {
+                continue;
+            };
+            out.ids.insert((dev, walkdir::DirEntryExt::ino(&e)));
+            if e.file_type().is_symlink() {
+                if let Ok(st) = rustix::fs::stat(path) {
+                    out.targets.insert((st.st_dev, st.st_ino));
+                }
             }
         }
         Ok(out)
@@ -139,6 +167,7 @@ pub fn find_in(files: &VenvFiles) -> Running {
             .ok()
             .map(|st| (st.st_dev, st.st_ino)),
         by_path: HashMap::new(),
+        buf: Vec::new(),
     };
     let Ok(proc) = std::fs::read_dir("/proc") else {
         return running;
@@ -254,6 +283,8 @@ struct Scan<'a> {
     skip: HashSet<u32>,
     own_exe: Option<Id>,
     by_path: HashMap<Id, bool>,
+    /// The buffer maps are read into, kept from one process to the next.
+    buf: Vec<u8>,
 }
 
 /// What one process turned out to be.
@@ -311,7 +342,10 @@ impl Scan<'_> {
         if exe.as_ref().is_some_and(|st| self.files.has(st)) {
             how.push(How::Exe);
         }
-        if self.interpreter(&dir, &argv) {
+        let exe_linked = exe
+            .as_ref()
+            .is_some_and(|st| self.files.targets.contains(&(st.st_dev, st.st_ino)));
+        if self.interpreter(&dir, &argv, exe_linked) {
             how.push(How::Interpreter);
         }
         if self.fds(&dir) {
@@ -333,11 +367,15 @@ impl Scan<'_> {
     /// Whether the process maps a file of the venv. `Err`: maps could not
     /// be read (denied, or the process is gone).
     fn maps(&mut self, dir: &OwnedFd) -> std::result::Result<bool, Errno> {
-        let fd = rustix::fs::openat(dir, "maps", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
-        let mut text = Vec::new();
-        std::fs::File::from(fd)
-            .read_to_end(&mut text)
-            .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+        let mut text = std::mem::take(&mut self.buf);
+        let read = read_into(dir, "maps", 64 << 20, &mut text);
+        let found = read.map(|()| self.maps_text(dir, &text));
+        self.buf = text;
+        found
+    }
+
+    /// Whether the maps `text` names a file of the venv.
+    fn maps_text(&mut self, dir: &OwnedFd, text: &[u8]) -> bool {
         let mut root: Option<Option<OwnedFd>> = None;
         for line in text.split(|&b| b == b'\n') {
             let Some(m) = parse_maps_line(line) else {
@@ -348,7 +386,7 @@ impl Scan<'_> {
             }
             let id = (m.dev, m.inode);
             if self.files.ids.contains(&id) {
-                return Ok(true);
+                return true;
             }
             // On a device the venv has files on, the inode decides.
             if self.files.devs.contains(&m.dev) || m.deleted {
@@ -359,7 +397,7 @@ impl Scan<'_> {
             };
             if let Some(&hit) = self.by_path.get(&id) {
                 if hit {
-                    return Ok(true);
+                    return true;
                 }
                 continue;
             }
@@ -371,19 +409,20 @@ impl Scan<'_> {
                 .is_some_and(|st| self.files.has(&st));
             self.by_path.insert(id, hit);
             if hit {
-                return Ok(true);
+                return true;
             }
         }
-        Ok(false)
+        false
     }
 
-    /// Whether `argv[0]` (searched in the process's PATH when it has no
-    /// slash) or `argv[1]` is a file of the venv, the last component not
-    /// followed.
-    fn interpreter(&self, dir: &OwnedFd, argv: &[String]) -> bool {
+    /// Whether `argv[0]` or `argv[1]` is a file of the venv, the last
+    /// component not followed. A bare `argv[0]` is searched in the
+    /// process's PATH when its executable (`exe_linked`) is what a symlink
+    /// of the venv points to.
+    fn interpreter(&self, dir: &OwnedFd, argv: &[String], exe_linked: bool) -> bool {
         let mut root = None;
         for (i, arg) in argv.iter().take(2).enumerate() {
-            if arg.is_empty() || (i == 1 && !arg.contains('/')) {
+            if arg.is_empty() || (!arg.contains('/') && (i == 1 || !exe_linked)) {
                 continue;
             }
             let st = if arg.starts_with('/') {
@@ -501,14 +540,36 @@ fn in_path(dir: &OwnedFd, root: &OwnedFd, name: &str) -> Option<rustix::fs::Stat
 }
 
 /// A file of `/proc/PID`, at most `max` bytes.
-fn read_at(dir: &OwnedFd, name: &str, max: u64) -> std::result::Result<Vec<u8>, Errno> {
-    let fd = rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+fn read_at(dir: &OwnedFd, name: &str, max: usize) -> std::result::Result<Vec<u8>, Errno> {
     let mut out = Vec::new();
-    std::fs::File::from(fd)
-        .take(max)
-        .read_to_end(&mut out)
-        .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+    read_into(dir, name, max, &mut out)?;
     Ok(out)
+}
+
+/// [`read_at`] into `out` (cleared first), with reads of at least 16 KiB:
+/// each read of a `/proc` file makes the kernel print it again.
+fn read_into(
+    dir: &OwnedFd,
+    name: &str,
+    max: usize,
+    out: &mut Vec<u8>,
+) -> std::result::Result<(), Errno> {
+    out.clear();
+    let fd = rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+    while out.len() < max {
+        if out.capacity() - out.len() < 4096 {
+            out.reserve(out.capacity().max(16 << 10).min(max - out.len()));
+        }
+        let (read, _) = rustix::io::read(&fd, out.spare_capacity_mut())?;
+        let n = read.len();
+        if n == 0 {
+            break;
+        }
+        // SAFETY: `read` initialized the first `n` bytes of the spare capacity.
+        unsafe { out.set_len(out.len() + n) };
+    }
+    out.truncate(max);
+    Ok(())
 }
 
 fn describe(

@@ -193,9 +193,18 @@ fn cost() {
     let t = std::time::Instant::now();
     let files = VenvFiles::walk(Path::new(&venv)).unwrap();
     let walk = t.elapsed();
-    let t = std::time::Instant::now();
+    let cpu = || {
+        // SAFETY: getrusage fills the struct it is given.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+        Duration::from_micros(
+            (u.ru_utime.tv_sec + u.ru_stime.tv_sec) as u64 * 1_000_000
+                + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) as u64,
+        )
+    };
+    let (t, c) = (std::time::Instant::now(), cpu());
     let found = find_in(&files);
-    let scan = t.elapsed();
+    let (scan, scan_cpu) = (t.elapsed(), cpu() - c);
     let n = std::fs::read_dir("/proc")
         .unwrap()
         .filter(|e| {
@@ -204,9 +213,9 @@ fn cost() {
         })
         .count();
     println!(
-        "walk of {venv}: {} files in {walk:?}; /proc scan of {n} processes in {scan:?} ({:?} a process); {} found, {} unknown",
+        "walk of {venv}: {} files in {walk:?}; /proc scan of {n} processes in {scan:?}, CPU {scan_cpu:?} ({:?} a process); {} found, {} unknown",
         files.len(),
-        scan / n.max(1) as u32,
+        scan_cpu / n.max(1) as u32,
         found.processes.len(),
         found.unknown.len()
     );
