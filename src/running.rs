@@ -233,21 +233,10 @@ pub fn refusal(host_venv: &str, what: &str, running: &[VenvProcess]) -> crate::e
     )
 }
 
-/// `pid 1234 (root) python -m x`, comma-separated, the commands escaped
-/// for the terminal and cut at 80 characters.
+/// `pid 1234 (root) python -m x`, comma-separated (see
+/// [`VenvProcess::brief`]).
 pub fn list(procs: &[VenvProcess]) -> String {
-    procs.iter().map(one).collect::<Vec<_>>().join(", ")
-}
-
-/// One process as [`list`] shows it.
-pub fn one(p: &VenvProcess) -> String {
-    let cmd = crate::text::escape(&p.command);
-    let cmd = if cmd.chars().count() > 80 {
-        format!("{}...", cmd.chars().take(77).collect::<String>())
-    } else {
-        cmd.into_owned()
-    };
-    format!("pid {} ({}) {cmd}", p.pid, crate::text::escape(&p.user))
+    crate::model::brief_list(procs)
 }
 
 /// What the host says once per scan: boot time, clock ticks, user names.

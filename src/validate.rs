@@ -244,6 +244,7 @@ mod tests {
             versions: Vec::new(),
             shebang: None,
             provenance: None,
+            allow_running: false,
         }
     }
 

@@ -4,7 +4,7 @@
 
 use super::Client;
 use crate::error::Result;
-use crate::model::{GenerationInfo, PrepareRequest, RollbackReport};
+use crate::model::{GenerationInfo, PrepareRequest, RollbackReport, Running, VenvProcess};
 use crate::protocol::{Request, Response};
 
 /// A generation opened on the target ([`Client::prepare`]).
@@ -14,6 +14,8 @@ pub struct Prepared {
     pub generation: String,
     /// What was done first to an interrupted generation, if there was one.
     pub recovered: Option<String>,
+    /// The processes that run from the venv (allowed to: `allow_running`).
+    pub running: Vec<VenvProcess>,
 }
 
 /// A generation committed on the target ([`Client::commit`]).
@@ -23,6 +25,8 @@ pub struct Committed {
     pub generation: String,
     /// Bytes its backup holds on the target (0 without one).
     pub backup_bytes: u64,
+    /// Those of [`Prepared::running`] that still run: with the old files.
+    pub running: Vec<VenvProcess>,
 }
 
 /// A venv's generations ([`Client::history`]).
@@ -58,9 +62,11 @@ impl Client {
         answer!(self, &req, "a prepare", Response::Prepared {
             generation,
             recovered,
+            running,
         } => Prepared {
             generation,
             recovered,
+            running,
         })
     }
 
@@ -110,26 +116,40 @@ impl Client {
         answer!(self, &req, "a commit", Response::Committed {
             generation,
             backup_bytes,
+            running,
         } => Committed {
             generation,
             backup_bytes,
+            running,
         })
     }
 
     /// Roll back generations down to and including `to` (default: the newest).
-    /// With `force`, also over changes made since the apply.
+    /// With `force`, also over changes made since the apply; with
+    /// `allow_running`, also while processes run from the venv (else the
+    /// target refuses, kind `Refused`).
     pub fn rollback(
         &mut self,
         venv: &str,
         to: Option<String>,
         force: bool,
+        allow_running: bool,
     ) -> Result<RollbackReport> {
         let req = Request::Rollback {
             venv: venv.to_string(),
             to,
             force,
+            allow_running,
         };
         answer!(self, &req, "a rollback", Response::RolledBack(r) => r)
+    }
+
+    /// The processes that run from the venv ([`crate::running`]).
+    pub fn running(&mut self, venv: &str) -> Result<Running> {
+        let req = Request::Running {
+            venv: venv.to_string(),
+        };
+        answer!(self, &req, "a list of processes", Response::Running(r) => r)
     }
 
     /// The venv's generations, oldest first.

@@ -144,6 +144,7 @@ pub(super) fn request(fx: &Fx, changes: Vec<GenChange>) -> PrepareRequest {
         versions: Vec::new(),
         shebang: None,
         provenance: None,
+        allow_running: false,
     }
 }
 

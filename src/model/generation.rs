@@ -105,6 +105,10 @@ pub struct PrepareRequest {
     /// `history` (none from older controllers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<super::Provenance>,
+    /// Go on while processes run from the venv (`apply --allow-running`);
+    /// without it the target refuses before anything is written.
+    #[serde(default)]
+    pub allow_running: bool,
 }
 
 /// What `overlay history` shows for a generation.
@@ -182,4 +186,8 @@ pub struct RollbackReport {
     /// With `--force`: what the rollback could not make consistent, in words.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inconsistent: Vec<String>,
+    /// With `--allow-running`: the processes that ran from the venv and
+    /// still run, with the files the rollback replaced loaded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub running: Vec<super::VenvProcess>,
 }

@@ -62,8 +62,67 @@ pub struct Running {
     pub unknown: Vec<VenvProcess>,
 }
 
+impl VenvProcess {
+    /// `pid 1234 (root) python -m x`: the command escaped for the
+    /// terminal and cut at 80 characters.
+    pub fn brief(&self) -> String {
+        let cmd = crate::text::escape(&self.command);
+        let cmd = if cmd.chars().count() > 80 {
+            format!("{}...", cmd.chars().take(77).collect::<String>())
+        } else {
+            cmd.into_owned()
+        };
+        format!("pid {} ({}) {cmd}", self.pid, crate::text::escape(&self.user))
+    }
+}
+
+/// [`VenvProcess::brief`] of each, comma-separated.
+pub fn brief_list(procs: &[VenvProcess]) -> String {
+    procs
+        .iter()
+        .map(VenvProcess::brief)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl Running {
     pub fn is_empty(&self) -> bool {
         self.processes.is_empty() && self.unknown.is_empty()
     }
+
+    /// The plan's warnings about them, on `host`: those that run from
+    /// the venv (apply refuses), and a count of those not inspected.
+    pub fn warnings(&self, host: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let n = self.processes.len();
+        if n > 0 {
+            out.push(format!(
+                "{n} process{} run{} from {host}'s venv: {}; `overlay apply` and `overlay rollback` refuse while {} run{} (stop {}, or pass --allow-running)",
+                plural(n, "", "es"),
+                plural(n, "s", ""),
+                brief_list(&self.processes),
+                plural(n, "it", "they"),
+                plural(n, "s", ""),
+                plural(n, "it", "them"),
+            ));
+        }
+        let u = self.unknown.len();
+        if u > 0 {
+            let mut users: Vec<&str> = self.unknown.iter().map(|p| p.user.as_str()).collect();
+            users.sort_unstable();
+            users.dedup();
+            out.push(format!(
+                "{u} process{} on {host} could not be inspected (user{} {}; the agent is not root): whether {} from its venv is unknown; with `sudo` for {host} in the manifest the agent sees them",
+                plural(u, "", "es"),
+                plural(users.len(), "", "s"),
+                crate::text::escape(&users.join(", ")),
+                plural(u, "it runs", "they run"),
+            ));
+        }
+        out
+    }
+}
+
+fn plural<'a>(n: usize, one: &'a str, many: &'a str) -> &'a str {
+    if n == 1 { one } else { many }
 }

@@ -121,6 +121,7 @@ impl Intake {
             versions: Vec::new(),
             shebang: None,
             provenance: None,
+            allow_running: false,
         };
         let g = state.prepare(&req, &Counters::default()).expect("prepare");
         let before = tree(dir.path(), &g.dir.join("staging"));

@@ -90,6 +90,15 @@ pub fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
     if let Some(r) = &prepared.recovered {
         obs.status(&format!("{tname}: {r}"));
     }
+    if !prepared.running.is_empty() {
+        let n = prepared.running.len();
+        obs.warn(&format!(
+            "{n} process{} run{} from {tname}'s venv; going on (--allow-running): {}",
+            if n == 1 { "" } else { "es" },
+            if n == 1 { "s" } else { "" },
+            crate::running::list(&prepared.running)
+        ));
+    }
     Ok(Began::Ready(Box::new(Ready {
         opts: opts.clone(),
         plan,
@@ -314,6 +323,7 @@ pub(super) fn prepare(
             to: plan.target.venv.clone(),
         }),
         provenance: Some(provenance(plan)),
+        allow_running: opts.allow_running,
     };
     let prepared = dst.prepare(req);
     prepared.map_err(|e| fate(e, dst.lost(), Phase::Prepare, tname, ""))

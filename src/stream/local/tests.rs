@@ -80,6 +80,7 @@ impl Pair {
             versions: Vec::new(),
             shebang: None,
             provenance: None,
+            allow_running: false,
         };
         let g = state.prepare(&req, &Counters::default()).unwrap();
         Pair {

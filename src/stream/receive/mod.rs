@@ -493,6 +493,7 @@ mod tests {
             versions: Vec::new(),
             shebang: None,
             provenance: None,
+            allow_running: false,
         };
         let g = state.prepare(&req, &counters).unwrap();
         let mut tar = tar::Builder::new(Vec::new());
