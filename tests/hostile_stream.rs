@@ -152,6 +152,7 @@ impl Target {
             versions: Vec::new(),
             shebang: None,
             provenance: None,
+            allow_running: false,
         })));
         match agent.recv() {
             Some(Response::Prepared { .. }) => {}

@@ -99,14 +99,17 @@ impl Session {
             Request::Rollback { venv, to, force, allow_running } => {
                 h::rollback(self, output, &venv, to.as_deref(), force, allow_running)
             }
-            Request::Running { venv } => h::running(&venv),
+            Request::Running { venv } => h::running(self, &venv),
             Request::History { venv } => h::history(self, &venv),
             Request::Prune { venv, keep } => h::prune(self, &venv, keep),
             Request::Recover { venv, resume } => h::recover(self, output, &venv, resume),
             Request::Verify(req) => h::verify(&req),
             Request::ElfInfo { venv, paths } => h::elf_info(self, output, &venv, &paths),
             Request::PrefetchElf { venv, paths } => h::prefetch_elf(self, venv, paths),
-            Request::PrefetchPreflight { venv } => h::prefetch_preflight(self, venv),
+            Request::PrefetchPreflight { venv } => {
+                h::prefetch_running(self, &venv);
+                h::prefetch_preflight(self, venv)
+            }
             Request::Preflight(req) => h::preflight(self, output, &req),
             Request::Doctor(req) => h::doctor(output, &req),
             Request::RecordCheck(req) => h::record_check(self, output, &req),

@@ -51,6 +51,12 @@ pub(super) struct Session {
     /// generation (with `allow_running`), for `Commit` to name those that
     /// still run.
     pub(super) running: Vec<crate::model::VenvProcess>,
+    /// A look for the processes that run from a venv, started with
+    /// `PrefetchPreflight`: its venv and the thread.
+    pub(super) running_prefetch: Option<(
+        String,
+        std::thread::JoinHandle<Result<crate::model::Running>>,
+    )>,
 }
 
 impl Session {

@@ -46,7 +46,7 @@ pub(super) use prune::prune;
 pub(super) use receive::receive;
 pub(super) use recover::recover;
 pub(super) use rollback::rollback;
-pub(super) use running::{check, running};
+pub(super) use running::{check, prefetch_running, running};
 pub(super) use scan::scan;
 pub(super) use send::{Sending, send};
 pub(super) use send_direct::{Peer, send_direct};
