@@ -330,3 +330,76 @@ fn an_agent_that_is_not_root_reports_another_users_process_as_unknown() {
     assert_eq!(pids(&doc["running"], "processes"), [pid], "{doc:#}");
     assert_eq!(doc["running"]["unknown"], serde_json::json!([]), "{doc:#}");
 }
+
+/// A child process killed and reaped when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_local_route_and_a_bundle_applied_on_the_host_refuse_too() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SCENARIO_SETS);
+    let venv = tb.host_venv_dir(1).to_path_buf();
+    let ready = tb.dir().join("ready-local");
+    let mut c = tb.python(
+        1,
+        &format!(
+            "import minitorch, time, pathlib; pathlib.Path({:?}).touch(); time.sleep(600)",
+            ready.to_str().unwrap()
+        ),
+    );
+    let p = Child(c.stdout(std::process::Stdio::null()).spawn().unwrap());
+    let t0 = Instant::now();
+    while !ready.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "python did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = p.0.id() as u64;
+    let doc = tb.plan_json();
+    assert_eq!(pids(&doc["running"], "processes"), [pid], "{doc:#}");
+    let before = snapshot(&venv);
+    let out = tb.overlay(&["apply"]).output().unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(8), "{stderr}");
+    assert!(stderr.contains(&format!("pid {pid} (")), "{stderr}");
+    assert_same(&before, &snapshot(&venv), "after the refused apply");
+
+    // A bundle applied on the host itself (`apply --bundle --venv`).
+    let bundle = tb.work.join("torch.ovl");
+    ok(
+        tb.overlay(&["pack", "src", "-o", bundle.to_str().unwrap(), "--set", "torch"])
+            .output()
+            .unwrap(),
+        "pack",
+    );
+    let out = tb
+        .overlay(&[
+            "apply",
+            "--bundle",
+            bundle.to_str().unwrap(),
+            "--venv",
+            venv.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(8), "{stderr}");
+    assert!(stderr.contains(&format!("pid {pid} (")), "{stderr}");
+    assert_same(&before, &snapshot(&venv), "after the refused bundle");
+
+    let out = ok(
+        tb.overlay(&["apply", "--allow-running", "--json"])
+            .output()
+            .unwrap(),
+        "apply --allow-running",
+    );
+    let applied: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(applied["route"], "local");
+    assert_eq!(pids(&applied, "still_running"), [pid], "{applied:#}");
+}
