@@ -403,3 +403,55 @@ fn the_local_route_and_a_bundle_applied_on_the_host_refuse_too() {
     assert_eq!(applied["route"], "local");
     assert_eq!(pids(&applied, "still_running"), [pid], "{applied:#}");
 }
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_plan_of_several_targets_refuses_only_the_one_in_use() {
+    let tb = Testbed::new(3);
+    tb.write_manifest(SCENARIO_SETS);
+    let p = Bg::python(&tb, 2, "/root/venv/bin/python", "ready-fleet");
+    let pid = p.pid;
+    let out = ok(
+        tb.overlay(&["plan", "src", "dst", "dst2"]).output().unwrap(),
+        "plan src dst dst2",
+    );
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains(&format!("1 process runs from dst2's venv: pid {pid} (root)")),
+        "{stderr}"
+    );
+    let before = snapshot(tb.host_venv_dir(2));
+    // One read of the source for both (the fan-out): dst2 refuses at its
+    // prepare, dst is applied.
+    let out = tb.overlay(&["apply", "--json"]).output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(11), "{stderr}");
+    let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rows = doc["targets"].as_array().unwrap();
+    let row = |name: &str| rows.iter().find(|r| r["target"] == name).unwrap();
+    assert_eq!(row("dst")["result"], "applied", "{doc:#}");
+    assert_eq!(row("dst2")["result"], "failed", "{doc:#}");
+    assert_eq!(row("dst2")["exit_code"], 8, "{doc:#}");
+    assert!(
+        row("dst2")["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("pid {pid} (root)")),
+        "{doc:#}"
+    );
+    assert_same(&before, &snapshot(tb.host_venv_dir(2)), "dst2 after the refusal");
+    let out = ok(
+        tb.overlay(&["apply", ".overlay/plan.d/dst2.json", "--allow-running"])
+            .output()
+            .unwrap(),
+        "apply dst2 --allow-running",
+    );
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains(&format!("1 process on dst2 still runs the old files: pid {pid}")),
+        "{stderr}"
+    );
+}
