@@ -220,3 +220,62 @@ fn cost() {
         found.unknown.len()
     );
 }
+
+fn proc_for_test(pid: u32, user: &str, command: &str) -> VenvProcess {
+    VenvProcess {
+        pid,
+        uid: 0,
+        user: user.into(),
+        command: command.into(),
+        started: 0,
+        gpu_mib: None,
+        how: vec![How::Maps],
+    }
+}
+
+#[test]
+fn the_refusal_names_pids_and_commands_escaped_and_cut() {
+    let long = format!("python -m sglang.launch_server {}", "x".repeat(100));
+    let e = refusal(
+        "/root/venv",
+        "the apply",
+        &[
+            proc_for_test(7, "root", "python\x1b[31m -c pass"),
+            proc_for_test(8, "bob", &long),
+        ],
+    );
+    assert_eq!(e.kind, crate::error::ErrorKind::Refused);
+    assert!(
+        e.message.starts_with(
+            "2 processes run from /root/venv, so the apply was refused and nothing was changed: pid 7 (root) python\\033[31m -c pass, pid 8 (bob) python -m sglang"
+        ),
+        "{}",
+        e.message
+    );
+    assert!(e.message.ends_with("xxx..."), "{}", e.message);
+    assert!(e.hint.unwrap().contains("--allow-running"));
+}
+
+#[test]
+fn the_plans_warnings_count_and_name() {
+    let r = Running {
+        processes: vec![proc_for_test(7, "root", "python -c pass")],
+        unknown: vec![
+            proc_for_test(1, "root", "init"),
+            proc_for_test(2, "bob", "x"),
+            proc_for_test(3, "root", "y"),
+        ],
+    };
+    let w = r.warnings("ct200");
+    assert_eq!(w.len(), 2);
+    assert_eq!(
+        w[0],
+        "1 process runs from ct200's venv: pid 7 (root) python -c pass; `overlay apply` and `overlay rollback` refuse while it runs (stop it, or pass --allow-running)"
+    );
+    assert!(
+        w[1].starts_with("3 processes on ct200 could not be inspected (users bob, root; the agent is not root): whether they run from its venv is unknown"),
+        "{}",
+        w[1]
+    );
+    assert!(Running::default().warnings("h").is_empty());
+}
