@@ -123,10 +123,10 @@ impl VenvFiles {
                 continue;
             };
             out.ids.insert((dev, walkdir::DirEntryExt::ino(&e)));
-            if e.file_type().is_symlink() {
-                if let Ok(st) = rustix::fs::stat(path) {
-                    out.targets.insert((st.st_dev, st.st_ino));
-                }
+            if e.file_type().is_symlink()
+                && let Ok(st) = rustix::fs::stat(path)
+            {
+                out.targets.insert((st.st_dev, st.st_ino));
             }
         }
         Ok(out)
@@ -186,15 +186,15 @@ pub fn find_in(files: &VenvFiles) -> Running {
             Seen::No => {}
         }
     }
-    if !running.processes.is_empty() {
-        if let Some(gpu) = gpu_memory(Duration::from_secs(3)) {
-            for p in running
-                .processes
-                .iter_mut()
-                .chain(running.unknown.iter_mut())
-            {
-                p.gpu_mib = gpu.get(&p.pid).copied();
-            }
+    if !running.processes.is_empty()
+        && let Some(gpu) = gpu_memory(Duration::from_secs(3))
+    {
+        for p in running
+            .processes
+            .iter_mut()
+            .chain(running.unknown.iter_mut())
+        {
+            p.gpu_mib = gpu.get(&p.pid).copied();
         }
     }
     running
@@ -323,10 +323,10 @@ impl Scan<'_> {
             };
         }
         let exe = rustix::fs::statat(&dir, "exe", AtFlags::empty()).ok();
-        if let (Some(exe), Some(own)) = (&exe, self.own_exe) {
-            if (exe.st_dev, exe.st_ino) == own {
-                return Seen::No;
-            }
+        if let (Some(exe), Some(own)) = (&exe, self.own_exe)
+            && (exe.st_dev, exe.st_ino) == own
+        {
+            return Seen::No;
         }
         if exe.as_ref().is_some_and(|st| self.files.has(st)) {
             how.push(How::Exe);
@@ -421,7 +421,9 @@ impl Scan<'_> {
             } else if arg.contains('/') {
                 rustix::fs::openat(dir, "cwd", OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
                     .ok()
-                    .and_then(|cwd| rustix::fs::statat(&cwd, arg.as_str(), AtFlags::SYMLINK_NOFOLLOW).ok())
+                    .and_then(|cwd| {
+                        rustix::fs::statat(&cwd, arg.as_str(), AtFlags::SYMLINK_NOFOLLOW).ok()
+                    })
             } else {
                 let root = root.get_or_insert_with(|| open_root(dir));
                 root.as_ref().and_then(|r| in_path(dir, r, arg))
@@ -451,11 +453,11 @@ impl Scan<'_> {
             if name.to_bytes().first().is_none_or(|b| !b.is_ascii_digit()) {
                 continue;
             }
-            if let Ok(st) = rustix::fs::statat(&fd_dir, name, AtFlags::empty()) {
-                if rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() && self.files.has(&st)
-                {
-                    return true;
-                }
+            if let Ok(st) = rustix::fs::statat(&fd_dir, name, AtFlags::empty())
+                && rustix::fs::FileType::from_raw_mode(st.st_mode).is_file()
+                && self.files.has(&st)
+            {
+                return true;
             }
         }
         false
@@ -519,10 +521,10 @@ fn in_path(dir: &OwnedFd, root: &OwnedFd, name: &str) -> Option<rustix::fs::Stat
         let mut full = d.to_vec();
         full.push(b'/');
         full.extend_from_slice(name.as_bytes());
-        if let Some(st) = resolve_in_root(root, OsStr::from_bytes(&full), false) {
-            if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
-                return Some(st);
-            }
+        if let Some(st) = resolve_in_root(root, OsStr::from_bytes(&full), false)
+            && !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir()
+        {
+            return Some(st);
         }
     }
     None

@@ -81,7 +81,14 @@ impl Drop for Bg {
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(10) {
             match fs::read_to_string(format!("/proc/{}/stat", self.pid)) {
-                Ok(s) if !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z') => {
+                Ok(s)
+                    if !s
+                        .rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z') =>
+                {
                     std::thread::sleep(Duration::from_millis(20))
                 }
                 _ => return,
@@ -127,7 +134,10 @@ fn a_process_running_from_the_venv_is_named_and_stops_apply_and_rollback() {
     let pid = p.pid as u64;
 
     // The plan names it, on stdout near the host line and as a warning.
-    let out = ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    let out = ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     let (stdout, stderr) = text(&out);
     assert!(
         stdout.contains("Running from dst's venv")
@@ -135,7 +145,8 @@ fn a_process_running_from_the_venv_is_named_and_stops_apply_and_rollback() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("[interpreter, maps]") && stdout.contains("/root/venv/bin/python -c import minitorch"),
+        stdout.contains("[interpreter, maps]")
+            && stdout.contains("/root/venv/bin/python -c import minitorch"),
         "{stdout}"
     );
     assert!(
@@ -145,7 +156,9 @@ fn a_process_running_from_the_venv_is_named_and_stops_apply_and_rollback() {
         "{stderr}"
     );
     let out = ok(
-        tb.overlay(&["plan", "src", "dst", "--json"]).output().unwrap(),
+        tb.overlay(&["plan", "src", "dst", "--json"])
+            .output()
+            .unwrap(),
         "plan --json",
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -167,8 +180,9 @@ fn a_process_running_from_the_venv_is_named_and_stops_apply_and_rollback() {
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(8), "{stderr}");
     assert!(
-        stderr.contains(&format!("pid {pid} (root) /root/venv/bin/python -c import minitorch"))
-            && stderr.contains("the apply was refused and nothing was changed")
+        stderr.contains(&format!(
+            "pid {pid} (root) /root/venv/bin/python -c import minitorch"
+        )) && stderr.contains("the apply was refused and nothing was changed")
             && stderr.contains("--allow-running"),
         "{stderr}"
     );
@@ -213,7 +227,9 @@ fn a_process_running_from_the_venv_is_named_and_stops_apply_and_rollback() {
     );
     let (stdout, stderr) = text(&out);
     assert!(
-        stderr.contains(&format!("1 process on dst still runs the old files: pid {pid}")),
+        stderr.contains(&format!(
+            "1 process on dst still runs the old files: pid {pid}"
+        )),
         "{stderr}"
     );
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
@@ -222,7 +238,10 @@ fn a_process_running_from_the_venv_is_named_and_stops_apply_and_rollback() {
 
     // Once it is gone, nothing is named and apply goes on.
     p.stop();
-    let out = ok(tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    let out = ok(
+        tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     let (stdout, stderr) = text(&out);
     assert!(!stdout.contains("Running from"), "{stdout}");
     assert!(!stderr.contains("runs from"), "{stderr}");
@@ -249,13 +268,19 @@ fn a_process_that_sees_the_venv_at_another_path_is_found_by_device_and_inode() {
     );
     let pid = p.pid as u64;
     let out = ok(
-        tb.overlay(&["plan", "src", "dst", "--json"]).output().unwrap(),
+        tb.overlay(&["plan", "src", "dst", "--json"])
+            .output()
+            .unwrap(),
         "plan --json",
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(pids(&doc["running"], "processes"), [pid], "{doc:#}");
     let p0 = &doc["running"]["processes"][0];
-    assert_eq!(p0["how"], serde_json::json!(["interpreter", "maps"]), "{doc:#}");
+    assert_eq!(
+        p0["how"],
+        serde_json::json!(["interpreter", "maps"]),
+        "{doc:#}"
+    );
     assert!(
         p0["command"]
             .as_str()
@@ -264,14 +289,23 @@ fn a_process_that_sees_the_venv_at_another_path_is_found_by_device_and_inode() {
         "{doc:#}"
     );
     // The agent's own namespace does not see that path.
-    let out = tb.ssh(1, "test -e /tmp/elsewhere/bin/python").output().unwrap();
-    assert!(!out.status.success(), "the bind is private to its namespace");
+    let out = tb
+        .ssh(1, "test -e /tmp/elsewhere/bin/python")
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "the bind is private to its namespace"
+    );
     let venv = tb.host_venv_dir(1).to_path_buf();
     let before = snapshot(&venv);
     let out = tb.overlay(&["apply"]).output().unwrap();
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(8), "{stderr}");
-    assert!(stderr.contains(&format!("pid {pid} (root) /tmp/elsewhere/bin/python")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("pid {pid} (root) /tmp/elsewhere/bin/python")),
+        "{stderr}"
+    );
     assert_same(&before, &snapshot(&venv), "after the refused apply");
 }
 
@@ -289,7 +323,11 @@ fn an_agent_that_is_not_root_reports_another_users_process_as_unknown() {
         fs::Permissions::from_mode(0o644),
     )
     .unwrap();
-    fs::set_permissions(tb.host_dir(1).join("root"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(
+        tb.host_dir(1).join("root"),
+        fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
     let mut manifest = String::from("[hosts.src]\nssh = \"src\"\nvenv = \"/root/venv\"\n");
     manifest.push_str("[hosts.dst]\nssh = \"dst\"\nvenv = \"/root/venv\"\n");
     manifest.push_str("[hosts.dst-plain]\nssh = \"ovplain@dst\"\nvenv = \"/root/venv\"\n");
@@ -308,7 +346,11 @@ fn an_agent_that_is_not_root_reports_another_users_process_as_unknown() {
     );
     let (stdout, stderr) = text(&out);
     let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(pids(&doc["running"], "processes"), Vec::<u64>::new(), "{doc:#}");
+    assert_eq!(
+        pids(&doc["running"], "processes"),
+        Vec::<u64>::new(),
+        "{doc:#}"
+    );
     let unknown = doc["running"]["unknown"].as_array().unwrap();
     let mine = unknown
         .iter()
@@ -323,7 +365,9 @@ fn an_agent_that_is_not_root_reports_another_users_process_as_unknown() {
 
     // As root: the same process is known.
     let out = ok(
-        tb.overlay(&["plan", "src", "dst", "--json"]).output().unwrap(),
+        tb.overlay(&["plan", "src", "dst", "--json"])
+            .output()
+            .unwrap(),
         "plan as root",
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -357,7 +401,10 @@ fn the_local_route_and_a_bundle_applied_on_the_host_refuse_too() {
     let p = Child(c.stdout(std::process::Stdio::null()).spawn().unwrap());
     let t0 = Instant::now();
     while !ready.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "python did not start");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "python did not start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let pid = p.0.id() as u64;
@@ -373,9 +420,16 @@ fn the_local_route_and_a_bundle_applied_on_the_host_refuse_too() {
     // A bundle applied on the host itself (`apply --bundle --venv`).
     let bundle = tb.work.join("torch.ovl");
     ok(
-        tb.overlay(&["pack", "src", "-o", bundle.to_str().unwrap(), "--set", "torch"])
-            .output()
-            .unwrap(),
+        tb.overlay(&[
+            "pack",
+            "src",
+            "-o",
+            bundle.to_str().unwrap(),
+            "--set",
+            "torch",
+        ])
+        .output()
+        .unwrap(),
         "pack",
     );
     let out = tb
@@ -415,12 +469,16 @@ fn a_plan_of_several_targets_refuses_only_the_one_in_use() {
     let p = Bg::python(&tb, 2, "/root/venv/bin/python", "ready-fleet");
     let pid = p.pid;
     let out = ok(
-        tb.overlay(&["plan", "src", "dst", "dst2"]).output().unwrap(),
+        tb.overlay(&["plan", "src", "dst", "dst2"])
+            .output()
+            .unwrap(),
         "plan src dst dst2",
     );
     let (_, stderr) = text(&out);
     assert!(
-        stderr.contains(&format!("1 process runs from dst2's venv: pid {pid} (root)")),
+        stderr.contains(&format!(
+            "1 process runs from dst2's venv: pid {pid} (root)"
+        )),
         "{stderr}"
     );
     let before = snapshot(tb.host_venv_dir(2));
@@ -442,7 +500,11 @@ fn a_plan_of_several_targets_refuses_only_the_one_in_use() {
             .contains(&format!("pid {pid} (root)")),
         "{doc:#}"
     );
-    assert_same(&before, &snapshot(tb.host_venv_dir(2)), "dst2 after the refusal");
+    assert_same(
+        &before,
+        &snapshot(tb.host_venv_dir(2)),
+        "dst2 after the refusal",
+    );
     let out = ok(
         tb.overlay(&["apply", ".overlay/plan.d/dst2.json", "--allow-running"])
             .output()
@@ -451,7 +513,9 @@ fn a_plan_of_several_targets_refuses_only_the_one_in_use() {
     );
     let (_, stderr) = text(&out);
     assert!(
-        stderr.contains(&format!("1 process on dst2 still runs the old files: pid {pid}")),
+        stderr.contains(&format!(
+            "1 process on dst2 still runs the old files: pid {pid}"
+        )),
         "{stderr}"
     );
 }

@@ -72,7 +72,11 @@ impl VenvProcess {
         } else {
             cmd.into_owned()
         };
-        format!("pid {} ({}) {cmd}", self.pid, crate::text::escape(&self.user))
+        format!(
+            "pid {} ({}) {cmd}",
+            self.pid,
+            crate::text::escape(&self.user)
+        )
     }
 }
 

@@ -11,16 +11,19 @@ fn maps_lines_with_spaces_and_deleted_files() {
     assert_eq!(l.path, Some(&b"/opt/my venv/lib/libx.so"[..]));
     assert!(!l.deleted);
 
-    let l = parse_maps_line(b"7f12a000-7f12b000 r--p 00000000 103:02 99 /v/a (deleted) b.so (deleted)")
-        .unwrap();
+    let l =
+        parse_maps_line(b"7f12a000-7f12b000 r--p 00000000 103:02 99 /v/a (deleted) b.so (deleted)")
+            .unwrap();
     assert_eq!(l.dev, rustix::fs::makedev(0x103, 2));
     assert_eq!(l.path, Some(&b"/v/a (deleted) b.so"[..]));
     assert!(l.deleted);
 
     let anon = parse_maps_line(b"7ffd1000-7ffd2000 rw-p 00000000 00:00 0 ").unwrap();
     assert_eq!((anon.inode, anon.path), (0, None));
-    let stack = parse_maps_line(b"7ffd1000-7ffd2000 rw-p 00000000 00:00 0                          [stack]")
-        .unwrap();
+    let stack = parse_maps_line(
+        b"7ffd1000-7ffd2000 rw-p 00000000 00:00 0                          [stack]",
+    )
+    .unwrap();
     assert_eq!(stack.path, Some(&b"[stack]"[..]));
     assert_eq!(parse_maps_line(b""), None);
     assert_eq!(parse_maps_line(b"garbage line"), None);
@@ -54,7 +57,10 @@ fn cmdline_nuls() {
     );
     assert_eq!(parse_cmdline(b"a\0\0b\0"), ["a", "", "b"]);
     // A rewritten title: one string with spaces, padded with NULs.
-    assert_eq!(parse_cmdline(b"sglang::scheduler TP0\0\0\0\0"), ["sglang::scheduler TP0"]);
+    assert_eq!(
+        parse_cmdline(b"sglang::scheduler TP0\0\0\0\0"),
+        ["sglang::scheduler TP0"]
+    );
     assert!(parse_cmdline(b"").is_empty());
     assert!(parse_cmdline(b"\0").is_empty());
 }
@@ -67,7 +73,9 @@ fn status_passwd_and_nvidia_smi() {
     let users = parse_passwd(b"root:x:0:0:root:/root:/bin/bash\nbob:x:1000:1000::/home/bob:/bin/sh\ntoor:x:0:0::/:/bin/sh\nbad line\n");
     assert_eq!(users[&0], "root");
     assert_eq!(users[&1000], "bob");
-    let gpu = parse_compute_apps(b"1234, 8123\n1234, 100\n77, 5\nNo running processes found\n[N/A], [N/A]\n");
+    let gpu = parse_compute_apps(
+        b"1234, 8123\n1234, 100\n77, 5\nNo running processes found\n[N/A], [N/A]\n",
+    );
     assert_eq!(gpu[&1234], 8223);
     assert_eq!(gpu[&77], 5);
     assert_eq!(gpu.len(), 2);
@@ -132,7 +140,12 @@ fn finds_a_process_by_its_interpreter_exe_maps_and_fd() {
             .spawn()
             .unwrap(),
     );
-    let other = Child(std::process::Command::new(sleep_bin()).arg("30").spawn().unwrap());
+    let other = Child(
+        std::process::Command::new(sleep_bin())
+            .arg("30")
+            .spawn()
+            .unwrap(),
+    );
     for c in [&linked, &copied, &holder, &other] {
         wait_exec(c.0.id());
     }
@@ -163,7 +176,11 @@ fn finds_a_process_by_its_interpreter_exe_maps_and_fd() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    assert!(p.started + 120 > now && p.started <= now + 2, "{} vs {now}", p.started);
+    assert!(
+        p.started + 120 > now && p.started <= now + 2,
+        "{} vs {now}",
+        p.started
+    );
     assert_eq!(still_running(&found.processes).len(), 3);
     drop(linked);
     let left = still_running(&found.processes);

@@ -11,12 +11,11 @@ use crate::model::VenvProcess;
 use crate::protocol::Response;
 
 pub fn running(session: &mut Session, venv: &str) -> Result<Response> {
-    if let Some((v, found)) = session.running_prefetch.take() {
-        if v == venv {
-            if let Ok(found) = found.join() {
-                return found.map(Response::Running);
-            }
-        }
+    if let Some((v, found)) = session.running_prefetch.take()
+        && v == venv
+        && let Ok(found) = found.join()
+    {
+        return found.map(Response::Running);
     }
     let venv = inventory::Venv::open(venv)?;
     crate::running::find(&venv.root).map(Response::Running)
@@ -41,7 +40,11 @@ pub fn prefetch_running(session: &mut Session, venv: &str) {
 pub fn check(root: &std::path::Path, what: &str, allow: bool) -> Result<Vec<VenvProcess>> {
     let found = crate::running::find(root)?.processes;
     if !found.is_empty() && !allow {
-        return Err(crate::running::refusal(&root.display().to_string(), what, &found));
+        return Err(crate::running::refusal(
+            &root.display().to_string(),
+            what,
+            &found,
+        ));
     }
     Ok(found)
 }

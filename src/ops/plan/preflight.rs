@@ -124,16 +124,13 @@ impl Preflighted {
                 obs,
             ));
         }
-        warnings.extend(
-            self.running
-                .warnings(dst_host)
-                .into_iter()
-                .map(|message| crate::plan::Warning {
-                    set: None,
-                    path: None,
-                    message,
-                }),
-        );
+        warnings.extend(self.running.warnings(dst_host).into_iter().map(|message| {
+            crate::plan::Warning {
+                set: None,
+                path: None,
+                message,
+            }
+        }));
         self.problems
     }
 }
