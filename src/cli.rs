@@ -316,6 +316,13 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub force: bool,
 
+    /// Apply even while processes run from the target's venv (without it
+    /// the target refuses, exit 8, before anything is written, and names
+    /// them); those still running the old files after are named: restart
+    /// them.
+    #[arg(long)]
+    pub allow_running: bool,
+
     /// After the switch, run the manifest's `[verify]` check on the target.
     #[arg(long)]
     pub verify: bool,
@@ -425,6 +432,12 @@ pub struct RollbackArgs {
     /// Roll back even if the generations' files or distributions changed since the apply (pip ran); what stands in the way is kept in the state folder.
     #[arg(long)]
     pub force: bool,
+
+    /// Roll back even while processes run from the venv (without it the
+    /// target refuses, exit 8, and names them); those still running after
+    /// are named: restart them.
+    #[arg(long)]
+    pub allow_running: bool,
 
     /// Print the result as JSON on stdout.
     #[arg(long)]

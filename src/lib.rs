@@ -26,6 +26,7 @@
 //! | | [`verify`] | the smoke test run with the venv's interpreter |
 //! | | [`preflight`] | breakage predicted from requirements, CUDA majors, ELF facts and the GPU code against the driver and GPUs |
 //! | | [`doctor`] | a venv checked as it stands: RECORD, damage, bytecode, shebangs, preflight |
+//! | | [`running`] | the processes that run from a venv, found in `/proc` by device and inode |
 //! | transport | [`transport`] | starting an agent: local child, SSH (libssh2), OpenSSH |
 //! | client | [`client`] | a typed client of one agent |
 //! | agent, operations | [`agent`] | the agent: serve loop and one handler per request |
@@ -53,6 +54,7 @@ pub mod plan;
 pub mod preflight;
 pub mod protocol;
 pub mod report;
+pub mod running;
 pub mod stream;
 pub mod text;
 pub mod transport;

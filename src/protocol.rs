@@ -24,12 +24,14 @@ use crate::err;
 use crate::error::{Error, Result};
 use crate::model::{
     BLOCK, Compression, CopyCounts, ElfInfo, GenerationInfo, HashMode, LevelWindow,
-    PreflightReport, PreflightRequest, PrepareRequest, Progress, RollbackReport, ScanReport,
-    SendFile, SendWaits, Set, ShebangRewrite, SourceHash, StageWaits, StatEntry, StreamEntry,
-    VerifyReport, VerifyRequest, Written,
+    PreflightReport, PreflightRequest, PrepareRequest, Progress, RollbackReport, Running,
+    ScanReport, SendFile, SendWaits, Set, ShebangRewrite, SourceHash, StageWaits, StatEntry,
+    StreamEntry, VenvProcess, VerifyReport, VerifyRequest, Written,
 };
 
-/// Bumped whenever a frame changes shape. 15: `cuts` in `Send`, and the
+/// Bumped whenever a frame changes shape. 16: `Running` (the processes
+/// that run from the venv); `allow_running` in `Prepare` and `Rollback`;
+/// `running` in `Prepared`, `Committed` and the rollback report. 15: `cuts` in `Send`, and the
 /// `Segment` marks of a stream cut into segments. 14: `shared` in `Stage` (a
 /// stream several targets take, [`StreamEntry`]). 13: `blocked` and `ratio` in a
 /// measured window ([`LevelWindow`]); `StageLocal` and `CopiedLocal` (the
@@ -45,7 +47,7 @@ use crate::model::{
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 15;
+pub const PROTOCOL_VERSION: u32 = 16;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
@@ -206,6 +208,13 @@ pub enum Request {
         /// Roll back over changes made since the apply (`rollback --force`).
         #[serde(default)]
         force: bool,
+        /// Go on while processes run from the venv (`--allow-running`).
+        #[serde(default)]
+        allow_running: bool,
+    },
+    /// Target side: the processes that run from the venv (`crate::running`).
+    Running {
+        venv: String,
     },
     History {
         venv: String,
@@ -322,6 +331,10 @@ pub enum Response {
         /// The venv's file system and the durability barrier chosen for it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         durability: Option<crate::model::Durability>,
+        /// The processes that run from the venv, allowed to
+        /// (`allow_running`).
+        #[serde(default)]
+        running: Vec<VenvProcess>,
     },
     Staged {
         files: u64,
@@ -346,9 +359,14 @@ pub enum Response {
         /// Bytes the generation's backup holds on the target (0 without one).
         #[serde(default)]
         backup_bytes: u64,
+        /// Those of the processes `Prepared` named that still run: they
+        /// run the old files.
+        #[serde(default)]
+        running: Vec<VenvProcess>,
     },
     Aborted,
     RolledBack(RollbackReport),
+    Running(Running),
     History {
         generations: Vec<GenerationInfo>,
         recovered: Option<String>,
@@ -672,6 +690,7 @@ mod tests {
                     shebang: None,
                     provenance: None,
                     machine: None,
+                    allow_running: false,
                 }));
                 let mut m = rmp_serde::to_vec_named(&req).unwrap();
                 for (at, b) in flips {

@@ -27,6 +27,10 @@ pub struct PlanJson<'a> {
     pub warnings: &'a [Warning],
     pub problems: &'a [Problem],
     pub strict: bool,
+    /// The processes that run from the target's venv (absent in plans
+    /// made before overlay listed them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub running: Option<&'a crate::model::Running>,
 }
 
 #[derive(Serialize)]
@@ -99,8 +103,53 @@ pub fn plan_text(plan: &Plan, verbose: bool, color: bool) -> String {
         host_line(&plan.target)
     );
     machine_lines(&mut out, &[&plan.source, &plan.target]);
+    running_text(&mut out, plan);
     sets_and_summary(&mut out, plan, verbose, paint);
     out
+}
+
+/// The processes that run from the target's venv, one line each: pid,
+/// user, start, GPU memory where known, how it was found, command.
+fn running_text(out: &mut String, plan: &Plan) {
+    let Some(running) = &plan.running else {
+        return;
+    };
+    if !running.processes.is_empty() {
+        let _ = writeln!(
+            out,
+            "Running from {}'s venv (apply and rollback refuse while {} run; --allow-running goes on):",
+            quote(&plan.target.name),
+            if running.processes.len() == 1 {
+                "it"
+            } else {
+                "they"
+            }
+        );
+    }
+    for p in &running.processes {
+        let how: Vec<&str> = p.how.iter().map(|h| h.name()).collect();
+        let _ = writeln!(
+            out,
+            "  pid {} {} started {}{} [{}] {}",
+            p.pid,
+            quote(&p.user),
+            crate::text::format_time(p.started),
+            p.gpu_mib
+                .map(|m| format!(", {m} MiB of GPU memory"))
+                .unwrap_or_default(),
+            how.join(", "),
+            crate::text::escape(&p.command)
+        );
+    }
+    if !running.unknown.is_empty() {
+        let n = running.unknown.len();
+        let _ = writeln!(
+            out,
+            "  {n} process{} of other users not inspected: whether {} from the venv is unknown",
+            if n == 1 { "" } else { "es" },
+            if n == 1 { "it runs" } else { "they run" }
+        );
+    }
 }
 
 /// A plan's sets (with `verbose`, every changed path) and its summary line.
@@ -155,6 +204,7 @@ fn plan_doc(plan: &Plan) -> PlanJson<'_> {
         warnings: &plan.warnings,
         problems: &plan.problems,
         strict: plan.strict,
+        running: plan.running.as_ref(),
     }
 }
 

@@ -245,6 +245,7 @@ mod tests {
             shebang: None,
             provenance: None,
             machine: None,
+            allow_running: false,
         }
     }
 

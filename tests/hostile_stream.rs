@@ -153,6 +153,7 @@ impl Target {
             shebang: None,
             provenance: None,
             machine: None,
+            allow_running: false,
         })));
         match agent.recv() {
             Some(Response::Prepared { .. }) => {}

@@ -96,9 +96,10 @@ impl Session {
             Request::Switch => h::switch(self, output),
             Request::Commit { keep_backup, keep } => h::commit(self, keep_backup, keep),
             Request::Abort => h::abort(self),
-            Request::Rollback { venv, to, force } => {
-                h::rollback(self, output, &venv, to.as_deref(), force)
+            Request::Rollback { venv, to, force, allow_running } => {
+                h::rollback(self, output, &venv, to.as_deref(), force, allow_running)
             }
+            Request::Running { venv } => h::running(self, &venv),
             Request::History { venv } => h::history(self, &venv),
             Request::Prune { venv, keep } => h::prune(self, &venv, keep),
             Request::Recover { venv, resume } => h::recover(self, output, &venv, resume),
@@ -113,6 +114,7 @@ impl Session {
             }
             Request::PrefetchPreflight { venv, gpus } => {
                 crate::preflight::elf::fatbin::read_for(gpus);
+                h::prefetch_running(self, &venv);
                 h::prefetch_preflight(self, venv)
             }
             Request::Preflight(req) => h::preflight(self, output, &req),

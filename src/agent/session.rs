@@ -47,6 +47,16 @@ pub(super) struct Session {
     /// The bundle read in place that source requests named last
     /// (`bundle:/abs/file.ovl`), opened (and checked whole) once.
     pub(super) bundle: Option<std::sync::Arc<crate::bundle::BundleSource>>,
+    /// The processes that ran from the venv when `Prepare` opened the
+    /// generation (with `allow_running`), for `Commit` to name those that
+    /// still run.
+    pub(super) running: Vec<crate::model::VenvProcess>,
+    /// A look for the processes that run from a venv, started with
+    /// `PrefetchPreflight`: its venv and the thread.
+    pub(super) running_prefetch: Option<(
+        String,
+        std::thread::JoinHandle<Result<crate::model::Running>>,
+    )>,
 }
 
 impl Session {

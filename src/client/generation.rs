@@ -4,7 +4,7 @@
 
 use super::Client;
 use crate::error::Result;
-use crate::model::{GenerationInfo, PrepareRequest, RollbackReport};
+use crate::model::{GenerationInfo, PrepareRequest, RollbackReport, Running, VenvProcess};
 use crate::protocol::{Request, Response};
 
 /// A generation opened on the target ([`Client::prepare`]).
@@ -18,6 +18,8 @@ pub struct Prepared {
     pub warnings: Vec<String>,
     /// The venv's file system and the durability barrier chosen for it.
     pub durability: Option<crate::model::Durability>,
+    /// The processes that run from the venv (allowed to: `allow_running`).
+    pub running: Vec<VenvProcess>,
 }
 
 /// A generation committed on the target ([`Client::commit`]).
@@ -27,6 +29,8 @@ pub struct Committed {
     pub generation: String,
     /// Bytes its backup holds on the target (0 without one).
     pub backup_bytes: u64,
+    /// Those of [`Prepared::running`] that still run: with the old files.
+    pub running: Vec<VenvProcess>,
 }
 
 /// A venv's generations ([`Client::history`]).
@@ -64,11 +68,13 @@ impl Client {
             recovered,
             warnings,
             durability,
+            running,
         } => Prepared {
             generation,
             recovered,
             warnings,
             durability,
+            running,
         })
     }
 
@@ -118,26 +124,40 @@ impl Client {
         answer!(self, &req, "a commit", Response::Committed {
             generation,
             backup_bytes,
+            running,
         } => Committed {
             generation,
             backup_bytes,
+            running,
         })
     }
 
     /// Roll back generations down to and including `to` (default: the newest).
-    /// With `force`, also over changes made since the apply.
+    /// With `force`, also over changes made since the apply; with
+    /// `allow_running`, also while processes run from the venv (else the
+    /// target refuses, kind `Refused`).
     pub fn rollback(
         &mut self,
         venv: &str,
         to: Option<String>,
         force: bool,
+        allow_running: bool,
     ) -> Result<RollbackReport> {
         let req = Request::Rollback {
             venv: venv.to_string(),
             to,
             force,
+            allow_running,
         };
         answer!(self, &req, "a rollback", Response::RolledBack(r) => r)
+    }
+
+    /// The processes that run from the venv ([`crate::running`]).
+    pub fn running(&mut self, venv: &str) -> Result<Running> {
+        let req = Request::Running {
+            venv: venv.to_string(),
+        };
+        answer!(self, &req, "a list of processes", Response::Running(r) => r)
     }
 
     /// The venv's generations, oldest first.

@@ -76,6 +76,7 @@ fn options(global: &GlobalArgs, args: &ApplyArgs) -> ApplyOptions {
         verify: args.verify,
         rollback_on_failure: args.rollback_on_failure,
         compile: !args.no_compile,
+        allow_running: args.allow_running,
     }
 }
 
@@ -213,6 +214,7 @@ fn run_bundle(
         force: args.force,
         verify: args.verify,
         rollback_on_failure: args.rollback_on_failure,
+        allow_running: args.allow_running,
         // On the host itself: no manifest, so --trust, else the system's.
         trust: args.trust.choice().resolve(None),
     };

@@ -2,6 +2,9 @@
 //! generation. Needs only that host; the source may be down. Refused, with
 //! the list of what changed since the apply, unless `--force`; forced, it
 //! names what it moved out of the way and what is still not consistent.
+//! Refused by the target while processes run from the venv, unless
+//! `--allow-running`; then it names those that still run the files it
+//! replaced.
 
 use overlay::error::{EXIT_OK, Result};
 use overlay::ops::Observer;
@@ -40,6 +43,7 @@ fn run_one(global: &GlobalArgs, args: &RollbackArgs, host: &Option<String>) -> R
         },
         to: args.to.clone(),
         force: args.force,
+        allow_running: args.allow_running,
         connect: global.connect_options(),
     };
     let done = rollback(&opts)?;
@@ -89,6 +93,9 @@ fn run_one(global: &GlobalArgs, args: &RollbackArgs, host: &Option<String>) -> R
     }
     for p in &report.inconsistent {
         eprintln!("warning: not consistent after the rollback: {}", escape(p));
+    }
+    if let Some(line) = overlay::ops::apply::still_running_line(name, &report.running) {
+        console.warn(&line);
     }
     console.status(&format!(
         "Rolled back {} on {name} ({}): {} files restored, {} removed; {} paths verified against the listing from before the apply",

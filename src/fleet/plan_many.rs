@@ -237,7 +237,7 @@ fn make_plans(
             mut warnings,
         } = c;
         let mut set_plans = set_plans;
-        let problems = preflight(
+        let preflighted = preflight(
             manifest,
             sets,
             (&mut src.client, &src.scan, &src_host.venv),
@@ -246,8 +246,9 @@ fn make_plans(
             &set_plans,
             Some(&known),
             &clock,
-        )?
-        .settle(
+        )?;
+        let running = preflighted.running.clone();
+        let problems = preflighted.settle(
             (&src_host.name, &src.scan),
             (&t.host.name, &t.scan),
             &mut set_plans,
@@ -267,6 +268,7 @@ fn make_plans(
             strict: manifest.preflight.strict,
             bundle: None,
             provenance: None,
+            running: Some(running),
         });
     }
     clock.mark("preflight of every target");

@@ -145,6 +145,7 @@ pub(super) fn request(fx: &Fx, changes: Vec<GenChange>) -> PrepareRequest {
         shebang: None,
         provenance: None,
         machine: None,
+        allow_running: false,
     }
 }
 

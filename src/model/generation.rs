@@ -109,6 +109,10 @@ pub struct PrepareRequest {
     /// recorded with the generation (what the GPU check judged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<super::Machine>,
+    /// Go on while processes run from the venv (`apply --allow-running`);
+    /// without it the target refuses before anything is written.
+    #[serde(default)]
+    pub allow_running: bool,
 }
 
 /// How a generation's staged files and renames were made durable
@@ -232,4 +236,8 @@ pub struct RollbackReport {
     /// With `--force`: what the rollback could not make consistent, in words.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inconsistent: Vec<String>,
+    /// With `--allow-running`: the processes that ran from the venv and
+    /// still run, with the files the rollback replaced loaded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub running: Vec<super::VenvProcess>,
 }

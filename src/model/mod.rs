@@ -2,7 +2,8 @@
 //! host: entries and their kinds, distributions, sets, endpoints, the plan's
 //! actions, generations and where they came from, the stream's files, verify and preflight reports,
 //! ELF facts, the host's NVIDIA driver and GPUs and a shared object's GPU
-//! code. Plain structs and enums with serde derives and small pure
+//! code, the processes that run from a venv. Plain structs and enums with
+//! serde derives and small pure
 //! methods; nothing here does I/O beyond reading a `Metadata` it is given.
 //!
 //! Everything is re-exported flat: `crate::model::Entry`, not
@@ -21,6 +22,7 @@ mod paths;
 mod preflight;
 mod provenance;
 mod route;
+mod running;
 mod set;
 mod stream;
 mod verify;
@@ -38,6 +40,7 @@ pub use paths::*;
 pub use preflight::*;
 pub use provenance::*;
 pub use route::*;
+pub use running::*;
 pub use set::*;
 pub use stream::*;
 pub use verify::*;

@@ -401,6 +401,8 @@ pub struct BundleApply {
     pub force: bool,
     pub verify: bool,
     pub rollback_on_failure: bool,
+    /// Go on while processes run from the venv.
+    pub allow_running: bool,
     /// The allowed_signers file the bundle must be signed by, if any.
     pub trust: Trust,
 }
@@ -489,6 +491,7 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
             verify: opts.verify,
             rollback_on_failure: opts.rollback_on_failure,
             compile: true,
+            allow_running: opts.allow_running,
         },
         obs,
     )

@@ -20,6 +20,9 @@ pub struct RollbackOptions {
     pub to: Option<String>,
     /// Also over changes made since the apply.
     pub force: bool,
+    /// Also while processes run from the venv (the target refuses
+    /// otherwise, before anything is written).
+    pub allow_running: bool,
     pub connect: ConnectOptions,
 }
 
@@ -37,7 +40,7 @@ pub struct RolledBack {
 pub fn rollback(opts: &RollbackOptions) -> Result<RolledBack> {
     let host = resolve(&opts.host)?;
     let mut c = connect(&host, &opts.connect)?;
-    let report = c.rollback(&host.venv, opts.to.clone(), opts.force)?;
+    let report = c.rollback(&host.venv, opts.to.clone(), opts.force, opts.allow_running)?;
     c.close()?;
     Ok(RolledBack {
         host: host.name,

@@ -77,6 +77,11 @@ pub struct Plan {
     /// generation records it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<crate::model::Provenance>,
+    /// The processes that ran from the target's venv when the plan was
+    /// made (`None` in plans made before overlay listed them). `apply`
+    /// asks the target again when it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<crate::model::Running>,
 }
 
 /// The bundle a plan's source was unpacked from, and where (see

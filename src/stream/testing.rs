@@ -122,6 +122,7 @@ impl Intake {
             shebang: None,
             provenance: None,
             machine: None,
+            allow_running: false,
         };
         let g = state.prepare(&req, &Counters::default()).expect("prepare");
         let before = tree(dir.path(), &g.dir.join("staging"));

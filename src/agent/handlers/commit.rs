@@ -1,6 +1,7 @@
 //! `Commit`: target side. Mark the open generation complete (keeping its
 //! backup if asked, pruning to `keep` generations) and close it; the
-//! answer says how many bytes the backup holds.
+//! answer says how many bytes the backup holds, and which of the
+//! processes that ran from the venv at `Prepare` still run.
 
 use crate::agent::session::Session;
 use crate::error::Result;
@@ -17,8 +18,10 @@ pub fn commit(session: &mut Session, keep_backup: bool, keep: Option<usize>) -> 
         0
     };
     session.generation = None;
+    let running = crate::running::still_running(&std::mem::take(&mut session.running));
     Ok(Response::Committed {
         generation,
         backup_bytes,
+        running,
     })
 }

@@ -1,4 +1,5 @@
-//! `Prepare`: target side. Check the plan, take the venv's lock, recover an
+//! `Prepare`: target side. Check the plan, refuse while processes run from
+//! the venv (unless allowed), take the venv's lock, recover an
 //! unfinished generation, check the plan's preconditions and free space,
 //! and open a new generation (held in the session for `Stage`, `Switch`,
 //! `Commit` or `Abort`).
@@ -20,6 +21,9 @@ pub fn prepare(
     // The plan is checked before anything is recovered, locked or written.
     let venv = inventory::Venv::open(&req.venv)?;
     crate::validate::check_prepare(req, &venv.site_rel)?;
+    // Before anything is written, the recovery of an unfinished
+    // generation included.
+    let running = super::check(&venv.root, "the apply", req.allow_running)?;
     let state = session.state(&req.venv)?;
     let recovered = state.recover(req.resume, &counters)?.map(|(_, msg)| msg);
     let g = with_progress(output, &counters, || state.prepare(req, &counters))??;
@@ -27,10 +31,12 @@ pub fn prepare(
     let warnings = g.warnings.clone();
     let durability = g.meta.durability.clone();
     session.generation = Some(g);
+    session.running = running.clone();
     Ok(Response::Prepared {
         generation,
         recovered,
         warnings,
         durability,
+        running,
     })
 }

@@ -101,6 +101,15 @@ pub fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
             d.barrier.name()
         ));
     }
+    if !prepared.running.is_empty() {
+        let n = prepared.running.len();
+        obs.warn(&format!(
+            "{n} process{} run{} from {tname}'s venv; going on (--allow-running): {}",
+            if n == 1 { "" } else { "es" },
+            if n == 1 { "s" } else { "" },
+            crate::running::list(&prepared.running)
+        ));
+    }
     Ok(Began::Ready(Box::new(Ready {
         opts: opts.clone(),
         plan,
@@ -326,6 +335,7 @@ pub(super) fn prepare(
         }),
         provenance: Some(provenance(plan)),
         machine: plan.target.machine.clone(),
+        allow_running: opts.allow_running,
     };
     let prepared = dst.prepare(req);
     prepared.map_err(|e| fate(e, dst.lost(), Phase::Prepare, tname, ""))

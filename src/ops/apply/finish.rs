@@ -40,7 +40,8 @@ pub fn finish(
     let moved = sent.moved;
     clock.mark(&format!("stream and stage ({})", HumanBytes(moved.sent)));
     let switching = obs.step(Step::Switch, &tname);
-    let backup_bytes = switch_and_commit(&mut dst, opts, &tname, &generation, clock)?;
+    let committed = switch_and_commit(&mut dst, opts, &tname, &generation, clock)?;
+    let backup_bytes = committed.backup_bytes;
     switching.finish();
     if interrupt::requested() {
         let _ = dst.close();
@@ -69,6 +70,9 @@ pub fn finish(
         HumanBytes(moved.raw),
         clock.seconds(),
     ));
+    if let Some(line) = still_running_line(&tname, &committed.running) {
+        obs.warn(&line);
+    }
     let checked = match check {
         Some(req) => verify_and_roll_back(&mut dst, &plan, opts, req, &generation, obs)?,
         None => Checked::default(),
@@ -100,7 +104,23 @@ pub fn finish(
         backup_bytes,
         verified: checked.verified,
         rolled_back: checked.rolled_back,
+        still_running: committed.running,
     }))
+}
+
+/// What needrestart says after an upgrade: the processes that still run
+/// the old files, and to restart them (`None` for none).
+pub fn still_running_line(host: &str, running: &[crate::model::VenvProcess]) -> Option<String> {
+    let n = running.len();
+    (n > 0).then(|| {
+        format!(
+            "{n} process{} on {host} still run{} the old files: {}: restart {}",
+            if n == 1 { "" } else { "es" },
+            if n == 1 { "s" } else { "" },
+            crate::running::list(running),
+            if n == 1 { "it" } else { "them" }
+        )
+    })
 }
 
 /// The plan's sources for messages: the source host's name, then each
@@ -120,16 +140,17 @@ pub(super) fn sources_named(plan: &Plan) -> String {
     names.join(" and ")
 }
 
-/// Switch the staged generation in and commit it; returns the bytes its
-/// backup holds on the target. On Ctrl-C, before the commit, the target
-/// undoes the switch.
+/// Switch the staged generation in and commit it; returns what the
+/// target said (the bytes its backup holds, the processes that still run
+/// the old files). On Ctrl-C, before the commit, the target undoes the
+/// switch.
 pub(super) fn switch_and_commit(
     dst: &mut Client,
     opts: &ApplyOptions,
     tname: &str,
     generation: &str,
     clock: &Clock,
-) -> Result<u64> {
+) -> Result<crate::client::Committed> {
     let stopped = |left: Left<'_>| interrupted(left, tname, &opts.plan);
     if interrupt::requested() {
         let aborted = dst.abort();
@@ -150,7 +171,7 @@ pub(super) fn switch_and_commit(
     let committed = dst.commit(opts.backup, opts.keep);
     let committed = committed.map_err(|e| fate(e, dst.lost(), Phase::Switch, tname, generation))?;
     clock.mark("commit");
-    Ok(committed.backup_bytes)
+    Ok(committed)
 }
 
 /// The `[verify]` check after an apply.
@@ -188,8 +209,9 @@ pub(super) fn verify_and_roll_back(
         rolled_back: false,
     };
     if opts.rollback_on_failure {
-        // Right after the switch: what the check itself changed is undone too.
-        let r = dst.rollback(&plan.target.venv, Some(generation.to_string()), true)?;
+        // Right after the switch: what the check itself changed is undone
+        // too, whatever runs from the venv (asked for with the apply).
+        let r = dst.rollback(&plan.target.venv, Some(generation.to_string()), true, true)?;
         checked.rolled_back = true;
         obs.status(&format!(
             "verify failed ({why}): rolled back generation {generation} on {} ({} files restored, {} removed, {} paths verified)",

@@ -11,7 +11,9 @@
 //! machine, the target's agent copies the files itself instead, `copy_here`:
 //! the local route), switch and commit
 //! (keeping the backup unless `--no-backup`; the target says its size),
-//! verify with rollback on failure.
+//! verify with rollback on failure. The target refuses at prepare while
+//! processes run from its venv, unless `--allow-running`; then the commit
+//! names those that still run the old files.
 //!
 //! When some sets come from a folder ([`crate::plan::SetPlan::from`]), the
 //! files are relayed source by source, each source's stream in turn, into
@@ -55,7 +57,7 @@ use crate::transport::ConnectOptions;
 use super::{Clock, Observer};
 
 pub use begin::{Began, Ready, announcement, begin, resume};
-pub use finish::finish;
+pub use finish::{finish, still_running_line};
 pub use route::{
     ChosenRoute, choose_route, direct_obstacle, local_copy, route_compression, route_note,
 };
@@ -97,6 +99,10 @@ pub struct ApplyOptions {
     /// Place the bytecode the plan carries with its `.py` files (off with
     /// `--no-compile`).
     pub compile: bool,
+    /// `--allow-running`: go on while processes run from the target's
+    /// venv (the target refuses otherwise, before anything is written);
+    /// those still running after are named ([`Applied::still_running`]).
+    pub allow_running: bool,
 }
 
 /// What an apply did.
@@ -157,6 +163,9 @@ pub struct Applied {
     /// Where both ends spent the stream (`None` on the local route, or
     /// when nothing was sent).
     pub waits: Option<Box<StreamWaits>>,
+    /// With `--allow-running`: the processes that ran from the venv and
+    /// still run, with the old files loaded (restart them).
+    pub still_running: Vec<crate::model::VenvProcess>,
 }
 
 /// The generation's change list: the plan's changes plus stale bytecode.

@@ -85,6 +85,7 @@ pub(super) fn make_plan(
     )?;
     clock.mark("preflight, and the carried and replaced files against their RECORD");
     let mut set_plans = set_plans;
+    let running = preflighted.running.clone();
     let problems = preflighted.settle(
         (&src_host.name, &src.scan),
         (&dst_host.name, &dst.scan),
@@ -112,6 +113,7 @@ pub(super) fn make_plan(
         strict: manifest.preflight.strict,
         bundle: None,
         provenance: None,
+        running: Some(running),
     };
     Ok(Planned {
         plan,

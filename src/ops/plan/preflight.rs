@@ -87,6 +87,8 @@ pub struct Preflighted {
     /// The target's answer to its RECORD check of the files the plan
     /// replaces or deletes ([`crate::ops::record_note::target_record_request`]).
     pub target_record: Option<Result<Vec<crate::model::Finding>>>,
+    /// The processes that run from the target's venv.
+    pub running: crate::model::Running,
 }
 
 impl Preflighted {
@@ -122,12 +124,20 @@ impl Preflighted {
                 obs,
             ));
         }
+        warnings.extend(self.running.warnings(dst_host).into_iter().map(|message| {
+            crate::plan::Warning {
+                set: None,
+                path: None,
+                message,
+            }
+        }));
         self.problems
     }
 }
 
 /// Predict what would fail after the overlay: requirements, CUDA majors, ELF
-/// loading. While the target simulates its loader, the source checks the
+/// loading; and list the processes that run from the target's venv
+/// ([`crate::running`]). While the target simulates its loader, the source checks the
 /// files the plan carries against their RECORD
 /// ([`crate::ops::record_note::record_request`]). `known`: ELF facts of the
 /// source's shared objects already read (a plan of many targets reads
@@ -197,10 +207,11 @@ pub fn preflight(
         || record.map(|r| src.record_check(r)),
         || {
             let report = dst.preflight(req)?;
-            Ok((report, target_record.map(|r| dst.record_check(r))))
+            let target_record = target_record.map(|r| dst.record_check(r));
+            Ok((report, target_record, dst.running(dst_venv)?))
         },
     );
-    let (report, target_record) = report?;
+    let (report, target_record, running) = report?;
     // A module that needs another package imported first (the load
     // model's last rule, docs/preflight.md) is no predicted failure.
     for f in report
@@ -240,6 +251,7 @@ pub fn preflight(
         problems,
         record,
         target_record,
+        running,
     })
 }
 

@@ -81,6 +81,7 @@ impl Pair {
             shebang: None,
             provenance: None,
             machine: None,
+            allow_running: false,
         };
         let g = state.prepare(&req, &Counters::default()).unwrap();
         Pair {

@@ -494,6 +494,7 @@ mod tests {
             shebang: None,
             provenance: None,
             machine: None,
+            allow_running: false,
         };
         let g = state.prepare(&req, &counters).unwrap();
         let mut tar = tar::Builder::new(Vec::new());
