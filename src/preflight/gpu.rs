@@ -470,16 +470,8 @@ mod tests {
 
     fn dist(name: &str, version: &str, cuda: Option<&str>) -> Dist {
         Dist {
-            name: name.into(),
-            normalized: name.into(),
-            version: version.into(),
-            build: None,
-            dist_info: format!("{name}-{version}.dist-info"),
-            files: vec![],
-            problem: None,
-            requires_dist: vec![],
-            provides_extra: vec![],
             cuda: cuda.map(String::from),
+            ..Dist::for_test(name, version)
         }
     }
 

@@ -259,6 +259,50 @@ pub fn read_fatbin(
     Ok(Some(found.into_code(containers, true)))
 }
 
+/// The container at `at` (a section ending at `end`) and all its entries:
+/// its header and what follows it read at once (`first` bytes), each entry
+/// past that one read each. `None` when no container starts there.
+fn container_at(
+    at: u64,
+    end: u64,
+    first: u64,
+    budget: u32,
+    read_at: &(dyn Fn(u64, &mut [u8]) -> io::Result<()> + Sync),
+) -> io::Result<Option<(Found, u64)>> {
+    if at.saturating_add(CONTAINER_HEADER) > end {
+        return Ok(None);
+    }
+    let mut held = vec![0u8; first.max(CONTAINER_HEADER).min(end - at) as usize];
+    read_at(at, &mut held)?;
+    if u32_at(&held, 0) != CONTAINER_MAGIC {
+        return Ok(None);
+    }
+    let header_size = u64::from(u16_at(&held, 6));
+    let Some(container_end) = at
+        .checked_add(header_size)
+        .and_then(|p| p.checked_add(u64_at(&held, 8)))
+        .filter(|&e| e <= end && header_size >= CONTAINER_HEADER)
+    else {
+        return Ok(None);
+    };
+    let mut f = Found::default();
+    let mut e = at + header_size;
+    while e + ENTRY_HEADER <= container_end && f.entries < budget {
+        let mut h = [0u8; ENTRY_HEADER as usize];
+        let i = (e - at) as usize;
+        match held.get(i..i + ENTRY_HEADER as usize) {
+            Some(bytes) => h.copy_from_slice(bytes),
+            None => read_at(e, &mut h)?,
+        }
+        f.entry(&h);
+        match next_entry(e, &h) {
+            Some(n) => e = n,
+            None => break,
+        }
+    }
+    Ok(Some((f, container_end)))
+}
+
 /// The first container of the section at `offset` alone, when its SASS
 /// runs on every GPU of `want` (a healthy server: torch's first container
 /// has sm_90); `None` otherwise, and the whole section is to be read. Costs
@@ -271,37 +315,10 @@ pub fn read_first(
     want: &[(u32, u32)],
 ) -> io::Result<Option<GpuCode>> {
     let end = offset.saturating_add(size);
-    if offset.saturating_add(CONTAINER_HEADER + ENTRY_HEADER) > end {
-        return Ok(None);
-    }
-    let mut window = vec![0u8; WINDOW.min(end - offset) as usize];
-    read_at(offset, &mut window)?;
-    if u32_at(&window, 0) != CONTAINER_MAGIC {
-        return Ok(None);
-    }
-    let header_size = u64::from(u16_at(&window, 6));
-    let Some(container_end) = offset
-        .checked_add(header_size)
-        .and_then(|p| p.checked_add(u64_at(&window, 8)))
-        .filter(|&e| e <= end && header_size >= CONTAINER_HEADER)
+    let Some((found, container_end)) = container_at(offset, end, WINDOW, MAX_ENTRIES, read_at)?
     else {
         return Ok(None);
     };
-    let mut found = Found::default();
-    let mut e = offset + header_size;
-    while e + ENTRY_HEADER <= container_end && found.entries < MAX_ENTRIES {
-        let held = (e - offset) as usize;
-        let mut h = [0u8; ENTRY_HEADER as usize];
-        match window.get(held..held + ENTRY_HEADER as usize) {
-            Some(bytes) => h.copy_from_slice(bytes),
-            None => read_at(e, &mut h)?,
-        }
-        found.entry(&h);
-        match next_entry(e, &h) {
-            Some(n) => e = n,
-            None => break,
-        }
-    }
     if !found.runs_on_all(want) {
         return Ok(None);
     }
@@ -346,38 +363,8 @@ pub fn read_containers(
     let offsets = &offsets[..offsets.len().min(MAX_CONTAINERS as usize)];
     let per_container = MAX_ENTRIES / (offsets.len() as u32).max(1);
     let one = |&at: &u64| -> io::Result<Option<Found>> {
-        if at.saturating_add(CONTAINER_HEADER) > end {
-            return Ok(None);
-        }
-        let mut first = vec![0u8; (CONTAINER_HEADER + ENTRY_HEADER).min(end - at) as usize];
-        read_at(at, &mut first)?;
-        if u32_at(&first, 0) != CONTAINER_MAGIC {
-            return Ok(None);
-        }
-        let header_size = u64::from(u16_at(&first, 6));
-        let Some(container_end) = at
-            .checked_add(header_size)
-            .and_then(|p| p.checked_add(u64_at(&first, 8)))
-            .filter(|&e| e <= end && header_size >= CONTAINER_HEADER)
-        else {
-            return Ok(None);
-        };
-        let mut f = Found::default();
-        let mut e = at + header_size;
-        while e + ENTRY_HEADER <= container_end && f.entries < per_container {
-            let mut h = [0u8; ENTRY_HEADER as usize];
-            let held = (e - at) as usize;
-            match first.get(held..held + ENTRY_HEADER as usize) {
-                Some(bytes) => h.copy_from_slice(bytes),
-                None => read_at(e, &mut h)?,
-            }
-            f.entry(&h);
-            match next_entry(e, &h) {
-                Some(n) => e = n,
-                None => break,
-            }
-        }
-        Ok(Some(f))
+        let first = CONTAINER_HEADER + ENTRY_HEADER;
+        Ok(container_at(at, end, first, per_container, read_at)?.map(|(f, _)| f))
     };
     // Reading for some GPUs: the first container alone may tell already.
     let mut all = Found::default();
