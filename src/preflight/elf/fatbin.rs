@@ -43,6 +43,10 @@ const MAX_ENTRIES: u32 = 1 << 20;
 /// How far past a container's end the next magic is looked for (padding).
 const RESYNC_WINDOW: u64 = 4096;
 
+/// Containers read at once, in file order, by a reading for some GPUs
+/// between its looks at whether what it read runs on them.
+const BATCH: usize = 32;
+
 /// Bytes read at once while walking the containers: the container's
 /// header, and the entry headers that lie in the same window (a container
 /// of small cubins, or several small containers, cost one read).
@@ -366,29 +370,31 @@ pub fn read_containers(
         let first = CONTAINER_HEADER + ENTRY_HEADER;
         Ok(container_at(at, end, first, per_container, read_at)?.map(|(f, _)| f))
     };
-    // Reading for some GPUs: the first container alone may tell already.
+    // Reading for some GPUs: batches of containers in file order, each
+    // read at once, until what was read runs on all of them; else all.
+    let batch = if want.is_some() {
+        BATCH
+    } else {
+        offsets.len().max(1)
+    };
     let mut all = Found::default();
     let mut containers = 0u32;
-    let mut from = 0;
-    if let Some(w) = want
-        && let Some(first) = offsets.first()
-    {
-        from = 1;
-        if let Some(f) = one(first)? {
+    for (n, chunk) in offsets.chunks(batch).enumerate() {
+        let found = chunk
+            .par_iter()
+            .map(one)
+            .collect::<io::Result<Vec<Option<Found>>>>()?;
+        for f in found.into_iter().flatten() {
             containers += 1;
             all.merge(f);
-            if all.runs_on_all(w) {
-                return Ok(Some(all.into_code(containers, offsets.len() == 1)));
-            }
         }
-    }
-    let found = offsets[from..]
-        .par_iter()
-        .map(one)
-        .collect::<io::Result<Vec<Option<Found>>>>()?;
-    for f in found.into_iter().flatten() {
-        containers += 1;
-        all.merge(f);
+        let read_all = (n + 1) * batch >= offsets.len();
+        if let Some(w) = want
+            && !read_all
+            && all.runs_on_all(w)
+        {
+            return Ok(Some(all.into_code(containers, false)));
+        }
     }
     if containers == 0 {
         return Ok(None);
@@ -597,15 +603,14 @@ mod tests {
             .unwrap();
         assert_eq!(code.containers, 1);
         assert_eq!(read_containers(&[8], end, &reader, None).unwrap(), None);
-        // Read for an A100: SASS of the first container (7.5 and 8.0) runs
-        // there already. For an H100 only its PTX would: every container is
-        // read (PTX runs only where the driver knows it). For nothing,
-        // nothing is read.
+        // Read for an A100 or an H100: one batch holds both containers. For
+        // nothing, nothing is read.
         let a100 = read_containers(&[0, one.len() as u64], end, &reader, Some(&[(8, 0)]))
             .unwrap()
             .unwrap();
-        assert_eq!((a100.containers, a100.complete), (1, false));
-        assert!(a100.tells_about((8, 0)) && !a100.tells_about((7, 0)));
+        // (both lie in one batch: read whole)
+        assert_eq!((a100.containers, a100.complete), (2, true));
+        assert!(a100.tells_about((8, 0)));
         let h100 = read_containers(&[0, one.len() as u64], end, &reader, Some(&[(9, 0)]))
             .unwrap()
             .unwrap();
@@ -643,6 +648,40 @@ mod tests {
             read_first(0, end, &reader, &[(9, 0), (7, 0)]).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn a_reading_for_some_gpus_stops_after_the_batch_that_runs_on_them() {
+        // 40 containers: the first for sm_70 only, the sixth with sm_90.
+        let mut containers: Vec<Vec<Entry>> = (0..40).map(|_| vec![cubin(75), cubin(80)]).collect();
+        containers[0] = vec![cubin(70)];
+        containers[5] = vec![cubin(80), cubin(90)];
+        let mut s = Vec::new();
+        let mut offsets = Vec::new();
+        for c in containers {
+            offsets.push(s.len() as u64);
+            s.extend(section(&[c]));
+        }
+        let reader = |off: u64, buf: &mut [u8]| -> io::Result<()> {
+            let off = off as usize;
+            buf.copy_from_slice(&s[off..off + buf.len()]);
+            Ok(())
+        };
+        let end = s.len() as u64;
+        let h100 = read_containers(&offsets, end, &reader, Some(&[(9, 0)]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((h100.containers, h100.complete), (BATCH as u32, false));
+        assert!(h100.tells_about((9, 0)));
+        let v100 = read_containers(&offsets, end, &reader, Some(&[(7, 5)]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((v100.containers, v100.complete), (BATCH as u32, false));
+        // A GPU nothing runs on: all 40 read, complete.
+        let old = read_containers(&offsets, end, &reader, Some(&[(6, 0)]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((old.containers, old.complete), (40, true));
     }
 
     #[test]
