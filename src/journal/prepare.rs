@@ -500,6 +500,28 @@ mod tests {
         assert!(w.contains("reports no size") && w.contains("/v"), "{w}");
     }
 
+    /// A generation folder with neither meta.json nor a journal (what a
+    /// discard leaves while a `--direct` receiver still writes into its
+    /// staging) goes with the next recovery; a real one stays.
+    #[test]
+    fn leftover_generation_folders_go_with_the_next_recovery() {
+        let fx = Fx::new();
+        let state = crate::journal::State::open(&fx.v()).unwrap();
+        let gens = fx.venv().join(".overlay/generations");
+        let ghost = gens.join(super::new_id(1_800_000_000, None));
+        std::fs::create_dir_all(ghost.join("staging/pkg")).unwrap();
+        std::fs::write(ghost.join("staging/pkg/x.py"), "x").unwrap();
+        let real = gens.join(super::new_id(1_800_000_001, None));
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(real.join("meta.json"), "{}").unwrap();
+        let odd = gens.join("not-an-id");
+        std::fs::create_dir_all(&odd).unwrap();
+        state.remove_leftovers();
+        assert!(!ghost.exists());
+        assert!(real.exists(), "the real one went");
+        assert!(odd.exists(), "not an id");
+    }
+
     /// Two generations in one second (or after the clock stepped back)
     /// still sort in the order they were made.
     #[test]

@@ -73,6 +73,7 @@ impl State {
     /// Finish an interrupted generation: roll it back, or resume the switch
     /// when its files were all staged. Returns its id and what was done.
     pub fn recover(&self, resume: bool, counters: &Counters) -> Result<Option<(String, String)>> {
+        self.remove_leftovers();
         let mut g = match self.to_recover()? {
             ToRecover::Unfinished(g) => *g,
             ToRecover::Nothing => return Ok(None),

@@ -282,10 +282,41 @@ impl State {
         Ok(removed)
     }
 
+    /// Remove the generation folders that hold neither `meta.json` nor a
+    /// journal: what a discard leaves when an `apply --direct` receiver
+    /// still wrote into the staging it was removing (the receiver works
+    /// from the folder's fd), or a prepare cut off before its meta was
+    /// written. Nothing of such a folder was ever switched, and the lock
+    /// this state holds keeps a prepare from being halfway through one.
+    pub fn remove_leftovers(&self) {
+        for id in self.fs.list(GENERATIONS).unwrap_or_default() {
+            let dir = format!("{GENERATIONS}/{id}");
+            if made_id(&id)
+                && !self.fs.exists(&format!("{dir}/meta.json"))
+                && !self.fs.exists(&format!("{dir}/journal"))
+            {
+                let _ = self.fs.remove_all(&dir);
+            }
+        }
+    }
+
     /// Discard a prepared generation (nothing switched).
     pub fn discard(&self, g: Generation) -> Result<()> {
         self.fs
             .remove_all(&format!("{GENERATIONS}/{}", g.meta.id))
             .map_err(|e| fs_err("remove", &g.dir, &e))
     }
+}
+
+/// Is `id` one that `prepare` makes (`20261206T084224Z-28ea`: a UTC time,
+/// `-`, hex)? Only such folders are ever removed as leftovers.
+fn made_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    b.len() > 17
+        && b[..8].iter().all(u8::is_ascii_digit)
+        && b[8] == b'T'
+        && b[9..15].iter().all(u8::is_ascii_digit)
+        && b[15] == b'Z'
+        && b[16] == b'-'
+        && b[17..].iter().all(u8::is_ascii_hexdigit)
 }
