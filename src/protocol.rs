@@ -227,6 +227,10 @@ pub enum Request {
     Recover {
         venv: String,
         resume: bool,
+        /// With `resume`: go on while processes run from the venv
+        /// (`apply --resume --allow-running`).
+        #[serde(default)]
+        allow_running: bool,
     },
     /// Run the `[verify]` check in the venv.
     Verify(Box<VerifyRequest>),

@@ -519,3 +519,57 @@ fn a_plan_of_several_targets_refuses_only_the_one_in_use() {
         "{stderr}"
     );
 }
+
+/// `apply --resume` completes an interrupted generation, so it refuses
+/// while a process runs from the venv too, and goes on with
+/// `--allow-running`.
+#[test]
+fn resuming_an_interrupted_apply_refuses_too() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SCENARIO_SETS);
+    let venv = tb.host_venv_dir(1).to_path_buf();
+    tb.plan_json();
+    // Step 2 is "staged", so stopping at 6 is in the middle of the switch.
+    let out = tb
+        .overlay(&["apply", "--backup"])
+        .env("OVERLAY_TEST_STOP_AFTER", "6")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out).1);
+    let ready = tb.dir().join("ready-resume");
+    let mut c = tb.python(
+        1,
+        &format!(
+            "import minitorch, time, pathlib; pathlib.Path({:?}).touch(); time.sleep(600)",
+            ready.to_str().unwrap()
+        ),
+    );
+    let p = Child(c.stdout(std::process::Stdio::null()).spawn().unwrap());
+    let t0 = Instant::now();
+    while !ready.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "python did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = p.0.id();
+    let before = snapshot(&venv);
+    let out = tb.overlay(&["apply", "--resume"]).output().unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(8), "{stderr}");
+    assert!(stderr.contains(&format!("pid {pid} (")), "{stderr}");
+    assert_same(&before, &snapshot(&venv), "after the refused resume");
+    ok(
+        tb.overlay(&["apply", "--resume", "--allow-running"])
+            .output()
+            .unwrap(),
+        "apply --resume --allow-running",
+    );
+    let h = ok(
+        tb.overlay(&["history", "dst", "--json"]).output().unwrap(),
+        "history",
+    );
+    let gens: serde_json::Value = serde_json::from_slice(&h.stdout).unwrap();
+    assert_eq!(gens[0]["status"], "complete", "{gens}");
+}

@@ -102,7 +102,11 @@ impl Session {
             Request::Running { venv } => h::running(self, &venv),
             Request::History { venv } => h::history(self, &venv),
             Request::Prune { venv, keep } => h::prune(self, &venv, keep),
-            Request::Recover { venv, resume } => h::recover(self, output, &venv, resume),
+            Request::Recover {
+                venv,
+                resume,
+                allow_running,
+            } => h::recover(self, output, &venv, resume, allow_running),
             Request::Verify(req) => h::verify(&req),
             Request::ElfInfo { venv, paths, gpus } => {
                 crate::preflight::elf::fatbin::read_for(gpus);

@@ -52,10 +52,16 @@ pub struct Pruned {
 impl Client {
     /// Finish an interrupted generation: roll it back, or with `resume`
     /// complete it. Returns what was done, if there was one.
-    pub fn recover(&mut self, venv: &str, resume: bool) -> Result<Option<String>> {
+    pub fn recover(
+        &mut self,
+        venv: &str,
+        resume: bool,
+        allow_running: bool,
+    ) -> Result<Option<String>> {
         let req = Request::Recover {
             venv: venv.to_string(),
             resume,
+            allow_running,
         };
         answer!(self, &req, "a recovery", Response::Recovered { outcome } => outcome)
     }

@@ -1,5 +1,6 @@
 //! `Recover`: finish an interrupted generation (roll it back, or with
-//! `resume` complete it), with progress frames while it runs.
+//! `resume` complete it, refused while processes run from the venv unless
+//! allowed), with progress frames while it runs.
 
 use std::io::Write;
 
@@ -13,8 +14,15 @@ pub fn recover(
     output: &mut dyn Write,
     venv: &str,
     resume: bool,
+    allow_running: bool,
 ) -> Result<Response> {
     let counters = Counters::default();
+    if resume {
+        // Completing a generation switches files in: refused while
+        // processes run from the venv, as `Prepare` is.
+        let root = crate::inventory::Venv::open(venv)?.root;
+        super::check(&root, "the resumed apply", allow_running)?;
+    }
     let state = session.state(venv)?;
     with_progress(output, &counters, || state.recover(resume, &counters))?.map(|outcome| {
         Response::Recovered {

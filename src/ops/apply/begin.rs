@@ -59,7 +59,7 @@ pub fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
     )?;
     connecting.finish();
     if opts.resume {
-        return resume(dst, &plan).map(Began::Done);
+        return resume(dst, &plan, opts.allow_running).map(Began::Done);
     }
     // From here on, Ctrl-C stops cleanly.
     let cleanly = interrupt::Cleanly::new(interrupt::Note {
@@ -124,8 +124,8 @@ pub fn begin(opts: &ApplyOptions, obs: &dyn Observer) -> Result<Began> {
 }
 
 /// `--resume`: complete an interrupted generation on the target, and nothing else.
-pub fn resume(mut dst: Client, plan: &Plan) -> Result<ApplyReport> {
-    let outcome = dst.recover(&plan.target.venv, true)?;
+pub fn resume(mut dst: Client, plan: &Plan, allow_running: bool) -> Result<ApplyReport> {
+    let outcome = dst.recover(&plan.target.venv, true, allow_running)?;
     dst.close()?;
     Ok(ApplyReport::Resumed {
         target: plan.target.name.clone(),
