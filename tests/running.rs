@@ -378,19 +378,10 @@ fn an_agent_that_is_not_root_reports_another_users_process_as_unknown() {
 /// A child process killed and reaped when dropped.
 struct Child(std::process::Child);
 
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-#[test]
-fn the_local_route_and_a_bundle_applied_on_the_host_refuse_too() {
-    let tb = Testbed::local(2);
-    tb.write_manifest(SCENARIO_SETS);
-    let venv = tb.host_venv_dir(1).to_path_buf();
-    let ready = tb.dir().join("ready-local");
+/// A python of host 1's venv (local transport) that imported minitorch
+/// and sleeps, once it has touched the file `ready` in the testbed.
+fn local_python(tb: &Testbed, ready: &str) -> Child {
+    let ready = tb.dir().join(ready);
     let mut c = tb.python(
         1,
         &format!(
@@ -407,6 +398,22 @@ fn the_local_route_and_a_bundle_applied_on_the_host_refuse_too() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    p
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_local_route_and_a_bundle_applied_on_the_host_refuse_too() {
+    let tb = Testbed::local(2);
+    tb.write_manifest(SCENARIO_SETS);
+    let venv = tb.host_venv_dir(1).to_path_buf();
+    let p = local_python(&tb, "ready-local");
     let pid = p.0.id() as u64;
     let doc = tb.plan_json();
     assert_eq!(pids(&doc["running"], "processes"), [pid], "{doc:#}");
@@ -536,23 +543,7 @@ fn resuming_an_interrupted_apply_refuses_too() {
         .output()
         .unwrap();
     assert!(!out.status.success(), "{}", text(&out).1);
-    let ready = tb.dir().join("ready-resume");
-    let mut c = tb.python(
-        1,
-        &format!(
-            "import minitorch, time, pathlib; pathlib.Path({:?}).touch(); time.sleep(600)",
-            ready.to_str().unwrap()
-        ),
-    );
-    let p = Child(c.stdout(std::process::Stdio::null()).spawn().unwrap());
-    let t0 = Instant::now();
-    while !ready.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "python did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let p = local_python(&tb, "ready-resume");
     let pid = p.0.id();
     let before = snapshot(&venv);
     let out = tb.overlay(&["apply", "--resume"]).output().unwrap();

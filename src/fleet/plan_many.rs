@@ -31,7 +31,7 @@ use crate::transport::ConnectOptions;
 use crate::ops::plan::{
     Closing, Scanned, SourceGroup, StatSide, both, connect_scan, folder_error, folder_host,
     globs_of, host_info, index, manifest_stamp, mark_from_folder, members_and_order, merge_plans,
-    now, preflight, select_sets, shared_files, source_groups,
+    now, preflight, select_sets, shared_files, source_as_for, source_groups,
 };
 use crate::ops::{Clock, Meter, Observer, Silent, Step};
 
@@ -280,20 +280,6 @@ fn make_plans(
         source_hashed,
         closing: close_all(clients),
     })
-}
-
-/// The `source` as the plan for `target` records it. A folder (`folder`)
-/// has no interpreter: its files are taken to be for the target's Python
-/// (docs/design.md, "Sets from a folder").
-fn source_as_for(source: &HostInfo, folder: bool, target: &HostInfo) -> HostInfo {
-    HostInfo {
-        python: if folder {
-            target.python.clone()
-        } else {
-            source.python.clone()
-        },
-        ..source.clone()
-    }
 }
 
 /// Every host connected and scanned: the source, and the targets in the

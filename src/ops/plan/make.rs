@@ -14,7 +14,7 @@ use super::connect::{both, connect_and_scan};
 use super::hash::hash_phase;
 use super::preflight::preflight;
 use super::stat::{Stated, stat_phase, stat_sides};
-use super::{Closing, Planned, globs_of, host_info, now};
+use super::{Closing, Planned, globs_of, host_info, now, source_as_for};
 
 /// Connect to both hosts, scan, hash, and decide.
 pub(super) fn make_plan(
@@ -28,13 +28,9 @@ pub(super) fn make_plan(
     let clock = Clock::start(obs);
     let globs = globs_of(sets);
     let (mut src, mut dst) = connect_and_scan(src_host, dst_host, &globs, opts, obs)?;
-    let mut source = host_info(src_host, &src.scan);
     let target = host_info(dst_host, &dst.scan);
-    if folder_of(&src_host.venv).is_some() {
-        // A folder has no interpreter: its files are taken to be for the
-        // target's Python (docs/design.md, "Sets from a folder").
-        source.python = target.python.clone();
-    }
+    let folder = folder_of(&src_host.venv).is_some();
+    let source = source_as_for(&host_info(src_host, &src.scan), folder, &target);
     clock.mark("connect and scan");
     plan::check_python(&source, &target)?;
 

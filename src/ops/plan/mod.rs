@@ -102,6 +102,20 @@ pub fn plan(opts: &PlanOptions, obs: &dyn Observer) -> Result<Planned> {
     Ok(planned)
 }
 
+/// The `source` as the plan for `target` records it. A folder (`folder`)
+/// has no interpreter: its files are taken to be for the target's Python
+/// (docs/design.md, "Sets from a folder").
+pub fn source_as_for(source: &HostInfo, folder: bool, target: &HostInfo) -> HostInfo {
+    HostInfo {
+        python: if folder {
+            target.python.clone()
+        } else {
+            source.python.clone()
+        },
+        ..source.clone()
+    }
+}
+
 /// The plan's description of a host.
 pub fn host_info(host: &Host, scan: &ScanReport) -> HostInfo {
     HostInfo {

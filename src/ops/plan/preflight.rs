@@ -212,23 +212,7 @@ pub fn preflight(
         },
     );
     let (report, target_record, running) = report?;
-    // A module that needs another package imported first (the load
-    // model's last rule, docs/preflight.md) is no predicted failure.
-    for f in report
-        .problems
-        .into_iter()
-        .filter(|f| f.imported_first.is_empty())
-    {
-        problems.push(Problem {
-            check: Check::Elf,
-            dist: crate::preflight::owner(&after, &f.file).map(|d| d.name.clone()),
-            file: Some(f.file),
-            reason: f.reason,
-            preexisting: f.preexisting,
-            optional: f.optional,
-            cause: Some(f.cause),
-        });
-    }
+    problems.extend(elf_problems(report.problems, &after));
 
     // 3. CUDA majors of the packages that link together.
     problems.extend(cuda::check(
@@ -253,6 +237,25 @@ pub fn preflight(
         target_record,
         running,
     })
+}
+
+/// The ELF check's findings as the plan's problems. A module that needs
+/// another package imported first (the load model's last rule,
+/// docs/preflight.md) is no predicted failure.
+fn elf_problems(findings: Vec<crate::model::ElfFinding>, after: &[&Dist]) -> Vec<Problem> {
+    findings
+        .into_iter()
+        .filter(|f| f.imported_first.is_empty())
+        .map(|f| Problem {
+            check: Check::Elf,
+            dist: crate::preflight::owner(after, &f.file).map(|d| d.name.clone()),
+            file: Some(f.file),
+            reason: f.reason,
+            preexisting: f.preexisting,
+            optional: f.optional,
+            cause: Some(f.cause),
+        })
+        .collect()
 }
 
 /// The GPU check's problems on the target `host`: each distribution after
