@@ -15,8 +15,10 @@
 //!
 //! The checks read facts, they never run the loader or the interpreter.
 //! The ELF facts are read by [`facts`]: on the agents, on all cores, ahead
-//! of the requests that need them, and through a cache keyed by file stamp.
+//! of the requests that need them (on the [`background`] pool), and through
+//! a cache keyed by file stamp.
 
+pub mod background;
 pub mod cuda;
 mod dists;
 pub mod elf;

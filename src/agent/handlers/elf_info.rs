@@ -1,6 +1,6 @@
 //! `PrefetchElf` and `ElfInfo`: source side. The first starts reading the
-//! ELF facts of the sets' shared objects in the background (on all cores,
-//! through the facts cache) and is answered at once; the `ElfInfo` that
+//! ELF facts of the sets' shared objects in the background (on the
+//! background pool, through the facts cache) and is answered at once; the `ElfInfo` that
 //! follows the diff is answered from what it read, reading only the paths
 //! it did not cover, with progress frames meanwhile.
 
@@ -23,7 +23,7 @@ pub fn prefetch_elf(session: &mut Session, venv: String, paths: Vec<String>) -> 
     session.elf_prefetch = Some(ElfPrefetch {
         venv,
         paths,
-        read: Some(std::thread::spawn(move || {
+        read: Some(crate::preflight::background::spawn(move || {
             facts::read_source(&root, &wanted, &Counters::default()).ok()
         })),
     });

@@ -16,7 +16,9 @@ pub fn prefetch_preflight(session: &mut Session, venv: String) -> Result<Respons
     let walk = venv.clone();
     session.prefetch = Some((
         venv,
-        std::thread::spawn(move || crate::preflight::facts::prefetch_target(&walk).ok()),
+        crate::preflight::background::spawn(move || {
+            crate::preflight::facts::prefetch_target(&walk).ok()
+        }),
     ));
     Ok(Response::Prefetching)
 }
