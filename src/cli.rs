@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use overlay::model::Compression;
+use overlay::model::{Compression, Connections};
 use overlay::ops::HostChoice;
 use overlay::transport::ConnectOptions;
 
@@ -297,6 +297,12 @@ pub struct ApplyArgs {
         allow_negative_numbers = true
     )]
     pub compress: Compression,
+
+    /// How many SSH connections the stream takes (relay and --direct):
+    /// `auto` opens several on a fast link between hosts with cores to
+    /// spare, one on a slow link; a number opens that many (1 to 32).
+    #[arg(long, default_value = "auto", value_name = "auto|N")]
+    pub connections: Connections,
 
     /// Stream straight from the source host to the target with the source's
     /// own `ssh` client (to the target's `direct_ssh`, or its `ssh` value),

@@ -47,7 +47,7 @@ use crate::model::{
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 16;
+pub const PROTOCOL_VERSION: u32 = 17;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
@@ -154,14 +154,31 @@ pub enum Request {
         target_venv: String,
         generation: String,
         connect_timeout_secs: u64,
+        /// One of several connections into the generation (see `Receive`).
+        #[serde(default)]
+        lane: Option<u32>,
     },
-    /// Target side, from a source on the direct route: unpack the stream
+    /// Target side, from a source on the direct route or from the
+    /// controller's relay on a connection of its own: unpack the stream
     /// that follows (data frames, then `EndData`) into the staging folder
     /// of `generation`, which the controller's own agent on this host has
-    /// prepared and holds the lock for. Answered with `Received`.
+    /// prepared and holds the lock for. Answered with `Received`. Without
+    /// `lane` the staging folder must be empty (one stream fills it);
+    /// with it, the generation must have been opened to that many lanes
+    /// (`OpenLanes`), and the lanes' streams fill it side by side, each
+    /// with its own files.
     Receive {
         venv: String,
         generation: String,
+        #[serde(default)]
+        lane: Option<u32>,
+    },
+    /// Target side: let `count` streams on other connections fill the
+    /// staging folder of the generation `Prepare` opened (`Receive` with a
+    /// lane below `count`), to be checked together by `StagedDirect`.
+    /// Answered with `LanesOpen`.
+    OpenLanes {
+        count: u32,
     },
     /// Target side, after a direct stream: the staging folder was filled by
     /// another agent; check it against what both ends reported and mark the
@@ -284,6 +301,10 @@ pub enum Response {
         /// The agent's own executable (for the direct route).
         #[serde(default)]
         exe: String,
+        /// The CPUs this agent may run on (how many connections a stream
+        /// may take, see `docs/apply.md`); 0 if unknown.
+        #[serde(default)]
+        cores: u32,
     },
     Scan(ScanReport),
     Progress(Progress),
@@ -369,6 +390,9 @@ pub enum Response {
         running: Vec<VenvProcess>,
     },
     Aborted,
+    LanesOpen {
+        count: u32,
+    },
     RolledBack(RollbackReport),
     Running(Running),
     History {

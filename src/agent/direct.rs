@@ -57,6 +57,8 @@ pub struct Direct<'a> {
     pub target_venv: &'a str,
     pub generation: &'a str,
     pub timeout: std::time::Duration,
+    /// One of several connections into the generation (`Request::Receive`).
+    pub lane: Option<u32>,
 }
 
 /// Source side of `apply --direct`: start the agent on the target with this
@@ -111,6 +113,7 @@ pub fn send_direct(
     target.request(&Request::Receive {
         venv: to.target_venv.to_string(),
         generation: to.generation.to_string(),
+        lane: to.lane,
     })?;
     let mut sink = FrameSink {
         out: target.writer()?,

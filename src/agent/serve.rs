@@ -70,7 +70,8 @@ impl Session {
         let answer = match req {
             Request::Hello { protocol } => return Ok(h::hello(protocol)),
             Request::Bye => return Ok(Next::Last(Some(Response::Bye))),
-            Request::Receive { venv, generation } => return h::receive(input, &venv, &generation),
+            Request::Receive { venv, generation, lane } => return h::receive(input, &venv, &generation, lane),
+            Request::OpenLanes { count } => h::open_lanes(self, count),
             Request::Stage { shared } => return Ok(h::stage(self, input, shared.as_deref())),
             Request::EndData { .. } => Err(err!(kind = Protocol, "EndData without Stage")),
             Request::Scan { venv, file_globs } => h::scan(self, &venv, &file_globs),
@@ -85,10 +86,10 @@ impl Session {
                 h::send(self, output, &Sending { venv, files, cuts, shebang, compression }),
             Request::SendDirect {
                 venv, files, shebang, compression,
-                ssh, proxy_jump, agent, target_venv, generation, connect_timeout_secs,
+                ssh, proxy_jump, agent, target_venv, generation, connect_timeout_secs, lane,
             } =>
                 h::send_direct(output, &Sending { venv, files, cuts: Vec::new(), shebang, compression },
-                    &Peer { ssh, proxy_jump, agent, target_venv, generation, connect_timeout_secs }),
+                    &Peer { ssh, proxy_jump, agent, target_venv, generation, connect_timeout_secs, lane }),
             Request::StagedDirect { hashes, written } => h::staged_direct(self, &hashes, &written),
             Request::StageLocal { source_venv, shebang } =>
                 h::stage_local(self, output, &source_venv, shebang.as_ref()),

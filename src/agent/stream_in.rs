@@ -9,7 +9,7 @@ use crate::err;
 use crate::error::{Error, Result};
 use crate::inventory::Counters;
 use crate::journal::Generation;
-use crate::model::{SourceHash, StageWaits, StreamEntry, Unpacked};
+use crate::model::{SourceHash, StageWaits, Unpacked};
 use crate::protocol::{Frame, Request, read_any};
 use crate::stream::{self, ChannelReader};
 
@@ -37,7 +37,7 @@ pub(super) fn stream_in(
     input: &mut dyn Read,
     g: &Generation,
     host_dir: &std::path::Path,
-    shared: Option<&[StreamEntry]>,
+    holds: stream::Holds<'_>,
 ) -> StreamIn {
     let counters = Counters::default();
     let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<u8>, usize)>(DECODED_BLOCKS);
@@ -63,7 +63,7 @@ pub(super) fn stream_in(
     let mut broken = None;
     let result = std::thread::scope(|scope| {
         let worker =
-            scope.spawn(|| stream::unpack(g, host_dir, ChannelReader::new(rx), &counters, shared));
+            scope.spawn(|| stream::unpack(g, host_dir, ChannelReader::new(rx), &counters, holds));
         let mut tx = Some(tx);
         loop {
             let asked = Instant::now();

@@ -46,6 +46,8 @@ pub struct Client {
     pipe: Option<AgentPipe>,
     /// The agent's executable, from its greeting.
     exe: String,
+    /// The CPUs the agent may run on, from its greeting (0: unknown).
+    cores: u32,
     /// Set once the agent or its connection died (the pipe is gone then).
     lost: bool,
 }
@@ -78,6 +80,7 @@ impl Client {
             host: host.to_string(),
             pipe: Some(pipe),
             exe: String::new(),
+            cores: 0,
             lost: false,
         };
         let greeting = c
@@ -102,8 +105,14 @@ impl Client {
             }
         };
         match greeting {
-            Response::Hello { protocol, exe, .. } if protocol == PROTOCOL_VERSION => {
+            Response::Hello {
+                protocol,
+                exe,
+                cores,
+                ..
+            } if protocol == PROTOCOL_VERSION => {
                 c.exe = exe;
+                c.cores = cores;
                 Ok(c)
             }
             Response::Hello {
@@ -227,6 +236,11 @@ impl Client {
     /// Send a request without waiting (its answer comes later).
     pub fn request(&mut self, req: &Request) -> Result<()> {
         self.send(req)
+    }
+
+    /// The CPUs the agent may run on (0: unknown).
+    pub fn cores(&self) -> u32 {
+        self.cores
     }
 
     /// The agent's own executable on its host.

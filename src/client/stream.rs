@@ -5,7 +5,9 @@
 
 use super::{Client, on_host};
 use crate::error::Result;
-use crate::model::{Compression, Progress, SendFile, Sent, ShebangRewrite, SourceHash, Written};
+use crate::model::{
+    Compression, Progress, SendFile, Sent, ShebangRewrite, SourceHash, StageWaits, Written,
+};
 use crate::protocol::{RawFrame, Request, Response, read_raw};
 
 /// What the target staged ([`Client::end_stage`], [`Client::staged_direct`]).
@@ -51,6 +53,9 @@ pub struct DirectTo {
     pub target_venv: String,
     pub generation: String,
     pub connect_timeout_secs: u64,
+    /// One of several connections into the generation (see
+    /// [`Client::open_lanes`]).
+    pub lane: Option<u32>,
 }
 
 /// One event of a source's stream ([`Client::stream_event`]).
@@ -99,6 +104,7 @@ impl Client {
             target_venv: to.target_venv,
             generation: to.generation,
             connect_timeout_secs: to.connect_timeout_secs,
+            lane: to.lane,
         })
     }
 
@@ -222,19 +228,27 @@ impl Client {
     /// On the direct route, the source's side: have the target's agent
     /// unpack the stream that follows (data frames written with
     /// [`Client::writer`], then [`Client::end_receive`]) into the staging
-    /// folder of `generation`.
-    pub fn start_receive(&mut self, venv: &str, generation: &str) -> Result<()> {
+    /// folder of `generation`, as one of its lanes if `lane` is given.
+    pub fn start_receive(&mut self, venv: &str, generation: &str, lane: Option<u32>) -> Result<()> {
         self.send(&Request::Receive {
             venv: venv.to_string(),
             generation: generation.to_string(),
+            lane,
         })
     }
 
-    /// End a direct stream: the hashes the source computed while reading.
-    /// Returns what the receiving agent wrote.
-    pub fn end_receive(&mut self, hashes: Vec<SourceHash>) -> Result<Vec<Written>> {
+    /// End a received stream: the hashes the source computed while
+    /// reading. Returns what the receiving agent wrote, and its waits.
+    pub fn end_receive(&mut self, hashes: Vec<SourceHash>) -> Result<(Vec<Written>, StageWaits)> {
         let req = Request::EndData { hashes };
-        answer!(self, &req, "the end of a direct stream", Response::Received { written, .. } => written)
+        answer!(self, &req, "the end of a received stream", Response::Received { written, waits, .. } => (written, waits))
+    }
+
+    /// Let `count` streams on other connections fill the staging folder of
+    /// the generation `Prepare` opened ([`Client::start_receive`] with a lane).
+    pub fn open_lanes(&mut self, count: u32) -> Result<()> {
+        let req = Request::OpenLanes { count };
+        answer!(self, &req, "opening the stream's lanes", Response::LanesOpen { .. } => ())
     }
 
     /// Give up the prepared generation (nothing was switched).

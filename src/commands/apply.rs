@@ -73,6 +73,7 @@ fn options(global: &GlobalArgs, args: &ApplyArgs) -> ApplyOptions {
         keep: args.keep,
         same_owner: args.same_owner,
         compression: args.compress,
+        connections: args.connections,
         verify: args.verify,
         rollback_on_failure: args.rollback_on_failure,
         compile: !args.no_compile,

@@ -64,8 +64,11 @@ fn take_lock(lock: &File, dir: &Path, op: rustix::fs::FlockOperation) -> Result<
 /// is held by the controller's own agent, which waits for this stream; this
 /// side takes no lock but accepts only a generation that is prepared and
 /// not yet staged into, so it never writes anywhere but an empty staging
-/// folder of the venv's own state directory.
-pub fn open_for_receive(venv_root: &str, id: &str) -> Result<Generation> {
+/// folder of the venv's own state directory. One of several lanes
+/// (`lane`) accepts a staging folder that others fill at the same time,
+/// only if the agent holding the lock opened the generation to that many
+/// ([`Generation::open_lanes`]).
+pub fn open_for_receive(venv_root: &str, id: &str, lane: Option<u32>) -> Result<Generation> {
     let bad = || {
         err!(
             kind = Protocol,
@@ -79,11 +82,43 @@ pub fn open_for_receive(venv_root: &str, id: &str) -> Result<Generation> {
     }
     let OpenedRoot { venv, root, fs } = open_root(venv_root)?;
     let g = Generation::open(&venv, &fs, &root, id).map_err(|_| bad())?;
-    let empty = g.fs.is_empty_dir("staging").unwrap_or(false);
-    if g.status() != Status::Prepared || !empty {
+    let ready = match lane {
+        None => g.fs.is_empty_dir("staging").unwrap_or(false),
+        Some(k) => g.lanes().is_some_and(|n| k < n),
+    };
+    if g.status() != Status::Prepared || !ready {
         return Err(bad());
     }
     Ok(g)
+}
+
+/// The file of a generation that says how many lanes may fill its staging
+/// folder at once.
+const LANES: &str = "lanes";
+
+impl Generation {
+    /// Let `count` receiving agents (`Receive` with a lane) fill this
+    /// prepared generation's staging folder side by side. Called by the
+    /// agent that holds the lock; what they stage is checked together
+    /// afterwards (`StagedDirect`).
+    pub fn open_lanes(&self, count: u32) -> Result<()> {
+        if self.status() != Status::Prepared {
+            return Err(err!(
+                kind = Protocol,
+                "generation {} is not prepared: its lanes cannot be opened",
+                self.meta.id
+            ));
+        }
+        self.fs
+            .write_atomic(LANES, count.to_string().as_bytes(), 0o600)
+            .map_err(|e| fs_err("write", &self.dir.join(LANES), &e))
+    }
+
+    /// How many lanes this generation was opened to, if any.
+    fn lanes(&self) -> Option<u32> {
+        let bytes = self.fs.read(LANES, 16).ok()?;
+        std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+    }
 }
 
 impl State {

@@ -36,6 +36,36 @@ impl std::str::FromStr for Compression {
     }
 }
 
+/// How many SSH connections a stream takes (`apply --connections`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Connections {
+    /// As many as the cores at both ends (and this machine, on the relay)
+    /// and the bytes to send allow, once a first part showed the link is
+    /// fast; one on a slow link (docs/apply.md, "Connections").
+    #[default]
+    Auto,
+    /// This many, from the start.
+    Fixed(u32),
+}
+
+/// The most connections `--connections` takes.
+pub const MAX_CONNECTIONS: u32 = 32;
+
+impl std::str::FromStr for Connections {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Connections, String> {
+        match s {
+            "auto" => Ok(Connections::Auto),
+            n => match n.parse::<u32>() {
+                Ok(c) if (1..=MAX_CONNECTIONS).contains(&c) => Ok(Connections::Fixed(c)),
+                _ => Err(format!(
+                    "{n:?} is not a number of connections: use auto or 1 to {MAX_CONNECTIONS}"
+                )),
+            },
+        }
+    }
+}
+
 /// One file for the source to send: its path and what the plan saw. A
 /// regular file's `blake3`: the plan's hash (the receiver checks it, the
 /// source does not hash); `None`: unhashed in the plan (the source checks

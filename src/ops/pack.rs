@@ -488,6 +488,7 @@ pub fn apply_bundle(opts: &BundleApply, obs: &dyn Observer) -> Result<ApplyRepor
             keep: opts.keep,
             same_owner: false,
             compression: Compression::Auto,
+            connections: Default::default(),
             verify: opts.verify,
             rollback_on_failure: opts.rollback_on_failure,
             compile: true,

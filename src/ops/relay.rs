@@ -336,6 +336,7 @@ mod tests {
                 protocol: PROTOCOL_VERSION,
                 version: "test".into(),
                 exe: "/x".into(),
+                cores: 0,
             },
         )
         .unwrap();
@@ -476,6 +477,7 @@ mod tests {
                 protocol: PROTOCOL_VERSION,
                 version: "test".into(),
                 exe: "/x".into(),
+                cores: 0,
             },
         )
         .unwrap();

@@ -60,7 +60,7 @@ mod write;
 
 pub use head::{EntryHead, TAR_BLOCK, parse_head};
 pub use local::copy_local;
-pub use receive::{ChannelReader, check_staged, unpack, unpack_block};
+pub use receive::{ChannelReader, Holds, check_staged, unpack, unpack_block};
 pub use send::{TarWriter, send, send_tar};
 
 /// The first byte of a packed block: stored as is.

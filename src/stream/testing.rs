@@ -185,7 +185,7 @@ impl Intake {
             self.dir.path(),
             ChannelReader::new(rx),
             &Counters::default(),
-            None,
+            crate::stream::Holds::All,
         );
         let staging = self.g.dir.join("staging");
         inspect(&staging);

@@ -13,6 +13,7 @@ pub fn hello(protocol: u32) -> Next {
         exe: std::env::current_exe()
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_default(),
+        cores: std::thread::available_parallelism().map_or(0, |n| n.get() as u32),
     };
     if protocol != PROTOCOL_VERSION {
         let why = err!(

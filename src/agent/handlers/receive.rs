@@ -1,6 +1,7 @@
-//! `Receive`: target side of `apply --direct`. A source agent streams into
-//! the staging folder of a generation that the controller's own agent on
-//! this host prepared and holds the lock for
+//! `Receive`: target side of `apply --direct`, and of each lane of a
+//! stream over several connections. A source agent (or the controller's
+//! relay) streams into the staging folder of a generation that the
+//! controller's own agent on this host prepared and holds the lock for
 //! ([`open_for_receive`](crate::journal::open_for_receive) finds it).
 
 use std::io::Read;
@@ -10,13 +11,23 @@ use crate::agent::stream_in::{drain, stream_in};
 use crate::error::Result;
 use crate::model::Unpacked;
 use crate::protocol::Response;
+use crate::stream::Holds;
 
 /// Unpack the stream that follows into `generation`'s staging folder.
 /// `Err`: the input could not be skipped after a refusal.
-pub fn receive(input: &mut dyn Read, venv: &str, generation: &str) -> Result<Next> {
-    match crate::journal::open_for_receive(venv, generation) {
+pub fn receive(
+    input: &mut dyn Read,
+    venv: &str,
+    generation: &str,
+    lane: Option<u32>,
+) -> Result<Next> {
+    match crate::journal::open_for_receive(venv, generation, lane) {
         Ok(g) => {
-            let s = stream_in(input, &g, &g.root, None);
+            let holds = match lane {
+                Some(_) => Holds::Part,
+                None => Holds::All,
+            };
+            let s = stream_in(input, &g, &g.root, holds);
             if s.ended {
                 // A frame that broke the stream is answered before the agent goes.
                 return Ok(Next::Last(s.broken.map(Response::Error)));

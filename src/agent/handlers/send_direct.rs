@@ -22,6 +22,8 @@ pub struct Peer {
     pub target_venv: String,
     pub generation: String,
     pub connect_timeout_secs: u64,
+    /// One of several connections into the generation.
+    pub lane: Option<u32>,
 }
 
 pub fn send_direct(output: &mut dyn Write, s: &Sending, to: &Peer) -> Result<Response> {
@@ -33,6 +35,7 @@ pub fn send_direct(output: &mut dyn Write, s: &Sending, to: &Peer) -> Result<Res
         target_venv: &to.target_venv,
         generation: &to.generation,
         timeout: Duration::from_secs(to.connect_timeout_secs),
+        lane: to.lane,
     };
     with_progress(output, &counters, || {
         direct::send_direct(

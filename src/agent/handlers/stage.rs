@@ -11,6 +11,7 @@ use crate::agent::session::{Next, Session};
 use crate::agent::stream_in::{StreamIn, drain, stream_in};
 use crate::model::{StageCount, StreamEntry, Unpacked};
 use crate::protocol::Response;
+use crate::stream::Holds;
 
 /// Receive the data frames of a stage. [`Next::Last`]: the input ended, or
 /// a frame could not be read and nothing after it can be.
@@ -31,7 +32,12 @@ pub fn stage(session: &mut Session, input: &mut dyn Read, shared: Option<&[Strea
         ended,
         aborted,
         broken,
-    } = stream_in(input, g, &host_dir, shared);
+    } = stream_in(
+        input,
+        g,
+        &host_dir,
+        shared.map_or(Holds::All, Holds::Shared),
+    );
     if ended || aborted {
         session.discard_open();
         if let Some(e) = broken {

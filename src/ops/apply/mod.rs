@@ -39,6 +39,7 @@
 
 mod begin;
 mod finish;
+mod lanes;
 mod local;
 mod outcome;
 mod route;
@@ -92,6 +93,8 @@ pub struct ApplyOptions {
     /// Keep the source's owners on the target.
     pub same_owner: bool,
     pub compression: Compression,
+    /// `--connections`: how many SSH connections the stream takes.
+    pub connections: crate::model::Connections,
     /// Run the `[verify]` check after the switch.
     pub verify: bool,
     /// Roll back when that check fails.

@@ -77,12 +77,38 @@ pub(super) fn stream(
     route: Way<'_>,
     obs: &dyn Observer,
 ) -> std::result::Result<Moved, StreamFailure> {
-    let source = part.source;
-    let sname = source.name.clone();
-    let connecting = obs.step(Step::Connect, &sname);
-    let mut src = Client::connect(&sname, &endpoint(source), source.sudo.as_deref(), opts)
-        .map_err(|e| StreamFailure::new(e, false))?;
+    let src = connect_source(part.source, opts, obs)?;
+    stream_from(src, (plan, part), dst, files, compression, route, obs)
+}
+
+/// Start the agent on the stream's source.
+pub(super) fn connect_source(
+    source: &HostInfo,
+    opts: &ConnectOptions,
+    obs: &dyn Observer,
+) -> std::result::Result<Client, StreamFailure> {
+    let connecting = obs.step(Step::Connect, &source.name);
+    let src = Client::connect(
+        &source.name,
+        &endpoint(source),
+        source.sudo.as_deref(),
+        opts,
+    )
+    .map_err(|e| StreamFailure::new(e, false))?;
     connecting.finish();
+    Ok(src)
+}
+
+/// [`stream`] from a source already connected.
+pub(super) fn stream_from(
+    mut src: Client,
+    (plan, part): (&Plan, Part<'_>),
+    dst: &mut Client,
+    files: Vec<SendFile>,
+    compression: Compression,
+    route: Way<'_>,
+    obs: &dyn Observer,
+) -> std::result::Result<Moved, StreamFailure> {
     let (Some(src_watch), Some(dst_watch)) = (src.watch(), dst.watch()) else {
         let e = err!(
             kind = Connection,
@@ -183,6 +209,7 @@ pub(super) fn relay(
                 target_venv: plan.target.venv.clone(),
                 generation: generation.to_string(),
                 connect_timeout_secs: timeout,
+                lane: None,
             };
             src.start_send_direct(send, to)?;
         }
@@ -322,7 +349,7 @@ pub(super) fn stream_parts(
 /// For `-vv`: where both ends spent the stream (see [`StreamWaits`]).
 /// The target's figures of a stream from several sources come with the
 /// last one.
-fn show_waits(obs: &dyn Observer, w: &StreamWaits) {
+pub(super) fn show_waits(obs: &dyn Observer, w: &StreamWaits) {
     let (s, t) = (&w.source, &w.target);
     let mut line = format!(
         "stream waits: source {:.2} s, of it blocked on the connection {:.2} s, waiting for packed blocks {:.2} s",

@@ -11,10 +11,11 @@ use crate::ops::Observer;
 use crate::plan::Plan;
 
 use super::ApplyOptions;
+use super::lanes::stream_auto;
 use super::local::copy_here;
 use super::outcome::{Left, Phase, fate, interrupted};
 use super::route::{ChosenRoute, fallback_reason, fallback_warning, local_copy, route_compression};
-use super::stream::{Part, StreamFailure, Way, by_source, stream, stream_parts};
+use super::stream::{StreamFailure, Way, by_source, stream_parts};
 
 /// What [`transfer`] did: the bytes, and the route they took.
 #[derive(Debug, Clone, Default)]
@@ -86,15 +87,7 @@ pub(super) fn transfer(
     let again = chosen.may_fall_back.then(|| send.clone());
     let mut result = match by_source(plan, &send) {
         Some(parts) => stream_parts(plan, &opts.connect, dst, parts, compression, obs),
-        None => stream(
-            (plan, Part::whole(&plan.source, &Default::default())),
-            &opts.connect,
-            dst,
-            send,
-            compression,
-            route,
-            obs,
-        ),
+        None => stream_auto(plan, opts, (dst, generation), send, compression, route, obs),
     };
     let mut fell_back = None;
     if let (Err(failure), Some(send), Some(dest)) = (&result, again, &chosen.direct)
@@ -102,10 +95,10 @@ pub(super) fn transfer(
     {
         obs.warn(&fallback_warning(plan, dest, &why));
         fell_back = Some(why);
-        result = stream(
-            (plan, Part::whole(&plan.source, &Default::default())),
-            &opts.connect,
-            dst,
+        result = stream_auto(
+            plan,
+            opts,
+            (dst, generation),
             send,
             compression,
             Way::Relay,

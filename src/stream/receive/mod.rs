@@ -136,6 +136,21 @@ impl Read for ChannelReader {
     }
 }
 
+/// What a stream into a generation holds.
+#[derive(Debug, Clone, Copy)]
+pub enum Holds<'a> {
+    /// Every file the generation stages: one missing is an error.
+    All,
+    /// A stream several targets share: its entries map onto this
+    /// generation's changes through the list (the others' files are read
+    /// and dropped).
+    Shared(&'a [StreamEntry]),
+    /// One lane's part of a stream over several connections: the other
+    /// files come on the others, and what all staged is checked together
+    /// afterwards ([`check_staged`]).
+    Part,
+}
+
 /// Target side: unpack the stream read from `input` into `staging/<index>`,
 /// checking each file against the plan. Runs on its own thread (the agent
 /// feeds it a [`ChannelReader`] of decoded blocks).
@@ -151,7 +166,7 @@ pub fn unpack(
     host_dir: &Path,
     input: impl Read,
     counters: &Counters,
-    shared: Option<&[StreamEntry]>,
+    holds: Holds<'_>,
 ) -> Result<Unpacked> {
     let (job_tx, job_rx) = mpsc::sync_channel::<WriteJob>(WRITE_BUFFERS);
     let (free_tx, free_rx) = mpsc::sync_channel::<AlignedBuf>(WRITE_BUFFERS);
@@ -165,7 +180,7 @@ pub fn unpack(
             let writer = scope.spawn(move || write_staged(g, host_dir, job_rx, free_tx, sync_tx));
             let direct = direct_io_fs(&g.dir.join("staging"));
             let r = Stager::new(g, host_dir, counters, direct, job_tx, free_rx, &disk)
-                .and_then(|s| s.unpack(input, shared));
+                .and_then(|s| s.unpack(input, holds));
             let written = writer
                 .join()
                 .unwrap_or_else(|_| Err(err!(kind = Internal, "the staging writer panicked")));
@@ -387,7 +402,7 @@ mod tests {
             intake.dir.path(),
             ChannelReader::new(rx),
             &Counters::default(),
-            None,
+            Holds::All,
         )
         .unwrap_err();
         assert!(e.message.contains("staging/0"), "{}", e.message);
@@ -516,7 +531,7 @@ mod tests {
         }
         drop(tx);
         let Unpacked { count, written, .. } =
-            unpack(&g, t.path(), ChannelReader::new(rx), &counters, None).unwrap();
+            unpack(&g, t.path(), ChannelReader::new(rx), &counters, Holds::All).unwrap();
         assert_eq!(
             count,
             StageCount {

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use super::read_exact_stream;
+use super::{Holds, read_exact_stream};
 use crate::beneath::Beneath;
 use crate::err;
 use crate::error::{Error, Result};
@@ -91,18 +91,15 @@ impl<'a> Stager<'a> {
         stage_error(&self.staging_path.join(name), e, self.host_dir, self.g)
     }
 
-    /// Unpack every entry of `input`, then check that none is missing.
-    /// `shared`: the stream is one several targets take; its entries map
-    /// onto this generation's changes through the list (the others' files
-    /// are read and dropped).
-    pub(super) fn unpack(
-        mut self,
-        mut input: impl Read,
-        shared: Option<&[StreamEntry]>,
-    ) -> Result<StageCount> {
+    /// Unpack every entry of `input`, then check that none is missing
+    /// (unless the stream holds only a part, see [`Holds`]).
+    pub(super) fn unpack(mut self, mut input: impl Read, holds: Holds<'_>) -> Result<StageCount> {
         let input: &mut dyn Read = &mut input;
         let mut seen = vec![false; self.g.meta.changes.len()];
-        let mut shared = shared.map(SharedEntries::new);
+        let mut shared = match holds {
+            Holds::Shared(list) => Some(SharedEntries::new(list)),
+            Holds::All | Holds::Part => None,
+        };
         let mut count = StageCount::default();
         let mut block = [0u8; TAR_BLOCK];
         loop {
@@ -167,7 +164,9 @@ impl<'a> Stager<'a> {
             self.counters.files.fetch_add(1, Ordering::Relaxed);
             die_hook(count.files);
         }
-        self.check_none_missing(&seen)?;
+        if !matches!(holds, Holds::Part) {
+            self.check_none_missing(&seen)?;
+        }
         Ok(count)
     }
 

@@ -1,0 +1,600 @@
+//! A stream over several SSH connections ("lanes"), on the relay and on
+//! `--direct`: one OpenSSH connection is one `sshd` process, so one core
+//! for its cipher at each end; on a fast link between hosts with cores to
+//! spare that, not the link or the disks, bounds one stream
+//! (docs/apply.md, "Connections").
+//!
+//! [`stream_auto`] connects the source and decides how many lanes
+//! ([`lane_count`]): one, and the stream is the one-connection stream of
+//! `super::stream`, unchanged; more, and [`lanes`] cuts the files into
+//! parts of about equal bytes (the biggest files first, each into the
+//! part with the fewest bytes so far, so that one 1 GB library does not
+//! leave the other lanes idle), opens the generation to that many lanes
+//! on the target (`OpenLanes`), and runs one thread per lane: its own
+//! source agent (its own connection) and, relayed, its own receiving agent
+//! on the target (`Receive` with its lane), taking parts from a shared
+//! queue until none is left. The target's own agent, which holds the lock,
+//! then checks what all lanes staged together (`StagedDirect`), as after
+//! one direct stream: one generation, one journal, the same checks.
+//!
+//! With `--connections auto` the first part goes alone, on the first lane,
+//! as a probe: only if it moved at least [`FAST_LINK`] bytes a second on
+//! the wire do the other lanes (connected meanwhile) join; on a slower link
+//! one connection fills it, the others are closed unused and the first
+//! takes the rest as one stream, so its compression tuner sees the link as
+//! it did before.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::client::{Client, DirectTo, SendRequest};
+use crate::err;
+use crate::model::{
+    Compression, Connections, Kind, Progress, SendFile, ShebangRewrite, SourceHash, StreamWaits,
+    Written,
+};
+use crate::ops::{Meter, Observer, Step, endpoint, relay};
+use crate::plan::Plan;
+
+use super::ApplyOptions;
+use super::route::direct_jump;
+use super::stream::{Part, StreamFailure, Way, connect_source, show_waits, stream_from};
+use super::transfer::Moved;
+
+/// The most lanes `auto` opens.
+const AUTO_MAX: u32 = 8;
+/// Below this many bytes to send, one connection (a lane's start costs more
+/// than it can save).
+const AUTO_MIN_BYTES: u64 = 512 << 20;
+/// Each lane takes about this many bytes, at least, under `auto`.
+const AUTO_BYTES_PER_LANE: u64 = 128 << 20;
+/// Bytes a second on the wire, in the probe, above which the link is fast
+/// enough for more connections to help: about 2 Gbit/s, past what one
+/// OpenSSH connection with chacha20 moves on a slower core, and far past a
+/// 1 Gbit/s link, which one connection fills.
+pub const FAST_LINK: f64 = 250e6;
+/// The error of a lane that stopped because another failed (not reported).
+const STOPPED: &str = "another connection of the stream failed";
+/// Parts per lane: more evens out lanes that go at different speeds.
+const PARTS_PER_LANE: usize = 3;
+
+/// How many lanes, and why (for `-v`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneCount {
+    pub count: u32,
+    /// `auto`: the others wait for the probe's verdict.
+    pub probe: bool,
+    pub why: String,
+}
+
+/// The cores at each end (0: unknown); `here` only on the relay, whose
+/// controller passes every byte on.
+#[derive(Debug, Clone, Copy)]
+pub struct Cores {
+    pub src: u32,
+    pub dst: u32,
+    pub here: Option<u32>,
+}
+
+/// How many lanes a stream of `bytes` takes: `--connections N`, or under
+/// `auto` half the fewest cores of the machines that carry it (each lane
+/// costs a core for the cipher at each end, and as much again for reading,
+/// packing and writing), at most [`AUTO_MAX`], at most one per
+/// [`AUTO_BYTES_PER_LANE`], one below [`AUTO_MIN_BYTES`].
+pub fn lane_count(setting: Connections, cores: Cores, bytes: u64) -> LaneCount {
+    if let Connections::Fixed(n) = setting {
+        return LaneCount {
+            count: n,
+            probe: false,
+            why: "--connections".into(),
+        };
+    }
+    let fewest = [Some(cores.src), Some(cores.dst), cores.here]
+        .into_iter()
+        .flatten()
+        .map(|c| if c == 0 { 1 } else { c })
+        .min()
+        .unwrap_or(1);
+    let by_bytes = (bytes / AUTO_BYTES_PER_LANE).min(u64::from(AUTO_MAX)) as u32;
+    let count = if bytes < AUTO_MIN_BYTES {
+        1
+    } else {
+        (fewest / 2).clamp(1, AUTO_MAX).min(by_bytes.max(1))
+    };
+    let here = cores.here.map_or(String::new(), |h| format!(", {h} here"));
+    LaneCount {
+        count,
+        probe: true,
+        why: format!(
+            "auto: {} cores at the source, {} at the target{here}, {} MB to send",
+            cores.src,
+            cores.dst,
+            bytes / 1_000_000
+        ),
+    }
+}
+
+/// The stream of `files` to the target's staging by `route`, over as many
+/// connections as [`lane_count`] says.
+pub(super) fn stream_auto(
+    plan: &Plan,
+    opts: &ApplyOptions,
+    (dst, generation): (&mut Client, &str),
+    files: Vec<SendFile>,
+    compression: Compression,
+    route: Way<'_>,
+    obs: &dyn Observer,
+) -> std::result::Result<Moved, StreamFailure> {
+    let src = connect_source(&plan.source, &opts.connect, obs)?;
+    let relayed = matches!(route, Way::Relay);
+    let here = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let cores = Cores {
+        src: src.cores(),
+        dst: dst.cores(),
+        here: relayed.then_some(here),
+    };
+    let bytes = files.iter().map(size).sum();
+    let lanes_n = lane_count(opts.connections, cores, bytes);
+    let hashes = std::cell::Cell::new(Vec::new());
+    if lanes_n.count <= 1 || files.len() < 2 {
+        let part = Part::whole(&plan.source, &hashes);
+        return stream_from(src, (plan, part), dst, files, compression, route, obs);
+    }
+    obs.note(&format!(
+        "the stream takes up to {} connections ({})",
+        lanes_n.count, lanes_n.why
+    ));
+    let agent = dst.agent_exe().to_string();
+    lanes(
+        Lanes {
+            plan,
+            opts,
+            compression,
+            route: &route,
+            generation,
+            agent: &agent,
+            obs,
+        },
+        src,
+        dst,
+        files,
+        &lanes_n,
+    )
+}
+
+/// What every lane shares.
+struct Lanes<'a> {
+    plan: &'a Plan,
+    opts: &'a ApplyOptions,
+    compression: Compression,
+    route: &'a Way<'a>,
+    generation: &'a str,
+    /// The target's agent executable (for the direct route's ssh).
+    agent: &'a str,
+    obs: &'a dyn Observer,
+}
+
+/// What one lane moved.
+#[derive(Default)]
+struct LaneDone {
+    raw: u64,
+    sent: u64,
+    hashes: Vec<SourceHash>,
+    written: Vec<Written>,
+    waits: StreamWaits,
+    parts: usize,
+}
+
+/// The parts still to send, and whether the lanes after the first may take
+/// them (`None`: the probe has not ended yet).
+struct Queue {
+    parts: VecDeque<Vec<SendFile>>,
+    open: Option<bool>,
+    failed: bool,
+}
+
+/// The shared state of the lanes: the queue (with its condition, on which
+/// lanes wait for the probe's verdict), the progress of each, and the
+/// connections to cut when one fails.
+struct Shared<'m> {
+    queue: Mutex<Queue>,
+    ready: std::sync::Condvar,
+    progress: Mutex<Vec<Progress>>,
+    done_bytes: Mutex<(u64, u64)>,
+    totals: (u64, u64),
+    meter: &'m dyn Meter,
+    cut: Mutex<Vec<crate::transport::Watch>>,
+    stop: AtomicBool,
+}
+
+fn lanes(
+    l: Lanes<'_>,
+    src0: Client,
+    dst: &mut Client,
+    files: Vec<SendFile>,
+    n: &LaneCount,
+) -> std::result::Result<Moved, StreamFailure> {
+    let totals = (files.len() as u64, files.iter().map(size).sum());
+    dst.open_lanes(n.count)
+        .map_err(|e| StreamFailure::new(e, dst.lost()))?;
+    let mut parts = cut_parts(files, n.count as usize * PARTS_PER_LANE);
+    // The probe: the part with the fewest bytes goes first.
+    parts.sort_by_key(|p| std::cmp::Reverse(p.iter().map(size).sum::<u64>()));
+    if let Some(small) = parts.pop() {
+        parts.insert(0, small);
+    }
+    let (from, to) = (&l.plan.source.name, &l.plan.target.name);
+    let direct = matches!(l.route, Way::Direct { .. });
+    let label = format!("{from} -> {to}{}", if direct { " (direct)" } else { "" });
+    let meter = l.obs.step(Step::Stream, &label);
+    let shared = Shared {
+        queue: Mutex::new(Queue {
+            parts: parts.into(),
+            open: (!n.probe).then_some(true),
+            failed: false,
+        }),
+        ready: std::sync::Condvar::new(),
+        progress: Mutex::new(vec![Progress::default(); n.count as usize]),
+        done_bytes: Mutex::new((0, 0)),
+        totals,
+        meter: &*meter,
+        cut: Mutex::new(Vec::new()),
+        stop: AtomicBool::new(false),
+    };
+    let results: Vec<std::result::Result<LaneDone, StreamFailure>> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        let mut src0 = Some(src0);
+        for lane in 0..n.count {
+            let (l, shared, first) = (&l, &shared, src0.take());
+            handles.push(s.spawn(move || run_lane(l, shared, lane, first)));
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(StreamFailure::new(
+                        err!(kind = Internal, "a lane of the stream panicked"),
+                        false,
+                    ))
+                })
+            })
+            .collect()
+    });
+    meter.finish();
+    let mut total = LaneDone::default();
+    let mut lanes_used = 0;
+    let mut failure: Option<StreamFailure> = None;
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(d) => {
+                if d.parts > 0 {
+                    lanes_used += 1;
+                    show_lane(l.obs, i, &d);
+                }
+                total.raw += d.raw;
+                total.sent += d.sent;
+                total.hashes.extend(d.hashes);
+                total.written.extend(d.written);
+                total.waits.add(&d.waits);
+            }
+            // A lane that stopped because another failed says nothing more.
+            Err(f) if f.error.message == STOPPED => {}
+            // Ctrl-C is the cause wherever it was seen; else the first failure.
+            Err(f) if failure.is_none() || f.error.kind == crate::error::ErrorKind::Interrupted => {
+                failure = Some(f)
+            }
+            Err(_) => {}
+        }
+    }
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    l.obs
+        .note(&format!("the stream took {lanes_used} connections"));
+    dst.staged_direct(total.hashes, total.written)
+        .map_err(|e| StreamFailure::new(e, dst.lost()))?;
+    show_waits(l.obs, &total.waits);
+    Ok(Moved {
+        raw: total.raw,
+        sent: total.sent,
+        local: false,
+        waits: Some(total.waits),
+    })
+}
+
+/// One lane: its connections (the first lane's source is already
+/// connected), then parts from the queue until none is left.
+fn run_lane(
+    l: &Lanes<'_>,
+    shared: &Shared<'_>,
+    lane: u32,
+    src: Option<Client>,
+) -> std::result::Result<LaneDone, StreamFailure> {
+    let r = lane_parts(l, shared, lane, src);
+    if r.is_err() {
+        // Stop the others: no lane takes another part, and their
+        // connections are cut so that a part in flight ends now.
+        shared.stop.store(true, Ordering::SeqCst);
+        shared.queue.lock().map(|mut q| q.failed = true).ok();
+        shared.ready.notify_all();
+        for w in shared.cut.lock().iter().flat_map(|v| v.iter()) {
+            w.cut();
+        }
+    }
+    r
+}
+
+fn lane_parts(
+    l: &Lanes<'_>,
+    shared: &Shared<'_>,
+    lane: u32,
+    src: Option<Client>,
+) -> std::result::Result<LaneDone, StreamFailure> {
+    let plan = l.plan;
+    let mut src = match src {
+        Some(c) => c,
+        None => Client::connect(
+            &plan.source.name,
+            &endpoint(&plan.source),
+            plan.source.sudo.as_deref(),
+            &l.opts.connect,
+        )
+        .map_err(|e| StreamFailure::new(e, false))?,
+    };
+    let mut rcv = match l.route {
+        Way::Relay => Some(
+            Client::connect(
+                &plan.target.name,
+                &endpoint(&plan.target),
+                plan.target.sudo.as_deref(),
+                &l.opts.connect,
+            )
+            .map_err(|e| StreamFailure::new(e, false))?,
+        ),
+        Way::Direct { .. } => None,
+    };
+    if let Ok(mut cut) = shared.cut.lock() {
+        cut.extend(src.watch());
+        cut.extend(rcv.as_ref().and_then(Client::watch));
+    }
+    let mut done = LaneDone::default();
+    while let Some(files) = next_part(shared, lane) {
+        let started = Instant::now();
+        let one = send_part(l, shared, lane, &mut src, rcv.as_mut(), files)?;
+        if lane == 0 && done.parts == 0 {
+            judge_probe(l, shared, &one, started.elapsed().as_secs_f64());
+        }
+        done.raw += one.raw;
+        done.sent += one.sent;
+        done.hashes.extend(one.hashes);
+        done.written.extend(one.written);
+        done.waits.add(&one.waits);
+        done.parts += 1;
+    }
+    let closed = src.close().and_then(|()| rcv.map_or(Ok(()), Client::close));
+    if shared.stop.load(Ordering::SeqCst) {
+        return Err(StreamFailure::new(
+            err!(kind = Internal, "{STOPPED}"),
+            false,
+        ));
+    }
+    closed.map_err(|e| StreamFailure::new(e, true))?;
+    Ok(done)
+}
+
+/// After the probe (the first part, on the first lane alone): open the
+/// queue to the other lanes if the link is fast, else give the first lane
+/// the rest as one part.
+fn judge_probe(l: &Lanes<'_>, shared: &Shared<'_>, probe: &LaneDone, secs: f64) {
+    let Ok(mut q) = shared.queue.lock() else {
+        return;
+    };
+    if q.open.is_some() {
+        return;
+    }
+    let rate = probe.sent as f64 / secs.max(1e-3);
+    let fast = rate >= FAST_LINK;
+    l.obs.note(&format!(
+        "the first part moved {:.0} MB/s on the wire: {}",
+        rate / 1e6,
+        if fast {
+            "the other connections join"
+        } else {
+            "one connection fills the link"
+        }
+    ));
+    if !fast {
+        let rest: Vec<SendFile> = q.parts.drain(..).flatten().collect();
+        if !rest.is_empty() {
+            q.parts.push_back(rest);
+        }
+    }
+    q.open = Some(fast);
+    shared.ready.notify_all();
+}
+
+/// The next part for `lane`: the first lane takes the probe at once; the
+/// others wait for the probe's verdict.
+fn next_part(shared: &Shared<'_>, lane: u32) -> Option<Vec<SendFile>> {
+    let mut q = shared.queue.lock().ok()?;
+    loop {
+        if q.failed || shared.stop.load(Ordering::SeqCst) || crate::interrupt::requested() {
+            return None;
+        }
+        match q.open {
+            Some(false) if lane > 0 => return None,
+            None if lane > 0 => {
+                q = shared
+                    .ready
+                    .wait_timeout(q, std::time::Duration::from_millis(100))
+                    .ok()?
+                    .0;
+            }
+            _ => return q.parts.pop_front(),
+        }
+    }
+}
+
+/// One part on one lane: relayed (the source's frames passed on to this
+/// lane's receiving agent) or direct (the source's own ssh to the target).
+fn send_part(
+    l: &Lanes<'_>,
+    shared: &Shared<'_>,
+    lane: u32,
+    src: &mut Client,
+    rcv: Option<&mut Client>,
+    files: Vec<SendFile>,
+) -> std::result::Result<LaneDone, StreamFailure> {
+    let fail = |e: crate::error::Error, c: &Client| StreamFailure::new(e, c.lost());
+    let plan = l.plan;
+    let count = files.len() as u64;
+    let send = SendRequest {
+        venv: plan.source.venv.clone(),
+        files,
+        cuts: Vec::new(),
+        shebang: Some(ShebangRewrite {
+            from: plan.source.venv.clone(),
+            to: plan.target.venv.clone(),
+        }),
+        compression: l.compression,
+    };
+    match (l.route, &rcv) {
+        (Way::Relay, Some(_)) => src.start_send(send),
+        (Way::Direct { dest, timeout, .. }, _) => src.start_send_direct(
+            send,
+            DirectTo {
+                ssh: dest.to_string(),
+                proxy_jump: direct_jump(plan),
+                agent: l.agent.to_string(),
+                target_venv: plan.target.venv.clone(),
+                generation: l.generation.to_string(),
+                connect_timeout_secs: *timeout,
+                lane: Some(lane),
+            },
+        ),
+        (Way::Relay, None) => Err(err!(kind = Internal, "a relayed lane without a receiver")),
+    }
+    .map_err(|e| fail(e, src))?;
+    let mut rcv = rcv;
+    if let Some(r) = rcv.as_deref_mut() {
+        r.start_receive(&plan.target.venv, l.generation, Some(lane))
+            .map_err(|e| fail(e, r))?;
+    }
+    let ended = relay::follow(
+        src,
+        rcv.as_deref_mut(),
+        relay::Listener {
+            first: &mut || {},
+            progress: &mut |p| lane_progress(shared, lane, p),
+        },
+    )
+    .map_err(|e| StreamFailure::new(e, false))?;
+    lane_finished(shared, lane, count, ended.sent.raw_bytes);
+    let mut waits = StreamWaits {
+        source: ended.sent.waits,
+        target: ended.sent.target_waits,
+    };
+    let written = match rcv {
+        Some(r) => {
+            let (written, w) = r
+                .end_receive(ended.sent.hashes.clone())
+                .map_err(|e| fail(e, r))?;
+            waits.target = w;
+            written
+        }
+        None => ended.written,
+    };
+    Ok(LaneDone {
+        raw: ended.sent.raw_bytes,
+        sent: ended.sent.packed_bytes,
+        hashes: ended.sent.hashes,
+        written,
+        waits,
+        parts: 1,
+    })
+}
+
+/// A lane's progress within its part, added to what every lane finished.
+fn lane_progress(shared: &Shared<'_>, lane: u32, p: &Progress) {
+    let Ok(mut all) = shared.progress.lock() else {
+        return;
+    };
+    if let Some(slot) = all.get_mut(lane as usize) {
+        *slot = *p;
+    }
+    let (files, bytes) = shared.done_bytes.lock().map_or((0, 0), |d| *d);
+    shared.meter.update(&Progress {
+        files: files + all.iter().map(|p| p.files).sum::<u64>(),
+        bytes: bytes + all.iter().map(|p| p.bytes).sum::<u64>(),
+        total_files: shared.totals.0,
+        total_bytes: shared.totals.1,
+    });
+}
+
+/// A lane's part ended: its bytes count as done, its progress starts over.
+fn lane_finished(shared: &Shared<'_>, lane: u32, files: u64, bytes: u64) {
+    let Ok(mut all) = shared.progress.lock() else {
+        return;
+    };
+    if let Some(slot) = all.get_mut(lane as usize) {
+        *slot = Progress::default();
+    }
+    if let Ok(mut d) = shared.done_bytes.lock() {
+        d.0 += files;
+        d.1 += bytes;
+    }
+}
+
+/// For `-vv`: what one lane moved and where its ends waited.
+fn show_lane(obs: &dyn Observer, lane: usize, d: &LaneDone) {
+    let (s, t) = (&d.waits.source, &d.waits.target);
+    obs.detail(&format!(
+        "connection {}: {} part{}, {:.0} MB of files, {:.0} MB on the wire; source {:.2} s, blocked on the connection {:.2} s; target waiting for input {:.2} s",
+        lane + 1,
+        d.parts,
+        if d.parts == 1 { "" } else { "s" },
+        d.raw as f64 / 1e6,
+        d.sent as f64 / 1e6,
+        s.secs,
+        s.sink_secs,
+        t.input_secs
+    ));
+}
+
+fn size(f: &SendFile) -> u64 {
+    match f.kind {
+        Kind::File { size, .. } => size,
+        _ => 0,
+    }
+}
+
+/// `files` cut into at most `n` parts of about equal bytes: the biggest
+/// files first, each into the part with the fewest bytes so far; each
+/// part then in the files' own order (the source reads them in it).
+pub fn cut_parts(files: Vec<SendFile>, n: usize) -> Vec<Vec<SendFile>> {
+    let n = n.clamp(1, files.len().max(1));
+    let mut order: Vec<usize> = (0..files.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(size(&files[i])));
+    let mut load = vec![0u64; n];
+    let mut part_of = vec![0usize; files.len()];
+    for i in order {
+        let (p, _) = load
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, b)| **b)
+            .unwrap_or((0, &0));
+        load[p] += size(&files[i]).max(1);
+        part_of[i] = p;
+    }
+    let mut parts: Vec<Vec<SendFile>> = vec![Vec::new(); n];
+    for (i, f) in files.into_iter().enumerate() {
+        parts[part_of[i]].push(f);
+    }
+    parts.retain(|p| !p.is_empty());
+    parts
+}
+
+#[cfg(test)]
+mod tests;
