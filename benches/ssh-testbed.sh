@@ -35,10 +35,11 @@
 #   RAW_MB       the raw check's size: RAW_MB MiB of zeros through 1, 4
 #                and 8 aes128-gcm connections at once (0: skip)
 #   ONLY         time only these methods
-#   VERIFY       1 (the default): after the first relay and --direct apply,
+#   VERIFY       1 (the default): after the first run of each overlay
+#                method of OVERLAY_BIN (relay, direct, local, the variants),
 #                check the target's stack is the source's (sha256 of every
 #                file but bytecode, modes, symlinks); all: after the first
-#                run of every method; 0: skip
+#                run of every method (BASE_BIN's, rsync, tar-zstd too); 0: skip
 #   PORT         the sshds' port on both addresses (default 22022)
 #   WORK         scratch folder (default /tmp/ssh-testbed); the target venv
 #                is kept there and reused by the next run (KEEP=0 removes it at the end)
@@ -175,15 +176,22 @@ setup_client() {
   # root's ~/.ssh: kept aside and given back at exit (not under ISOLATE,
   # where it is the scratch home's). The same folder serves the controller
   # and the source host's own ssh (--direct, rsync, tar|zstd): one home.
+  local s=$ROOTHOME/.ssh
+  # A run killed before its trap left its ~/.ssh (marked): remove it and
+  # put back the one it had kept aside.
+  if [ -e "$s/.ssh-testbed" ]; then
+    rm -rf "$s"
+    [ ! -e "$W/dot-ssh.orig" ] || mv "$W/dot-ssh.orig" "$s"
+  fi
   if [ -z "${TESTBED_ISOLATED:-}" ]; then
-    if [ -e "$ROOTHOME/.ssh" ]; then
+    if [ -e "$s" ]; then
       SSH_BACKUP=$W/dot-ssh.orig; rm -rf "$SSH_BACKUP"; mv "$ROOTHOME/.ssh" "$SSH_BACKUP"
     else
       SSH_BACKUP=none
     fi
   fi
-  local s=$ROOTHOME/.ssh
-  mkdir -p "$s"; chmod 700 "$s"
+  rm -rf "$s"   # under ISOLATE: the scratch home's, from an earlier run
+  mkdir -p "$s"; chmod 700 "$s"; touch "$s/.ssh-testbed"
   ssh-keygen -q -t ed25519 -N "" -C ssh-testbed -f "$s/id_ed25519"
   # The sessions' PATH (sshd reads it with PermitUserEnvironment): the
   # remote rsync, zstd and the source's ssh are the carried wrappers,
@@ -194,6 +202,12 @@ setup_client() {
 
 start_host() { # start_host NAME IP: an sshd on IP:PORT, named NAME in ~/.ssh/config
   local name=$1 ip=$2 h=$W/hosts/$1
+  # An sshd a killed run left (a command's time limit kills without the
+  # trap) would hold the port: stop it, if it is that run's.
+  local old; old=$(cat "$h/sshd.pid" 2>/dev/null)
+  if [ -n "$old" ] && tr '\0' ' ' < "/proc/$old/cmdline" 2>/dev/null | grep -qF "$h/sshd_config"; then
+    echo "stopping the sshd of an earlier run (pid $old)"; kill "$old"; sleep 0.5
+  fi
   rm -rf "$h"; mkdir -p "$h"
   ssh-keygen -q -t ed25519 -N "" -C "ssh-testbed-$name" -f "$h/host_key"
   cp "$ROOTHOME/.ssh/id_ed25519.pub" "$h/authorized_keys"
@@ -404,10 +418,10 @@ run_method() { # run_method METHOD REP
     echo "FAIL $m $rep $s rc=$rc:"; tail -5 "$OUT/$m-$rep.err" | sed 's/^/  /'
   fi
   grep -h "waits" "$OUT/$m-$rep.err" 2>/dev/null | sed "s/^/$m $rep: /" >> "$OUT/waits.txt"
-  # The first relay and --direct apply of the build measured: is the
-  # target's stack the source's?
+  # The first run of each method of the build measured: is the target's
+  # stack the source's?
   if [ $rc = 0 ] && [[ " $VERIFIED " != *" $m "* ]] &&
-     { [ "$VERIFY" = all ] || { [ "$VERIFY" = 1 ] && { [ "$m" = relay ] || [ "$m" = direct ]; }; }; }; then
+     { [ "$VERIFY" = all ] || { [ "$VERIFY" = 1 ] && [ "${BUILD[$m]}" = new ]; }; }; then
     VERIFIED="$VERIFIED $m"
     verify_stack "$m"
   fi
@@ -424,7 +438,8 @@ stack_state() { # stack_state SITE
 }
 verify_stack() { # verify_stack METHOD
   local f=$OUT/verify-$1.txt
-  stack_state "$SITE" > "$W/src.state"
+  # The source's state once per run (it does not change).
+  [ -s "$W/src.state" ] || stack_state "$SITE" > "$W/src.state"
   stack_state "$TSITE" > "$W/dst.state"
   local spyc tpyc
   spyc=$(cd "$SITE" && find $STACK_NAMES -name '*.pyc' | wc -l)
@@ -470,17 +485,22 @@ summary() {
     printf '  %-24s %7s   (%s)\n' "$m" "${MED[$m]}" "${TIMES[$m]# }"
   done
   echo "ratios:"
-  ratio() { # ratio A B: A's median over B's
+  ratio() { # ratio A B [GOAL]: A's median over B's
     [ -n "${MED[$1]:-}" ] && [ -n "${MED[$2]:-}" ] || return 0
-    awk -v a="${MED[$1]}" -v b="${MED[$2]}" -v n="$1 / $2" 'BEGIN{printf "  %-36s %5.2f\n", n, a/b}'
+    awk -v a="${MED[$1]}" -v b="${MED[$2]}" -v n="$1 / $2" -v g="${3:+(issue 45: <= $3)}" \
+      'BEGIN{printf "  %-36s %5.2f  %s\n", n, a/b, g}'
   }
+  # The issue's goals apply to the build measured (its default and its variants).
+  local goal
   for m in "${METHODS[@]}"; do
+    goal=1; [ "${BUILD[$m]}" = new ] || goal=""
     case $m in
-      relay*) ratio "$m" rsync-aes; ratio "$m" local ;;
-      direct*) ratio "$m" rsync-aes ;;
+      relay*) ratio "$m" rsync-aes ${goal:+0.90}; ratio "$m" local ${goal:+1.15} ;;
+      direct*) ratio "$m" rsync-aes ${goal:+0.85} ;;
     esac
   done
   ratio rsync-aes local
+  grep -h '^VERIFY' "$OUT"/verify-*.txt 2>/dev/null | sed 's/^/  /'
   if [ -s "$OUT/waits.txt" ]; then
     echo "overlay's stream waits (apply -vv):"; sed 's/^/  /' "$OUT/waits.txt"
   fi
@@ -498,7 +518,7 @@ summary() {
   echo "stack: $(echo $STACK_NAMES | wc -w) names, dists: $(echo $STACK_DISTS)"
   (cd "$SITE" && echo "stack: $(find $STACK_NAMES -type f | wc -l) files, $(du -scb --apparent-size $STACK_NAMES | tail -1 | cut -f1) bytes")
 } | tee "$OUT/env.txt"
-: > "$OUT/waits.txt"
+: > "$OUT/waits.txt"; rm -f "$OUT"/verify-*.txt "$W/src.state"
 
 setup_sshd_account
 setup_client
