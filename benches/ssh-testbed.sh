@@ -97,6 +97,12 @@ case $CACHE in cold|warm|none) ;; *) die "CACHE must be cold, warm or none" ;; e
 for t in sshd ssh sftp-server ssh-keygen rsync zstd; do
   [ -x "$SSHDIR/bin/$t" ] || die "$SSHDIR/bin/$t is missing: run benches/ssh-carry.sh $SSHDIR on a Debian 12 machine"
 done
+# Each carried tool must load here with the carried libraries and this
+# host's glibc: say which library is missing rather than have sshd die.
+for t in "$SSHDIR"/libexec/*; do
+  nf=$(LD_LIBRARY_PATH="$SSHDIR/lib" ldd "$t" 2>&1 | grep "not found")
+  [ -z "$nf" ] || die "$t cannot load here: $(echo $nf)"
+done
 chmod +x "$BIN" ${BASE:+"$BASE"}
 mkdir -p "$OUT" "$W"
 OUT=$(realpath "$OUT"); W=$(realpath "$W")
