@@ -50,7 +50,7 @@
 #   ISOLATE      1: run in a private mount namespace with a scratch folder
 #                over root's home, so that ~/.ssh and ~/.cache/overlay of
 #                the real home are not touched (for a test on a shared
-#                machine; VENV and WORK must lie outside the home).
+#                machine; VENV, its interpreter and WORK must lie outside the home).
 #                HIDE_SYSTEM=1 with it: this machine's own sshd, ssh, rsync,
 #                zstd, sftp-server and ssh-keygen are hidden in that
 #                namespace, as on the device, so only the carried ones can run
