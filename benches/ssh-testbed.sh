@@ -392,7 +392,7 @@ settle_cache() {
 
 bin_of() { [ "$1" = base ] && echo "$BASE" || echo "$BIN"; }
 
-# Prepare METHOD (untimed) and print the command to time, one word per line.
+# Prepare METHOD (untimed: its plan) and set CMD, the command to time.
 prepare() { # prepare METHOD REP
   local m=$1 rep=$2 bin plan hosts
   case ${KIND[$m]} in
