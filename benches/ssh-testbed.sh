@@ -443,11 +443,17 @@ run_method() { # run_method METHOD REP
 # "TYPE MODE PATH [-> LINK]" of every stack entry but bytecode, then the
 # sha256 of every file but bytecode: the same on both sides after a
 # correct apply. Bytecode is counted apart (overlay carries the source's
-# __pycache__ of the files it carries, and may leave others).
+# __pycache__ of the files it carries, and may leave others). A RECORD is
+# compared without its rows for bin/ scripts: the target's venv lies at
+# another path, so overlay (as pip would) records the scripts with the
+# target's shebang (docs/apply.md), which rsync and tar do not.
 stack_state() { # stack_state SITE
   (cd "$1" && find $STACK_NAMES -not -path '*/__pycache__*' -printf '%y %m %p %l\n' | sort)
-  (cd "$1" && find $STACK_NAMES -type f -not -path '*/__pycache__/*' -print0 |
+  (cd "$1" && find $STACK_NAMES -type f -not -path '*/__pycache__/*' -not -name RECORD -print0 |
      xargs -0 -r -P "$(nproc)" -n 256 sha256sum | sort -k2)
+  (cd "$1" && for r in $(find $STACK_NAMES -name RECORD -path '*.dist-info/*' | sort); do
+     printf '%s  %s\n' "$(grep -v '^\.\./\.\./\.\./bin/' "$r" | sha256sum | cut -c1-64)" "$r (no bin/ rows)"
+   done)
 }
 verify_stack() { # verify_stack METHOD
   local f=$OUT/verify-$1.txt

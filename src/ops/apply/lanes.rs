@@ -17,9 +17,10 @@
 //! then checks what all lanes staged together (`StagedDirect`), as after
 //! one direct stream: one generation, one journal, the same checks.
 //!
-//! With `--connections auto` the first part goes alone, on the first lane,
-//! as a probe: only if it moved at least [`FAST_LINK`] bytes a second on
-//! the wire do the other lanes (connected meanwhile) join; on a slower link
+//! With `--connections auto` a first part (up to [`PROBE_MAX`] bytes) goes
+//! alone, on the first lane, uncompressed, as a probe: only if it moved at
+//! least [`FAST_LINK`] bytes a second on the wire do the other lanes
+//! (connected meanwhile) join; on a slower link
 //! one connection fills it, the others are closed unused and the first
 //! takes the rest as one stream, so its compression tuner sees the link as
 //! it did before.
@@ -50,11 +51,14 @@ const AUTO_MAX: u32 = 8;
 const AUTO_MIN_BYTES: u64 = 512 << 20;
 /// Each lane takes about this many bytes, at least, under `auto`.
 const AUTO_BYTES_PER_LANE: u64 = 128 << 20;
-/// Bytes a second on the wire, in the probe, above which the link is fast
-/// enough for more connections to help: about 2 Gbit/s, past what one
-/// OpenSSH connection with chacha20 moves on a slower core, and far past a
-/// 1 Gbit/s link, which one connection fills.
-pub const FAST_LINK: f64 = 250e6;
+/// Bytes a second on the wire, in the probe (sent uncompressed under
+/// `--compress auto`), above which the link is fast enough for more
+/// connections to help: 1.2 Gbit/s, past what a 1 Gbit/s link carries
+/// (one connection fills it), and well below what one OpenSSH connection
+/// moves on a server core (0.4–1 GB/s).
+pub const FAST_LINK: f64 = 150e6;
+/// The most bytes the probe takes.
+const PROBE_MAX: u64 = 128 << 20;
 /// The error of a lane that stopped because another failed (not reported).
 const STOPPED: &str = "another connection of the stream failed";
 /// Parts per lane: more evens out lanes that go at different speeds.
@@ -219,11 +223,17 @@ fn lanes(
     let totals = (files.len() as u64, files.iter().map(size).sum());
     dst.open_lanes(n.count)
         .map_err(|e| StreamFailure::new(e, dst.lost()))?;
+    let (probe, files) = if n.probe {
+        take_probe(files, totals.1 / (u64::from(n.count) * 4))
+    } else {
+        (Vec::new(), files)
+    };
     let mut parts = cut_parts(files, n.count as usize * PARTS_PER_LANE);
-    // The probe: the part with the fewest bytes goes first.
+    // The biggest parts first, so that none is left for last; the probe
+    // before them all.
     parts.sort_by_key(|p| std::cmp::Reverse(p.iter().map(size).sum::<u64>()));
-    if let Some(small) = parts.pop() {
-        parts.insert(0, small);
+    if !probe.is_empty() {
+        parts.insert(0, probe);
     }
     let (from, to) = (&l.plan.source.name, &l.plan.target.name);
     let direct = matches!(l.route, Way::Direct { .. });
@@ -362,8 +372,24 @@ fn lane_parts(
     let mut done = LaneDone::default();
     while let Some(files) = next_part(shared, lane) {
         let started = Instant::now();
-        let one = send_part(l, shared, lane, &mut src, rcv.as_mut(), files)?;
-        if lane == 0 && done.parts == 0 {
+        // The probe measures what one connection carries as it is: under
+        // `--compress auto` it goes uncompressed, so that the tuner's trials
+        // (which slow the wire while they pack harder) do not make a fast
+        // link look slow.
+        let probing = lane == 0 && done.parts == 0 && shared.probing();
+        let compression = match l.compression {
+            Compression::Auto if probing => Compression::None,
+            c => c,
+        };
+        let one = send_part(
+            l,
+            shared,
+            lane,
+            (&mut src, rcv.as_mut()),
+            files,
+            compression,
+        )?;
+        if probing {
             judge_probe(l, shared, &one, started.elapsed().as_secs_f64());
         }
         done.raw += one.raw;
@@ -415,6 +441,30 @@ fn judge_probe(l: &Lanes<'_>, shared: &Shared<'_>, probe: &LaneDone, secs: f64) 
     shared.ready.notify_all();
 }
 
+impl Shared<'_> {
+    /// The probe's verdict is still to come.
+    fn probing(&self) -> bool {
+        self.queue.lock().is_ok_and(|q| q.open.is_none())
+    }
+}
+
+/// The probe: files in the plan's order, none bigger than `want` bytes
+/// alone, until they hold `want` (at most [`PROBE_MAX`]); and the rest.
+fn take_probe(files: Vec<SendFile>, want: u64) -> (Vec<SendFile>, Vec<SendFile>) {
+    let want = want.clamp(1, PROBE_MAX);
+    let (mut probe, mut rest) = (Vec::new(), Vec::new());
+    let mut bytes = 0;
+    for f in files {
+        if bytes < want && size(&f) <= want {
+            bytes += size(&f);
+            probe.push(f);
+        } else {
+            rest.push(f);
+        }
+    }
+    (probe, rest)
+}
+
 /// The next part for `lane`: the first lane takes the probe at once; the
 /// others wait for the probe's verdict.
 fn next_part(shared: &Shared<'_>, lane: u32) -> Option<Vec<SendFile>> {
@@ -443,9 +493,9 @@ fn send_part(
     l: &Lanes<'_>,
     shared: &Shared<'_>,
     lane: u32,
-    src: &mut Client,
-    rcv: Option<&mut Client>,
+    (src, rcv): (&mut Client, Option<&mut Client>),
     files: Vec<SendFile>,
+    compression: Compression,
 ) -> std::result::Result<LaneDone, StreamFailure> {
     let fail = |e: crate::error::Error, c: &Client| StreamFailure::new(e, c.lost());
     let plan = l.plan;
@@ -458,7 +508,7 @@ fn send_part(
             from: plan.source.venv.clone(),
             to: plan.target.venv.clone(),
         }),
-        compression: l.compression,
+        compression,
     };
     match (l.route, &rcv) {
         (Way::Relay, Some(_)) => src.start_send(send),

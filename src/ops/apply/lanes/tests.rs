@@ -80,3 +80,21 @@ fn connections_parse() {
     assert!("33".parse::<Connections>().is_err());
     assert!("many".parse::<Connections>().is_err());
 }
+
+#[test]
+fn the_probe_takes_small_files_in_order_up_to_its_bytes() {
+    let files = vec![
+        file(0, 50),
+        file(1, 500),
+        file(2, 40),
+        file(3, 30),
+        file(4, 20),
+    ];
+    let (probe, rest) = take_probe(files, 100);
+    let ids = |v: &[SendFile]| v.iter().map(|f| f.index).collect::<Vec<_>>();
+    assert_eq!(ids(&probe), vec![0, 2, 3]);
+    assert_eq!(ids(&rest), vec![1, 4]);
+    // Never more than PROBE_MAX.
+    let (probe, _) = take_probe(vec![file(0, PROBE_MAX), file(1, 1)], u64::MAX);
+    assert_eq!(ids(&probe), vec![0]);
+}
