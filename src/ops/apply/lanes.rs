@@ -120,6 +120,18 @@ pub fn lane_count(setting: Connections, cores: Cores, bytes: u64) -> LaneCount {
     }
 }
 
+/// A test hook: `OVERLAY_TEST_CORES=N` has `auto` count N cores at every
+/// end, so that a machine of few cores can exercise the probe
+/// (benches/run's 1 Gbit/s phase; docs/generations.md, "Test hooks").
+fn test_cores() -> Option<Cores> {
+    let n = std::env::var("OVERLAY_TEST_CORES").ok()?.parse().ok()?;
+    Some(Cores {
+        src: n,
+        dst: n,
+        here: Some(n),
+    })
+}
+
 /// The stream of `files` to the target's staging by `route`, over as many
 /// connections as [`lane_count`] says.
 pub(super) fn stream_auto(
@@ -134,11 +146,11 @@ pub(super) fn stream_auto(
     let src = connect_source(&plan.source, &opts.connect, obs)?;
     let relayed = matches!(route, Way::Relay);
     let here = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-    let cores = Cores {
+    let cores = test_cores().unwrap_or(Cores {
         src: src.cores(),
         dst: dst.cores(),
         here: relayed.then_some(here),
-    };
+    });
     let bytes = files.iter().map(size).sum();
     let lanes_n = lane_count(opts.connections, cores, bytes);
     let hashes = std::cell::Cell::new(Vec::new());
