@@ -85,7 +85,15 @@ pub enum Request {
     Scan {
         venv: String,
         file_globs: Vec<String>,
+        /// Answer without this host's machine facts (`nvidia-smi` takes a
+        /// moment): they are read meanwhile, for a `Machine` that follows.
+        #[serde(default)]
+        machine_later: bool,
     },
+    /// This host's machine facts, read since a `Scan` with
+    /// `machine_later` (a default `Machine` without one). Answered with
+    /// `Machine`.
+    Machine,
     /// Describe `paths` (relative to site-packages): type, size, mode, and
     /// their blake3 as `hash` asks. `shebang` rewrites script interpreters
     /// before hashing; `pycache` lists each `.py` file's compiled bytecode.
@@ -307,6 +315,7 @@ pub enum Response {
         cores: u32,
     },
     Scan(ScanReport),
+    Machine(crate::model::Machine),
     Progress(Progress),
     /// The data frames that follow are segment `index` of a `Send` with
     /// cuts.

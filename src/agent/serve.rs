@@ -74,7 +74,8 @@ impl Session {
             Request::OpenLanes { count } => h::open_lanes(self, count),
             Request::Stage { shared } => return Ok(h::stage(self, input, shared.as_deref())),
             Request::EndData { .. } => Err(err!(kind = Protocol, "EndData without Stage")),
-            Request::Scan { venv, file_globs } => h::scan(self, &venv, &file_globs),
+            Request::Scan { venv, file_globs, machine_later } => h::scan(self, &venv, &file_globs, machine_later),
+            Request::Machine => h::machine(self),
             Request::Stat { venv, paths, hash, shebang, pycache } =>
                 h::stat(self, output, &venv, &paths, &StatHow { hash, shebang, pycache }),
             Request::StatMembers {

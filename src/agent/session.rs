@@ -57,6 +57,8 @@ pub(super) struct Session {
         String,
         std::thread::JoinHandle<Result<crate::model::Running>>,
     )>,
+    /// This host's machine facts, read since a `Scan` with `machine_later`.
+    pub(super) machine: Option<std::thread::JoinHandle<crate::model::Machine>>,
 }
 
 impl Session {

@@ -14,14 +14,32 @@ use crate::protocol::{Request, Response};
 impl Client {
     /// Scan the venv.
     pub fn scan(&mut self, venv: &str, file_globs: &[String]) -> Result<ScanReport> {
+        self.scan_with(venv, file_globs, false)
+    }
+
+    /// [`Client::scan`]; with `machine_later`, without the host's machine
+    /// facts, which are read meanwhile: ask for them with
+    /// [`Client::machine`].
+    pub fn scan_with(
+        &mut self,
+        venv: &str,
+        file_globs: &[String],
+        machine_later: bool,
+    ) -> Result<ScanReport> {
         self.send(&Request::Scan {
             venv: venv.to_string(),
             file_globs: file_globs.to_vec(),
+            machine_later,
         })?;
         match self.recv()? {
             Response::Scan(r) => Ok(r),
             other => Err(self.unexpected("a scan", &other)),
         }
+    }
+
+    /// The host's machine facts, read since a scan with `machine_later`.
+    pub fn machine(&mut self) -> Result<crate::model::Machine> {
+        answer!(self, &Request::Machine, "the machine's facts", Response::Machine(m) => m)
     }
 
     /// Stat and hash paths, reporting progress.

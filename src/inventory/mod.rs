@@ -38,7 +38,10 @@ pub use hash::{
     ContentHasher, Hashed, content_hex, hash_file, hash_open, rewrite_shebang, stamp_of,
 };
 pub use machine::{machine, module_version, parse_gpus};
-pub use scan::{Header, glob_matcher, host_facts, parse_metadata, parse_record, record_rows, scan};
+pub use scan::{
+    Header, glob_matcher, host_facts, parse_metadata, parse_record, record_rows, scan,
+    scan_without_machine,
+};
 pub use stat::stat;
 pub use walk::{Blocked, Walker};
 

@@ -244,8 +244,18 @@ fn glob_base(glob: &str) -> &str {
     }
 }
 
-/// Scan a venv: interpreter, distributions, glob matches.
+/// Scan a venv: interpreter, distributions, glob matches, and this host's
+/// machine facts.
 pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
+    // The machine's facts (nvidia-smi takes a moment) while the dists are read.
+    let machine = std::thread::spawn(super::machine);
+    let mut report = scan_without_machine(venv_root, file_globs)?;
+    report.machine = machine.join().unwrap_or_default();
+    Ok(report)
+}
+
+/// [`scan`] without the machine facts (left default).
+pub fn scan_without_machine(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
     let venv = Venv::open_source(venv_root)?;
     let site = venv.site();
     let rd = std::fs::read_dir(&site).map_err(|e| {
@@ -262,8 +272,6 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
         .filter(|n| n.ends_with(".dist-info"))
         .collect();
     infos.sort();
-    // The machine's facts (nvidia-smi takes a moment) while the dists are read.
-    let machine = std::thread::spawn(super::machine);
     let dists: Vec<Dist> = infos.par_iter().map(|d| scan_dist(&venv, d)).collect();
 
     let globs = file_globs
@@ -277,7 +285,7 @@ pub fn scan(venv_root: &str, file_globs: &[String]) -> Result<ScanReport> {
         python: venv.python.clone(),
         dists,
         globs,
-        machine: machine.join().unwrap_or_default(),
+        machine: Default::default(),
     })
 }
 

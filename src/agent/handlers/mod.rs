@@ -49,7 +49,7 @@ pub(super) use receive::receive;
 pub(super) use recover::recover;
 pub(super) use rollback::rollback;
 pub(super) use running::{check, prefetch_running, running};
-pub(super) use scan::scan;
+pub(super) use scan::{machine, scan};
 pub(super) use send::{Sending, send};
 pub(super) use send_direct::{Peer, send_direct};
 pub(super) use stage::stage;

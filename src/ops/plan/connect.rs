@@ -35,11 +35,23 @@ pub fn connect_scan(
     opts: &ConnectOptions,
     obs: &dyn Observer,
 ) -> Result<Scanned> {
+    connect_scan_with(host, globs, opts, obs, false)
+}
+
+/// [`connect_scan`]; with `machine_later`, the scan comes without the
+/// host's machine facts (see [`Client::scan_with`]).
+fn connect_scan_with(
+    host: &Host,
+    globs: &[String],
+    opts: &ConnectOptions,
+    obs: &dyn Observer,
+    machine_later: bool,
+) -> Result<Scanned> {
     let connecting = obs.step(Step::Connect, &host.name);
     let mut client = Client::connect(&host.name, &host.endpoint, host.sudo.as_deref(), opts)?;
     connecting.finish();
     let scanning = obs.step(Step::Scan, &host.name);
-    let scan = client.scan(&host.venv, globs)?;
+    let scan = client.scan_with(&host.venv, globs, machine_later)?;
     Ok(Scanned {
         client,
         scan,
@@ -47,7 +59,9 @@ pub fn connect_scan(
     })
 }
 
-/// Connect to both hosts and scan them, at the same time.
+/// Connect to both hosts and scan them, at the same time; their machine
+/// facts come later (`Client::machine`): the target's once the stat is
+/// done, the source's at the end.
 pub(super) fn connect_and_scan(
     src_host: &Host,
     dst_host: &Host,
@@ -56,8 +70,8 @@ pub(super) fn connect_and_scan(
     obs: &dyn Observer,
 ) -> Result<(Scanned, Scanned)> {
     let (s, d) = both(
-        || connect_scan(src_host, globs, opts, obs),
-        || connect_scan(dst_host, globs, opts, obs),
+        || connect_scan_with(src_host, globs, opts, obs, true),
+        || connect_scan_with(dst_host, globs, opts, obs, true),
     );
     Ok((s?, d?))
 }

@@ -28,9 +28,9 @@ pub(super) fn make_plan(
     let clock = Clock::start(obs);
     let globs = globs_of(sets);
     let (mut src, mut dst) = connect_and_scan(src_host, dst_host, &globs, opts, obs)?;
-    let target = host_info(dst_host, &dst.scan);
+    let mut target = host_info(dst_host, &dst.scan);
     let folder = folder_of(&src_host.venv).is_some();
-    let source = source_as_for(&host_info(src_host, &src.scan), folder, &target);
+    let mut source = source_as_for(&host_info(src_host, &src.scan), folder, &target);
     clock.mark("connect and scan");
     plan::check_python(&source, &target)?;
 
@@ -47,6 +47,7 @@ pub(super) fn make_plan(
         dst_members,
         src_entries,
         dst_entries,
+        dst_machine,
     } = stated;
     let plan::Computed {
         sets: set_plans,
@@ -69,6 +70,8 @@ pub(super) fn make_plan(
         dst_members,
     )?;
     clock.mark("decide");
+    dst.scan.machine = dst_machine;
+    target.machine = host_info(dst_host, &dst.scan).machine;
     let preflighted = preflight(
         manifest,
         sets,
@@ -89,6 +92,9 @@ pub(super) fn make_plan(
         &mut warnings,
         obs,
     );
+    // The source's machine facts, read since its scan: only shown.
+    src.scan.machine = src.client.machine()?;
+    source.machine = host_info(src_host, &src.scan).machine;
     let (src_client, dst_client) = (src.client, dst.client);
     let closing = std::thread::spawn(move || {
         let _ = both(|| src_client.close(), || dst_client.close());
@@ -141,7 +147,8 @@ fn read_sides<'s>(
     // side hashes and decides: the source reads the facts of the sets'
     // shared objects, the target lists and reads all of site-packages'.
     // GPU code is read for the target's GPUs (docs/preflight.md#gpu).
-    let gpus = dst_scan.machine.capabilities();
+    stated.dst_machine = dst.machine()?;
+    let gpus = stated.dst_machine.capabilities();
     src.prefetch_elf(
         &src_host.venv,
         shared_files(&stated.src_entries),

@@ -104,6 +104,9 @@ pub(super) struct Stated<'s> {
     pub(super) dst_members: Vec<plan::Members<'s>>,
     pub(super) src_entries: plan::Entries,
     pub(super) dst_entries: plan::Entries,
+    /// The target's machine facts, asked for once the stat was done
+    /// (`make_plan`; default until then).
+    pub(super) dst_machine: crate::model::Machine,
 }
 
 /// Phase 1: stat both sides; no content is read, but hashes the hosts'
@@ -142,6 +145,7 @@ pub(super) fn stat_phase<'s>(
         dst_entries: d?,
         src_members,
         dst_members,
+        dst_machine: Default::default(),
     })
 }
 
