@@ -288,6 +288,11 @@ pub enum Request {
         /// As in `ElfInfo`: this host's GPUs.
         #[serde(default)]
         gpus: Option<Vec<(u32, u32)>>,
+        /// Read GPU code only of these shared objects (site-packages
+        /// relative: those of the sets, which the overlay may replace), for
+        /// this and the `Preflight` that follows; `None`: of all.
+        #[serde(default)]
+        gpu_paths: Option<Vec<String>>,
     },
     /// Target side: predict what fails to load after the overlay.
     Preflight(Box<PreflightRequest>),

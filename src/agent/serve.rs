@@ -112,19 +112,24 @@ impl Session {
             Request::Verify(req) => h::verify(&req),
             Request::ElfInfo { venv, paths, gpus } => {
                 crate::preflight::elf::fatbin::read_for(gpus);
+                crate::preflight::elf::fatbin::read_code_of(None);
                 h::elf_info(self, output, &venv, &paths)
             }
             Request::PrefetchElf { venv, paths, gpus } => {
                 crate::preflight::elf::fatbin::read_for(gpus);
+                crate::preflight::elf::fatbin::read_code_of(None);
                 h::prefetch_elf(self, venv, paths)
             }
-            Request::PrefetchPreflight { venv, gpus } => {
+            Request::PrefetchPreflight { venv, gpus, gpu_paths } => {
                 crate::preflight::elf::fatbin::read_for(gpus);
                 h::prefetch_running(self, &venv);
-                h::prefetch_preflight(self, venv)
+                h::prefetch_preflight(self, venv, gpu_paths.as_deref())
             }
             Request::Preflight(req) => h::preflight(self, output, &req),
-            Request::Doctor(req) => h::doctor(output, &req),
+            Request::Doctor(req) => {
+                crate::preflight::elf::fatbin::read_code_of(None);
+                h::doctor(output, &req)
+            }
             Request::RecordCheck(req) => h::record_check(self, output, &req),
         };
         Ok(Next::Answer(

@@ -136,11 +136,18 @@ impl Client {
     }
 
     /// Start listing the target's shared objects in the background, for
-    /// the [`Client::preflight`] that follows.
-    pub fn prefetch_preflight(&mut self, venv: &str, gpus: Option<Vec<(u32, u32)>>) -> Result<()> {
+    /// the [`Client::preflight`] that follows: GPU code for `gpus`, of
+    /// the objects `gpu_paths` names (site-packages relative; `None`: all).
+    pub fn prefetch_preflight(
+        &mut self,
+        venv: &str,
+        gpus: Option<Vec<(u32, u32)>>,
+        gpu_paths: Option<Vec<String>>,
+    ) -> Result<()> {
         let req = Request::PrefetchPreflight {
             venv: venv.to_string(),
             gpus,
+            gpu_paths,
         };
         answer!(self, &req, "a preflight prefetch", Response::Prefetching => ())
     }

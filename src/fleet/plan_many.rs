@@ -498,7 +498,8 @@ fn plan_for_venv(
     }
     for t in targets.iter_mut() {
         let gpus = t.scan.machine.capabilities();
-        t.client.prefetch_preflight(&t.host.venv, Some(gpus))?;
+        t.client
+            .prefetch_preflight(&t.host.venv, Some(gpus), None)?;
     }
 
     // Phase 2: hash what decides something (see `plan::needs_hash`).

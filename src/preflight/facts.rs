@@ -73,7 +73,7 @@ fn read_one(p: &Path, cache: &FactsCache, parsed: &AtomicUsize) -> Option<ElfInf
         return None;
     }
     if let Some(info) = cache.get(p, &m)
-        && super::elf::fatbin::serves(&info)
+        && super::elf::fatbin::serves(p, &info)
     {
         return info;
     }

@@ -12,7 +12,18 @@ use crate::inventory::Counters;
 use crate::model::PreflightRequest;
 use crate::protocol::Response;
 
-pub fn prefetch_preflight(session: &mut Session, venv: String) -> Result<Response> {
+pub fn prefetch_preflight(
+    session: &mut Session,
+    venv: String,
+    gpu_paths: Option<&[String]>,
+) -> Result<Response> {
+    // The GPU code of the objects named only, for this walk and the
+    // `Preflight` that follows (see `fatbin::read_code_of`).
+    let only = gpu_paths.and_then(|rels| {
+        let site = crate::inventory::Venv::open(&venv).ok()?.site();
+        Some(rels.iter().map(|r| site.join(r)).collect())
+    });
+    crate::preflight::elf::fatbin::read_code_of(only);
     let walk = venv.clone();
     session.prefetch = Some((
         venv,
@@ -34,7 +45,11 @@ pub fn preflight(
     }
     let listed = match session.prefetch.take() {
         Some((venv, walk)) if venv == req.venv => walk.join().ok().flatten(),
-        _ => None,
+        _ => {
+            // No walk ahead for this venv: its filter does not apply.
+            crate::preflight::elf::fatbin::read_code_of(None);
+            None
+        }
     };
     with_progress(output, &counters, || {
         crate::preflight::run_on_target(req, listed)

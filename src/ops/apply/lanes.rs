@@ -20,8 +20,8 @@
 //! With `--connections auto` a first part (up to [`PROBE_MAX`] bytes) goes
 //! alone, on the first lane, uncompressed, as a probe: only if it moved at
 //! least [`FAST_LINK`] bytes a second on the wire do the other lanes
-//! (connected meanwhile) join; on a slower link
-//! one connection fills it, the others are closed unused and the first
+//! connect and join; on a slower link
+//! one connection fills it, the others never connect and the first
 //! takes the rest as one stream, so its compression tuner sees the link as
 //! it did before.
 
@@ -355,6 +355,11 @@ fn lane_parts(
     src: Option<Client>,
 ) -> std::result::Result<LaneDone, StreamFailure> {
     let plan = l.plan;
+    // The other lanes connect only once the probe found the link fast: on
+    // a slow one, logins would cost more than they could bring.
+    if lane > 0 && !wait_open(shared) {
+        return Ok(LaneDone::default());
+    }
     let mut src = match src {
         Some(c) => c,
         None => Client::connect(
@@ -475,6 +480,30 @@ fn take_probe(files: Vec<SendFile>, want: u64) -> (Vec<SendFile>, Vec<SendFile>)
         }
     }
     (probe, rest)
+}
+
+/// Wait for the probe's verdict: may the lanes after the first take parts?
+fn wait_open(shared: &Shared<'_>) -> bool {
+    let Ok(mut q) = shared.queue.lock() else {
+        return false;
+    };
+    loop {
+        if q.failed || shared.stop.load(Ordering::SeqCst) || crate::interrupt::requested() {
+            return false;
+        }
+        match q.open {
+            Some(open) => return open,
+            None => {
+                q = match shared
+                    .ready
+                    .wait_timeout(q, std::time::Duration::from_millis(100))
+                {
+                    Ok((q, _)) => q,
+                    Err(_) => return false,
+                }
+            }
+        }
+    }
 }
 
 /// The next part for `lane`: the first lane takes the probe at once; the

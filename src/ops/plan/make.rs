@@ -154,7 +154,13 @@ fn read_sides<'s>(
         shared_files(&stated.src_entries),
         Some(gpus.clone()),
     )?;
-    dst.prefetch_preflight(&dst_host.venv, Some(gpus))?;
+    // GPU code only of the target's objects in the sets: an object the
+    // overlay leaves has no new finding (docs/preflight.md#gpu).
+    dst.prefetch_preflight(
+        &dst_host.venv,
+        Some(gpus),
+        Some(shared_files(&stated.dst_entries)),
+    )?;
     hash_phase((&src_side, src), (&dst_side, dst), &mut stated, clock, obs)?;
     bytecode_phase(
         (&src_side, src),

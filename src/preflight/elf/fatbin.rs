@@ -59,6 +59,27 @@ const WINDOW: u64 = 64 << 10;
 /// (the target's GPUs) or its own machine ([`read_for`]).
 static WANTED: RwLock<Option<Vec<(u32, u32)>>> = RwLock::new(None);
 
+/// The files whose GPU code is read (`None`: every file's). A plan's
+/// target reads the GPU code of the shared objects its sets hold (those
+/// the overlay may replace, whose findings it compares), not of every
+/// object of site-packages: an object the overlay leaves has the same
+/// findings before and after, none of them new (`doctor` reads them all).
+static CODE_OF: RwLock<Option<std::collections::HashSet<std::path::PathBuf>>> = RwLock::new(None);
+
+/// Read GPU code only of these files from now on (see [`CODE_OF`]).
+pub fn read_code_of(paths: Option<std::collections::HashSet<std::path::PathBuf>>) {
+    *CODE_OF.write().unwrap_or_else(|e| e.into_inner()) = paths;
+}
+
+/// Is the GPU code of `p` read (see [`CODE_OF`])?
+pub fn reads_code_of(p: &std::path::Path) -> bool {
+    CODE_OF
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_none_or(|set| set.contains(p))
+}
+
 /// Read GPU code for these GPUs from now on (see [`WANTED`]).
 pub fn read_for(gpus: Option<Vec<(u32, u32)>>) {
     *WANTED.write().unwrap_or_else(|e| e.into_inner()) = gpus;
@@ -68,13 +89,17 @@ pub fn wanted() -> Option<Vec<(u32, u32)>> {
     WANTED.read().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-/// Does a reading (cached, say) tell what the readings are wanted for
-/// now? Every reading without GPU code does; one that stopped early does
+/// Does a reading (cached, say) of `p` tell what the readings are wanted
+/// for now? Every reading without GPU code does, and any of a file whose
+/// code is not wanted ([`reads_code_of`]); one that stopped early does
 /// when what it read runs on every GPU wanted.
-pub fn serves(info: &Option<crate::model::ElfInfo>) -> bool {
+pub fn serves(p: &std::path::Path, info: &Option<crate::model::ElfInfo>) -> bool {
     let Some(code) = info.as_ref().and_then(|i| i.gpu.as_ref()) else {
         return true;
     };
+    if !reads_code_of(p) {
+        return true;
+    }
     code.complete || wanted().is_some_and(|w| w.iter().all(|&cc| code.sass_runs_on(cc)))
 }
 

@@ -47,7 +47,8 @@ pub fn read_elf(path: &Path) -> io::Result<Option<ElfInfo>> {
             bytes: header,
         }],
     };
-    parse_elf(&file, data).map(Some).map_err(|e| {
+    let code = super::fatbin::reads_code_of(path);
+    parse_elf(&file, data, code).map(Some).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{}: {e}", path.display()),
@@ -135,7 +136,10 @@ fn err(e: object::read::Error) -> String {
     e.to_string()
 }
 
-fn parse_elf(file: &File, mut data: Sparse) -> Result<ElfInfo, String> {
+/// `code`: read the GPU code of a `.nv_fatbin` section; without it, a
+/// section is noted as not read (no container, not complete: it tells
+/// about no GPU, see [`super::fatbin::reads_code_of`]).
+fn parse_elf(file: &File, mut data: Sparse, code: bool) -> Result<ElfInfo, String> {
     if !read_section_headers(file, &mut data)? {
         return Ok(ElfInfo::default());
     }
@@ -148,7 +152,9 @@ fn parse_elf(file: &File, mut data: Sparse) -> Result<ElfInfo, String> {
     let headers = h.section_headers(ENDIAN, &data).map_err(err)?;
     let sections: Sections<'_> = SectionTable::new(headers, StringTable::default());
     let mut info = ElfInfo::default();
-    if let Some(fat) = fatbin {
+    if fatbin.is_some() && !code {
+        info.gpu = Some(crate::model::GpuCode::default());
+    } else if let Some(fat) = fatbin {
         // Small reads far apart: no read-ahead of the kernels between them.
         let _ = rustix::fs::fadvise(
             file,

@@ -119,7 +119,7 @@ fn read_disk(p: &Path, persistent: Option<&StampCache<Option<ElfInfo>>>) -> OnDi
         Ok(m) if m.is_file() => {
             let cached = persistent
                 .and_then(|c| c.get(p, &m))
-                .filter(super::fatbin::serves);
+                .filter(|info| super::fatbin::serves(p, info));
             let info = match cached {
                 Some(info) => info,
                 None => {
