@@ -420,12 +420,17 @@ run_method() { # run_method METHOD REP
   settle_cache
   local t0 t1 rc
   t0=$(date +%s.%N)
-  (cd "$W/ctl" && "${CMD[@]}") > "$OUT/$m-$rep.out" 2> "$OUT/$m-$rep.err"; rc=$?
+  # The controller's own CPU (this machine's side of the relay: libssh2
+  # decrypting from the source and encrypting to the target) from bash's
+  # `time` of the command and its children.
+  { TIMEFORMAT='%U %S'; time (cd "$W/ctl" && "${CMD[@]}") > "$OUT/$m-$rep.out" 2> "$OUT/$m-$rep.err"; } 2> "$W/cpu.txt"
+  rc=$?
   sync
   t1=$(date +%s.%N)
   local s; s=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}')
   if [ $rc = 0 ]; then
     echo "TIME $m $rep $s"
+    echo "CPU $m $rep controller user+sys $(awk '{printf "%.2f + %.2f s", $1, $2}' "$W/cpu.txt")"
     TIMES[$m]="${TIMES[$m]:-} $s"
   else
     echo "FAIL $m $rep $s rc=$rc:"; tail -5 "$OUT/$m-$rep.err" | sed 's/^/  /'
