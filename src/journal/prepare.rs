@@ -522,6 +522,44 @@ mod tests {
         assert!(odd.exists(), "not an id");
     }
 
+    /// A receiver without a lane takes only an empty staging folder; with
+    /// one, only a generation its holder opened to more lanes than that.
+    #[test]
+    fn lanes_are_received_only_where_the_holder_opened_them() {
+        use super::super::tests_support::{change, request};
+        let fx = Fx::new();
+        let state = crate::journal::State::open(&fx.v()).unwrap();
+        let new = New::File(b"x = 1\n".to_vec());
+        let changes = vec![
+            change(
+                &fx,
+                "lib/python3.11/site-packages/a.py",
+                Action::Add,
+                Some(&new),
+            ),
+            change(
+                &fx,
+                "lib/python3.11/site-packages/b.py",
+                Action::Add,
+                Some(&new),
+            ),
+        ];
+        let counters = crate::inventory::Counters::default();
+        let g = state.prepare(&request(&fx, changes), &counters).unwrap();
+        let id = g.meta.id.clone();
+        let receive = |lane| crate::journal::open_for_receive(&fx.v(), &id, lane);
+        assert!(receive(None).is_ok(), "an empty staging folder, no lane");
+        assert!(receive(Some(0)).is_err(), "lanes not opened");
+        g.open_lanes(2).unwrap();
+        assert!(receive(Some(0)).is_ok() && receive(Some(1)).is_ok());
+        assert!(receive(Some(2)).is_err(), "past the lanes opened");
+        // One lane staged a file: the others go on, a receiver without a
+        // lane is refused.
+        std::fs::write(g.dir.join("staging/0"), "x = 1\n").unwrap();
+        assert!(receive(Some(1)).is_ok());
+        assert!(receive(None).is_err());
+    }
+
     /// Two generations in one second (or after the clock stepped back)
     /// still sort in the order they were made.
     #[test]

@@ -94,6 +94,7 @@ mod tests {
             Request::PrefetchPreflight {
                 venv: venv.clone(),
                 gpus: None,
+                gpu_paths: None,
             },
             Request::Preflight(Box::new(req.clone())),
         ]);

@@ -118,6 +118,7 @@ mod tests {
             Request::Scan {
                 venv: v.clone(),
                 file_globs: vec![],
+                machine_later: false,
             },
             right(),
             stat(order.len(), crate::plan::order_check(&order[1..])),
