@@ -50,7 +50,7 @@ pub(super) fn make_plan(
         dst_machine,
     } = stated;
     let plan::Computed {
-        sets: set_plans,
+        sets: mut set_plans,
         mut warnings,
     } = plan::compute_with(
         sets,
@@ -83,7 +83,6 @@ pub(super) fn make_plan(
         &clock,
     )?;
     clock.mark("preflight, and the carried and replaced files against their RECORD");
-    let mut set_plans = set_plans;
     let running = preflighted.running.clone();
     let problems = preflighted.settle(
         (&src_host.name, &src.scan),
@@ -95,10 +94,7 @@ pub(super) fn make_plan(
     // The source's machine facts, read since its scan: only shown.
     src.scan.machine = src.client.machine()?;
     source.machine = host_info(src_host, &src.scan).machine;
-    let (src_client, dst_client) = (src.client, dst.client);
-    let closing = std::thread::spawn(move || {
-        let _ = both(|| src_client.close(), || dst_client.close());
-    });
+    let closing = close_both(src.client, dst.client);
     // Both hosts' listings (two maps of 35,000 entries for a torch stack)
     // are not freed one allocation at a time just before the process exits.
     std::mem::forget((src_entries, dst_entries, src.scan, dst.scan));
@@ -117,10 +113,15 @@ pub(super) fn make_plan(
         provenance: None,
         running: Some(running),
     };
-    Ok(Planned {
-        plan,
-        closing: Closing(vec![closing]),
-    })
+    Ok(Planned { plan, closing })
+}
+
+/// Say goodbye to both agents on a thread of their own (the plan is
+/// saved and printed meanwhile).
+fn close_both(src: Client, dst: Client) -> Closing {
+    Closing(vec![std::thread::spawn(move || {
+        let _ = both(|| src.close(), || dst.close());
+    })])
 }
 /// Phases 1 to 3 on both hosts: stat, hash and the bytecode that travels;
 /// between the first and the second, the preflight's ELF work starts on
