@@ -196,6 +196,27 @@ fn ctrl_c_over_ssh_leaves_the_target_fully_old() {
     untouched(&tb, &before, what);
     eprintln!("{what}: {:?}", t.elapsed());
 
+    // Over several connections (issue 45): every lane stops, the target
+    // discards the one generation they stage into (or, if a lane's
+    // receiving agent is still being torn down, its next command does).
+    let what = "Ctrl-C while streaming over 3 connections";
+    let mut cmd = tb.overlay(&["apply", "--backup", "--connections", "3"]);
+    cmd.env("OVERLAY_TEST_PAUSE_AT", "stream")
+        .env("OVERLAY_TEST_PAUSE_MARK", &mark);
+    let out = interrupt_when(cmd, &mark, what);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_interrupted(
+        &out,
+        "interrupted: nothing changed on dst",
+        "overlay apply",
+        what,
+    );
+    if !err.contains("(staging discarded)") {
+        ok(tb.overlay(&["history", "dst"]).output().unwrap(), "history");
+    }
+    untouched(&tb, &before, what);
+    eprintln!("{what}: {:?}", t.elapsed());
+
     apply_and_roll_back(&tb, &before);
     eprintln!("over SSH: {:?}", t.elapsed());
 }

@@ -573,11 +573,17 @@ fn send_part(
         r.start_receive(&plan.target.venv, l.generation, Some(lane))
             .map_err(|e| fail(e, r))?;
     }
+    let first_part = lane == 0 && shared.done_bytes.lock().is_ok_and(|d| d.0 == 0);
     let ended = relay::follow(
         src,
         rcv.as_deref_mut(),
         relay::Listener {
-            first: &mut || {},
+            // The tests' pause point (tests/interrupt.rs), once.
+            first: &mut || {
+                if first_part {
+                    super::stream::pause_hook("stream")
+                }
+            },
             progress: &mut |p| lane_progress(shared, lane, p),
         },
     )
