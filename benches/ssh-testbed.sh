@@ -423,7 +423,9 @@ run_method() { # run_method METHOD REP
   # The controller's own CPU (this machine's side of the relay: libssh2
   # decrypting from the source and encrypting to the target) from bash's
   # `time` of the command and its children.
-  { TIMEFORMAT='%U %S'; time (cd "$W/ctl" && "${CMD[@]}") > "$OUT/$m-$rep.out" 2> "$OUT/$m-$rep.err"; } 2> "$W/cpu.txt"
+  # (The redirections inside a group of their own: `time` writes to the
+  # timed pipeline's stderr otherwise.)
+  { TIMEFORMAT='%U %S'; time { (cd "$W/ctl" && "${CMD[@]}") > "$OUT/$m-$rep.out" 2> "$OUT/$m-$rep.err"; }; } 2> "$W/cpu.txt"
   rc=$?
   sync
   t1=$(date +%s.%N)
