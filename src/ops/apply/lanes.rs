@@ -354,33 +354,24 @@ fn lane_parts(
     lane: u32,
     src: Option<Client>,
 ) -> std::result::Result<LaneDone, StreamFailure> {
-    let plan = l.plan;
     // The other lanes connect only once the probe found the link fast: on
     // a slow one, logins would cost more than they could bring.
     if lane > 0 && !wait_open(shared) {
         return Ok(LaneDone::default());
     }
-    let mut src = match src {
-        Some(c) => c,
-        None => Client::connect(
-            &plan.source.name,
-            &endpoint(&plan.source),
-            plan.source.sudo.as_deref(),
-            &l.opts.connect,
-        )
-        .map_err(|e| StreamFailure::new(e, false))?,
-    };
-    let mut rcv = match l.route {
-        Way::Relay => Some(
-            Client::connect(
-                &plan.target.name,
-                &endpoint(&plan.target),
-                plan.target.sudo.as_deref(),
-                &l.opts.connect,
-            )
-            .map_err(|e| StreamFailure::new(e, false))?,
-        ),
-        Way::Direct { .. } => None,
+    let (mut src, mut rcv) = match connect_lane(l, src) {
+        Ok(c) => c,
+        // A host that takes fewer logins at once (sshd's MaxStartups, a
+        // rate limit): the other lanes take this one's parts.
+        Err(e) if lane > 0 => {
+            l.obs.warn(&format!(
+                "connection {} of the stream could not be opened ({}); the others carry its share",
+                lane + 1,
+                e.message.lines().next().unwrap_or_default()
+            ));
+            return Ok(LaneDone::default());
+        }
+        Err(e) => return Err(StreamFailure::new(e, false)),
     };
     if let Ok(mut cut) = shared.cut.lock() {
         cut.extend(src.watch());
@@ -425,6 +416,32 @@ fn lane_parts(
     }
     closed.map_err(|e| StreamFailure::new(e, true))?;
     Ok(done)
+}
+
+/// A lane's connections: its source agent (the first lane's is given)
+/// and, relayed, its receiving agent on the target.
+fn connect_lane(
+    l: &Lanes<'_>,
+    src: Option<Client>,
+) -> crate::error::Result<(Client, Option<Client>)> {
+    let plan = l.plan;
+    let connect = |host: &crate::plan::HostInfo| {
+        Client::connect(
+            &host.name,
+            &endpoint(host),
+            host.sudo.as_deref(),
+            &l.opts.connect,
+        )
+    };
+    let src = match src {
+        Some(c) => c,
+        None => connect(&plan.source)?,
+    };
+    let rcv = match l.route {
+        Way::Relay => Some(connect(&plan.target)?),
+        Way::Direct { .. } => None,
+    };
+    Ok((src, rcv))
 }
 
 /// After the probe (the first part, on the first lane alone): open the
