@@ -164,7 +164,11 @@ impl Bench {
                 Ok(outcome) => *self.outcomes.entry(format!("{name}: {outcome}")).or_default() += 1,
                 Err(why) => {
                     let lost = states::lost(&rec.model, c, 12).join("\n    ");
-                    self.violations.push(format!("{name}, {}:\n  {why}\n  lost or torn:\n    {lost}", c.label));
+                    let v = format!("{name}, {}:\n  {why}\n  lost or torn:\n    {lost}", c.label);
+                    if self.violations.len() == violations {
+                        eprintln!("crash states: first violation of {name}:\n{v}");
+                    }
+                    self.violations.push(v);
                 }
             }
             if self.violations.len() >= violations + 10 {
@@ -172,9 +176,10 @@ impl Bench {
             }
         }
         eprintln!(
-            "crash states of {name}: {} ops ({} barriers), {generated} states generated, {checked} distinct checked in {:.1}s",
+            "crash states of {name}: {} ops ({} barriers), {generated} states generated, {checked} distinct checked, {} violations, in {:.1}s",
             rec.model.ops.len(),
             rec.model.ops.iter().filter(|o| matches!(o, model::Op::Sync { .. } | model::Op::SyncFs)).count(),
+            self.violations.len() - violations,
             t0.elapsed().as_secs_f64()
         );
         self.generated += generated;
@@ -183,13 +188,15 @@ impl Bench {
 }
 
 /// The state in the middle of `rec`'s switch with nothing lost: what a
-/// process killed there leaves (the start of the recovery's own run).
+/// process killed there leaves (the start of the recovery's own run). The
+/// switch's moves are its `renameat2` calls (state files are renamed into
+/// place with a plain `renameat`).
 fn mid_switch(rec: &Recorded) -> states::Choice {
-    let syncs: Vec<usize> = (0..rec.model.ops.len())
-        .filter(|&i| matches!(rec.model.ops[i], model::Op::SyncFs))
+    let moves: Vec<usize> = (0..rec.model.ops.len())
+        .filter(|&i| rec.model.what[i].starts_with("renameat2 "))
         .collect();
-    assert!(syncs.len() >= 2, "the apply's stage and switch each end in a syncfs: {syncs:?}");
-    let k = (syncs[0] + syncs[1]) / 2;
+    assert!(moves.len() > 10, "the apply's switch moves files: {moves:?}");
+    let k = moves[moves.len() / 2];
     states::Choice { label: format!("apply killed at op {k}"), k, fates: Default::default() }
 }
 

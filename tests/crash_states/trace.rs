@@ -108,7 +108,16 @@ pub fn parse(log: &Path) -> Vec<Call> {
             (rest[..open].to_string(), rest[open + 1..].to_string())
         };
         if let Some(head) = body.strip_suffix(" <unfinished ...>") {
+            if name == "close" {
+                // The fd is free from the call's start: another thread's
+                // open may return it before this close is logged done.
+                let args = split_args(head);
+                calls.push(Call { tid, name: name.clone(), args, ret: "0".into(), line: n + 1 });
+            }
             pending.insert(tid, (name, head.to_string()));
+            continue;
+        }
+        if name == "close" && rest.starts_with("<... ") {
             continue;
         }
         // `...) = 0`, or `...)      = 0` after a resumed call.
