@@ -39,9 +39,17 @@ use common::{Testbed, ok};
 struct Bench {
     tb: Testbed,
     venv: PathBuf,
+    /// Where states are put: the venv itself, or on FUSE the folder bindfs
+    /// serves (a hard link into the farm cannot cross the mount).
+    real: PathBuf,
+    /// Whether a `syncfs` of the venv's file system makes it durable.
+    syncfs_counts: bool,
     scratch: PathBuf,
     seed: u64,
     random: usize,
+    /// At most this many states per run, picked evenly (the FUSE runs:
+    /// each state costs a third of a second there).
+    budget: usize,
     only: Option<String>,
     generated: usize,
     checked: usize,
@@ -89,10 +97,13 @@ impl Bench {
         eprintln!("crash states: seed {seed:#x} (replay with OVERLAY_CRASH_SEED={seed:#x})");
         Bench {
             tb,
+            real: venv.clone(),
+            syncfs_counts: true,
             venv,
             scratch,
             seed,
             random,
+            budget: usize::MAX,
             only: env("OVERLAY_CRASH_ONLY"),
             generated: 0,
             checked: 0,
@@ -116,7 +127,7 @@ impl Bench {
 
     /// Put `farm`'s tree in place at the venv's path.
     fn put(&self, farm: &Path) {
-        check::materialise(&self.venv, self.root_mode(), &check::farm_tree(farm));
+        check::materialise(&self.real, self.root_mode(), &check::farm_tree(farm));
     }
 
     /// Put `farm`'s tree in place, run `overlay ARGS` under strace there,
@@ -127,7 +138,7 @@ impl Bench {
             self.put(farm);
         }
         let allowed = vec![self.tb.client.clone(), self.tb.work.clone()];
-        let builder = model::Builder::new(&self.venv, farm, allowed, &self.tb.work);
+        let builder = model::Builder::new(&self.venv, farm, allowed, &self.tb.work, self.syncfs_counts);
         let log = self.scratch.join(format!("{name}.trace"));
         let (status, err) = trace::record(&self.tb.overlay(args), &log);
         assert!(status.success(), "overlay {args:?} under strace failed: {err}");
@@ -135,7 +146,7 @@ impl Bench {
         let generation = self.newest_generation();
         let calls = trace::parse(&log);
         let model = builder.build(&calls);
-        let farm = check::farm(&self.venv, &self.scratch.join(format!("farm-{name}")));
+        let farm = check::farm(&self.real, &self.scratch.join(format!("farm-{name}")));
         Recorded { farm, after, generation, model }
     }
 
@@ -144,7 +155,11 @@ impl Bench {
         let t0 = Instant::now();
         let cover = states::cover(&rec.model);
         let seed = self.seed ^ name.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
-        let choices = states::choices(&rec.model, &cover, self.random, seed);
+        let mut choices = states::choices(&rec.model, &cover, self.random, seed);
+        if choices.len() > self.budget {
+            let step = choices.len() as f64 / self.budget as f64;
+            choices = (0..self.budget).map(|i| choices[(i as f64 * step) as usize].clone()).collect();
+        }
         let (mut seen, mut checked, generated) = (HashSet::new(), 0, choices.len());
         let violations = self.violations.len();
         let mode = self.root_mode();
@@ -159,12 +174,14 @@ impl Bench {
                 continue;
             }
             checked += 1;
-            check::materialise(&self.venv, mode, &tree);
+            check::materialise(&self.real, mode, &tree);
             match check::check(&overlay, &self.venv, expect) {
                 Ok(outcome) => *self.outcomes.entry(format!("{name}: {outcome}")).or_default() += 1,
                 Err(why) => {
                     let lost = states::lost(&rec.model, c, 12).join("\n    ");
-                    let v = format!("{name}, {}:\n  {why}\n  lost or torn:\n    {lost}", c.label);
+                    let last: Vec<String> = (c.k.saturating_sub(4)..c.k).map(|i| format!("#{i} {}", rec.model.what[i])).collect();
+                    let last = last.join("\n    ");
+                    let v = format!("{name}, {}:\n  {why}\n  the last ops:\n    {last}\n  lost or torn:\n    {lost}", c.label);
                     if self.violations.len() == violations {
                         eprintln!("crash states: first violation of {name}:\n{v}");
                     }
@@ -200,57 +217,51 @@ fn mid_switch(rec: &Recorded) -> states::Choice {
     states::Choice { label: format!("apply killed at op {k}"), k, fates: Default::default() }
 }
 
-#[test]
-#[cfg_attr(not(overlay_test_root), ignore = "needs root: hard links into the test's farm, strace")]
-fn every_crash_state_recovers_to_old_or_new() {
-    assert!(Path::new("/usr/bin/strace").exists(), "needs strace (run scripts/setup)");
-    let t0 = Instant::now();
-    let mut b = Bench::new();
-    let start = check::farm(&b.venv, &b.scratch.join("farm-start"));
+/// The venv before and after the apply, and what the apply left.
+struct Applied {
+    old: Snap,
+    new: Snap,
+    start: PathBuf,
+    apply: Recorded,
+}
+
+impl Applied {
+    /// What recovery must leave for a run that applies or rolls back.
+    fn expect(&self) -> Expect {
+        Expect {
+            generation: self.apply.generation.clone().expect("the apply's generation"),
+            allowed: vec![
+                ("old".into(), self.old.clone(), vec!["absent", "rolled-back"]),
+                ("new".into(), self.new.clone(), vec!["complete"]),
+            ],
+            rolls_back_to: self.old.clone(),
+        }
+    }
+}
+
+/// Plan, record the apply and check its crash states, then the rollback's.
+fn apply_and_rollback(b: &mut Bench) -> Applied {
+    let start = check::farm(&b.real, &b.scratch.join("farm-start"));
     let old = check::snapshot(&b.venv);
     // The plan sees the venv as every state will have it (a hard link
     // changes an inode's ctime, which the drift check compares).
     b.put(&start);
     ok(b.tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
-
-    // Apply.
     let apply = b.record("apply", &start, &["apply"], true);
     let new = apply.after.clone();
     assert_ne!(old, new, "the apply changed the venv");
-    let apply_like = |generation: &str| Expect {
-        generation: generation.to_string(),
-        allowed: vec![
-            ("old".into(), old.clone(), vec!["absent", "rolled-back"]),
-            ("new".into(), new.clone(), vec!["complete"]),
-        ],
-        rolls_back_to: old.clone(),
-    };
-    b.check_states("apply", &apply, &apply_like(apply.generation.as_deref().unwrap()));
+    let a = Applied { old, new, start, apply };
+    b.check_states("apply", &a.apply, &a.expect());
+    let rollback = b.record("rollback", &a.apply.farm, &["rollback", "dst"], false);
+    assert_eq!(rollback.after, a.old, "the rollback restored the venv");
+    b.check_states("rollback", &rollback, &a.expect());
+    a
+}
 
-    // Rollback of the complete generation.
-    let rollback = b.record("rollback", &apply.farm, &["rollback", "dst"], false);
-    assert_eq!(rollback.after, old, "the rollback restored the venv");
-    b.check_states("rollback", &rollback, &apply_like(apply.generation.as_deref().unwrap()));
-
-    // Recovery after a crash in the middle of the switch, crashed again.
-    let killed = states::realise(&apply.model, &mid_switch(&apply));
-    check::materialise(&b.venv, b.root_mode(), &killed);
-    let crashed = check::farm(&b.venv, &b.scratch.join("farm-crashed"));
-    let recovery = b.record("recovery", &crashed, &["history", "dst"], false);
-    b.check_states("recovery", &recovery, &apply_like(apply.generation.as_deref().unwrap()));
-
-    // Prune of the complete generation: the venv stays new throughout.
-    let prune = b.record("prune", &apply.farm, &["prune", "dst", "--keep", "0"], false);
-    assert_eq!(prune.after, new);
-    let prune_expect = Expect {
-        generation: apply.generation.clone().unwrap(),
-        allowed: vec![("new".into(), new.clone(), vec!["absent", "complete"])],
-        rolls_back_to: old.clone(),
-    };
-    b.check_states("prune", &prune, &prune_expect);
-
+/// The tallies, and the test's verdict.
+fn finish(b: &Bench, a: &Applied, t0: Instant) {
     // Nothing wrote into an inode of the tree from before the run.
-    assert_eq!(check::snapshot(&start), old, "the farm's files changed: overlay wrote into an existing inode");
+    assert_eq!(check::snapshot(&a.start), a.old, "the farm's files changed: overlay wrote into an existing inode");
     eprintln!(
         "crash states: {} generated, {} distinct states checked, {} violations, in {:.1}s; outcomes: {:?}",
         b.generated,
@@ -267,3 +278,55 @@ fn every_crash_state_recovers_to_old_or_new() {
         b.violations.join("\n\n")
     );
 }
+
+#[test]
+#[cfg_attr(not(overlay_test_root), ignore = "needs root: hard links into the test's farm, strace")]
+fn every_crash_state_recovers_to_old_or_new() {
+    assert!(Path::new("/usr/bin/strace").exists(), "needs strace (run scripts/setup)");
+    let t0 = Instant::now();
+    let mut b = Bench::new();
+    let a = apply_and_rollback(&mut b);
+
+    // Recovery after a crash in the middle of the switch, crashed again.
+    let killed = states::realise(&a.apply.model, &mid_switch(&a.apply));
+    check::materialise(&b.real, b.root_mode(), &killed);
+    let crashed = check::farm(&b.real, &b.scratch.join("farm-crashed"));
+    let recovery = b.record("recovery", &crashed, &["history", "dst"], false);
+    b.check_states("recovery", &recovery, &a.expect());
+
+    // Prune of the complete generation: the venv stays new throughout.
+    let prune = b.record("prune", &a.apply.farm, &["prune", "dst", "--keep", "0"], false);
+    assert_eq!(prune.after, a.new);
+    let prune_expect = Expect {
+        allowed: vec![("new".into(), a.new.clone(), vec!["absent", "complete"])],
+        ..a.expect()
+    };
+    b.check_states("prune", &prune, &prune_expect);
+    finish(&b, &a, t0);
+}
+
+/// On FUSE (bindfs over the target venv, in a mount namespace of this
+/// test's thread) the barrier is an fsync per file and per directory, and
+/// a `syncfs` makes nothing durable: the same apply and rollback, every
+/// directory fsync now load-bearing.
+#[test]
+#[cfg_attr(not(overlay_test_root), ignore = "needs root: FUSE mounts in a mount namespace, strace")]
+fn on_fuse_every_crash_state_recovers_to_old_or_new() {
+    assert!(Path::new("/usr/bin/strace").exists(), "needs strace (run scripts/setup)");
+    assert!(Path::new("/usr/bin/bindfs").exists() && Path::new("/dev/fuse").exists(), "needs bindfs");
+    let t0 = Instant::now();
+    let mut b = Bench::new();
+    fuse::private_mount_namespace();
+    b.real = b.venv.with_extension("real");
+    std::fs::rename(&b.venv, &b.real).unwrap();
+    std::fs::create_dir(&b.venv).unwrap();
+    let _mount = fuse::Bindfs::mount(&b.real, &b.venv);
+    b.syncfs_counts = false;
+    b.random = b.random.min(60);
+    b.budget = std::env::var("OVERLAY_CRASH_FUSE_BUDGET").map_or(150, |v| v.parse().unwrap());
+    let a = apply_and_rollback(&mut b);
+    finish(&b, &a, t0);
+}
+
+#[path = "crash_states/fuse.rs"]
+mod fuse;

@@ -22,12 +22,15 @@ use super::states::{Entry, Tree};
 
 pub type Snap = BTreeMap<String, String>;
 
-/// Replace whatever stands at `venv` with `tree`.
+/// Replace whatever stands in the folder `venv` with `tree`.
 pub fn materialise(venv: &Path, root_mode: u32, tree: &Tree) {
-    if venv.exists() {
-        std::fs::remove_dir_all(venv).unwrap();
+    // The root stays (a FUSE mount may serve it): only what is in it goes.
+    for e in std::fs::read_dir(venv).unwrap().flatten() {
+        match e.file_type().unwrap().is_dir() {
+            true => std::fs::remove_dir_all(e.path()).unwrap(),
+            false => std::fs::remove_file(e.path()).unwrap(),
+        }
     }
-    std::fs::create_dir(venv).unwrap();
     for (rel, e) in &tree.entries {
         let p = venv.join(rel);
         let mode = match e {
@@ -46,6 +49,10 @@ pub fn materialise(venv: &Path, root_mode: u32, tree: &Tree) {
             Entry::File(d, mode) => {
                 std::fs::write(&p, d.as_slice()).unwrap();
                 Some(*mode)
+            }
+            Entry::Hard(first) => {
+                std::fs::hard_link(venv.join(first), &p).unwrap();
+                None
             }
             Entry::Link(t) => {
                 let t = std::ffi::OsStr::from_encoded_bytes_unchecked_safe(t);

@@ -84,7 +84,9 @@ pub struct Builder {
     allowed: Vec<PathBuf>,
     cwd: PathBuf,
     umask: u32,
-    dev: u64,
+    /// The venv's device, when a `syncfs` of it makes everything durable
+    /// (`None` on FUSE, where it never reaches the daemon).
+    dev: Option<u64>,
     m: Model,
     cur: HashMap<NodeId, BTreeMap<Vec<u8>, NodeId>>,
     content: HashMap<NodeId, Vec<u8>>,
@@ -104,13 +106,15 @@ fn umask() -> u32 {
 impl Builder {
     /// The model of `venv` as it stands now, its files' contents read from
     /// the same relative paths under `farm`.
-    pub fn new(venv: &Path, farm: &Path, allowed: Vec<PathBuf>, cwd: &Path) -> Builder {
+    /// `syncfs_writes_back`: whether the venv's file system writes
+    /// everything back on `syncfs` (not FUSE's).
+    pub fn new(venv: &Path, farm: &Path, allowed: Vec<PathBuf>, cwd: &Path, syncfs_writes_back: bool) -> Builder {
         let mut b = Builder {
             venv: venv.to_path_buf(),
             allowed,
             cwd: cwd.to_path_buf(),
             umask: umask(),
-            dev: std::fs::metadata(venv).unwrap().dev(),
+            dev: syncfs_writes_back.then(|| std::fs::metadata(venv).unwrap().dev()),
             m: Model {
                 nodes: Vec::new(),
                 root: 0,

@@ -339,8 +339,8 @@ impl Builder {
             "syncfs" => {
                 let p = fd_arg(&c.args[0]).1.unwrap_or_default();
                 let p = PathBuf::from(std::ffi::OsStr::from_encoded_bytes_unchecked_safe(&p));
-                let same = std::fs::metadata(&p).is_ok_and(|m| m.dev() == self.dev);
-                if same || matches!(self.at(p.as_os_str().as_encoded_bytes()), At::Venv(_)) {
+                let same = std::fs::metadata(&p).is_ok_and(|m| Some(m.dev()) == self.dev);
+                if same {
                     self.push(Op::SyncFs, w);
                 }
             }

@@ -148,6 +148,9 @@ pub enum Entry {
     /// A file unchanged since before the run: its file in the farm.
     Farm(std::path::PathBuf, u32),
     File(Arc<Vec<u8>>, u32),
+    /// A second name of a file made during the run (`link(2)`): a hard
+    /// link to the entry at this path, as the run left it.
+    Hard(String),
     Link(Vec<u8>),
 }
 
@@ -186,7 +189,9 @@ pub fn realise(m: &Model, choice: &Choice) -> Tree {
     }
     let mut entries = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    walk(m, &children, &data_ops, &modes, m.root, String::new(), &mut entries, &mut seen);
+    let mut names = HashMap::new();
+    let mut w = Walk { m, children: &children, data_ops: &data_ops, modes: &modes, out: &mut entries, seen: &mut seen, names: &mut names };
+    w.walk(m.root, String::new());
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for (p, e) in &entries {
         p.hash(&mut h);
@@ -195,40 +200,47 @@ pub fn realise(m: &Model, choice: &Choice) -> Tree {
             Entry::Farm(f, mode) => (1u8, f, mode).hash(&mut h),
             Entry::File(d, mode) => (2u8, d.as_slice(), mode).hash(&mut h),
             Entry::Link(t) => (3u8, t).hash(&mut h),
+            Entry::Hard(first) => (4u8, first).hash(&mut h),
         }
     }
     Tree { entries, hash: h.finish() }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn walk(
-    m: &Model,
-    children: &HashMap<NodeId, BTreeMap<Vec<u8>, NodeId>>,
-    data_ops: &HashMap<NodeId, Vec<(usize, Fate)>>,
-    modes: &HashMap<NodeId, u32>,
-    dir: NodeId,
-    prefix: String,
-    out: &mut Vec<(String, Entry)>,
-    seen: &mut std::collections::HashSet<NodeId>,
-) {
-    assert!(seen.insert(dir), "a directory reached twice at {prefix}: the model lost a rename's atomicity");
-    let Some(kids) = children.get(&dir) else { return };
-    for (name, &n) in kids {
-        let path = format!("{prefix}{}", String::from_utf8_lossy(name));
-        let node = &m.nodes[n];
-        let mode = *modes.get(&n).unwrap_or(&node.mode);
-        match &node.kind {
-            Kind::Dir => {
-                out.push((path.clone(), Entry::Dir(mode)));
-                walk(m, children, data_ops, modes, n, format!("{path}/"), out, seen);
-            }
-            Kind::Link(t) => out.push((path, Entry::Link(t.clone()))),
-            Kind::File => {
-                let e = match (data_ops.get(&n), &node.base) {
-                    (None, Some(f)) if mode == node.mode => Entry::Farm(f.clone(), mode),
-                    (ops, base) => Entry::File(Arc::new(content(m, base.as_deref(), ops)), mode),
-                };
-                out.push((path, e));
+/// The walk of a realised tree: parents before children, each directory
+/// once, a file's second name as a hard link to its first.
+struct Walk<'a> {
+    m: &'a Model,
+    children: &'a HashMap<NodeId, BTreeMap<Vec<u8>, NodeId>>,
+    data_ops: &'a HashMap<NodeId, Vec<(usize, Fate)>>,
+    modes: &'a HashMap<NodeId, u32>,
+    out: &'a mut Vec<(String, Entry)>,
+    seen: &'a mut std::collections::HashSet<NodeId>,
+    names: &'a mut HashMap<NodeId, String>,
+}
+
+impl Walk<'_> {
+    fn walk(&mut self, dir: NodeId, prefix: String) {
+        assert!(self.seen.insert(dir), "a directory reached twice at {prefix}: the model lost a rename's atomicity");
+        let Some(kids) = self.children.get(&dir) else { return };
+        for (name, &n) in kids {
+            let path = format!("{prefix}{}", String::from_utf8_lossy(name));
+            let node = &self.m.nodes[n];
+            let mode = *self.modes.get(&n).unwrap_or(&node.mode);
+            match &node.kind {
+                Kind::Dir => {
+                    self.out.push((path.clone(), Entry::Dir(mode)));
+                    self.walk(n, format!("{path}/"));
+                }
+                Kind::Link(t) => self.out.push((path, Entry::Link(t.clone()))),
+                Kind::File => {
+                    let e = match (self.names.get(&n), self.data_ops.get(&n), &node.base) {
+                        (Some(first), _, _) => Entry::Hard(first.clone()),
+                        (None, None, Some(f)) if mode == node.mode => Entry::Farm(f.clone(), mode),
+                        (None, ops, base) => Entry::File(Arc::new(content(self.m, base.as_deref(), ops)), mode),
+                    };
+                    self.names.insert(n, path.clone());
+                    self.out.push((path, e));
+                }
             }
         }
     }
