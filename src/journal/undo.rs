@@ -388,7 +388,7 @@ impl State {
         }
         // Every rename back durable before `RolledBack`: one syncfs, or an
         // fsync of each directory it touched (`journal::durable`).
-        self.sync_changed_dirs(g);
+        self.sync_changed_dirs(g, true);
         if !failed.is_empty() {
             return Err(err!(
                 "Rollback of generation {} in {} could not restore {} path{}: {}",
