@@ -18,9 +18,9 @@
 //! label holds TEXT (`random state 17`, `prefix 120/`);
 //! `OVERLAY_CRASH_RANDOM=N` sets the random states per run.
 
-mod common;
 #[path = "crash_states/check.rs"]
 mod check;
+mod common;
 #[path = "crash_states/model.rs"]
 mod model;
 #[path = "crash_states/states.rs"]
@@ -90,10 +90,13 @@ impl Bench {
         let seed = env("OVERLAY_CRASH_SEED")
             .map(|s| trace::parse_int(&s).expect("OVERLAY_CRASH_SEED: a number") as u64)
             .unwrap_or_else(|| {
-                let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap();
                 t.as_nanos() as u64 ^ u64::from(std::process::id())
             });
-        let random = env("OVERLAY_CRASH_RANDOM").map_or(250, |s| s.parse().expect("OVERLAY_CRASH_RANDOM"));
+        let random =
+            env("OVERLAY_CRASH_RANDOM").map_or(250, |s| s.parse().expect("OVERLAY_CRASH_RANDOM"));
         eprintln!("crash states: seed {seed:#x} (replay with OVERLAY_CRASH_SEED={seed:#x})");
         Bench {
             tb,
@@ -119,10 +122,20 @@ impl Bench {
 
     /// The newest generation `history` lists.
     fn newest_generation(&self) -> Option<String> {
-        let out = ok(self.tb.overlay(&["history", "dst", "--json"]).output().unwrap(), "history");
+        let out = ok(
+            self.tb
+                .overlay(&["history", "dst", "--json"])
+                .output()
+                .unwrap(),
+            "history",
+        );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v.as_array()
-            .and_then(|g| g.iter().filter_map(|g| g["id"].as_str()).max().map(String::from))
+        v.as_array().and_then(|g| {
+            g.iter()
+                .filter_map(|g| g["id"].as_str())
+                .max()
+                .map(String::from)
+        })
     }
 
     /// Put `farm`'s tree in place at the venv's path.
@@ -138,27 +151,41 @@ impl Bench {
             self.put(farm);
         }
         let allowed = vec![self.tb.client.clone(), self.tb.work.clone()];
-        let builder = model::Builder::new(&self.venv, farm, allowed, &self.tb.work, self.syncfs_counts);
+        let builder =
+            model::Builder::new(&self.venv, farm, allowed, &self.tb.work, self.syncfs_counts);
         let log = self.scratch.join(format!("{name}.trace"));
         let (status, err) = trace::record(&self.tb.overlay(args), &log);
-        assert!(status.success(), "overlay {args:?} under strace failed: {err}");
+        assert!(
+            status.success(),
+            "overlay {args:?} under strace failed: {err}"
+        );
         let after = check::snapshot(&self.venv);
         let generation = self.newest_generation();
         let calls = trace::parse(&log);
         let model = builder.build(&calls);
         let farm = check::farm(&self.real, &self.scratch.join(format!("farm-{name}")));
-        Recorded { farm, after, generation, model }
+        Recorded {
+            farm,
+            after,
+            generation,
+            model,
+        }
     }
 
     /// Check every crash state of `rec` against `expect`.
     fn check_states(&mut self, name: &str, rec: &Recorded, expect: &Expect) {
         let t0 = Instant::now();
         let cover = states::cover(&rec.model);
-        let seed = self.seed ^ name.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        let seed = self.seed
+            ^ name
+                .bytes()
+                .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
         let mut choices = states::choices(&rec.model, &cover, self.random, seed);
         if choices.len() > self.budget {
             let step = choices.len() as f64 / self.budget as f64;
-            choices = (0..self.budget).map(|i| choices[(i as f64 * step) as usize].clone()).collect();
+            choices = (0..self.budget)
+                .map(|i| choices[(i as f64 * step) as usize].clone())
+                .collect();
         }
         let (mut seen, mut checked, generated) = (HashSet::new(), 0, choices.len());
         let violations = self.violations.len();
@@ -166,7 +193,11 @@ impl Bench {
         let tb = &self.tb;
         let overlay = |a: &[&str]| tb.overlay(a);
         for c in &choices {
-            if self.only.as_ref().is_some_and(|o| !c.label.contains(o.as_str())) {
+            if self
+                .only
+                .as_ref()
+                .is_some_and(|o| !c.label.contains(o.as_str()))
+            {
                 continue;
             }
             let tree = states::realise(&rec.model, c);
@@ -176,12 +207,22 @@ impl Bench {
             checked += 1;
             check::materialise(&self.real, mode, &tree);
             match check::check(&overlay, &self.venv, expect) {
-                Ok(outcome) => *self.outcomes.entry(format!("{name}: {outcome}")).or_default() += 1,
+                Ok(outcome) => {
+                    *self
+                        .outcomes
+                        .entry(format!("{name}: {outcome}"))
+                        .or_default() += 1
+                }
                 Err(why) => {
                     let lost = states::lost(&rec.model, c, 12).join("\n    ");
-                    let last: Vec<String> = (c.k.saturating_sub(4)..c.k).map(|i| format!("#{i} {}", rec.model.what[i])).collect();
+                    let last: Vec<String> = (c.k.saturating_sub(4)..c.k)
+                        .map(|i| format!("#{i} {}", rec.model.what[i]))
+                        .collect();
                     let last = last.join("\n    ");
-                    let v = format!("{name}, {}:\n  {why}\n  the last ops:\n    {last}\n  lost or torn:\n    {lost}", c.label);
+                    let v = format!(
+                        "{name}, {}:\n  {why}\n  the last ops:\n    {last}\n  lost or torn:\n    {lost}",
+                        c.label
+                    );
                     if self.violations.len() == violations {
                         eprintln!("crash states: first violation of {name}:\n{v}");
                     }
@@ -195,7 +236,11 @@ impl Bench {
         eprintln!(
             "crash states of {name}: {} ops ({} barriers), {generated} states generated, {checked} distinct checked, {} violations, in {:.1}s",
             rec.model.ops.len(),
-            rec.model.ops.iter().filter(|o| matches!(o, model::Op::Sync { .. } | model::Op::SyncFs)).count(),
+            rec.model
+                .ops
+                .iter()
+                .filter(|o| matches!(o, model::Op::Sync { .. } | model::Op::SyncFs))
+                .count(),
             self.violations.len() - violations,
             t0.elapsed().as_secs_f64()
         );
@@ -212,9 +257,16 @@ fn mid_switch(rec: &Recorded) -> states::Choice {
     let moves: Vec<usize> = (0..rec.model.ops.len())
         .filter(|&i| rec.model.what[i].starts_with("renameat2 "))
         .collect();
-    assert!(moves.len() > 10, "the apply's switch moves files: {moves:?}");
+    assert!(
+        moves.len() > 10,
+        "the apply's switch moves files: {moves:?}"
+    );
     let k = moves[moves.len() / 2];
-    states::Choice { label: format!("apply killed at op {k}"), k, fates: Default::default() }
+    states::Choice {
+        label: format!("apply killed at op {k}"),
+        k,
+        fates: Default::default(),
+    }
 }
 
 /// The venv before and after the apply, and what the apply left.
@@ -229,9 +281,17 @@ impl Applied {
     /// What recovery must leave for a run that applies or rolls back.
     fn expect(&self) -> Expect {
         Expect {
-            generation: self.apply.generation.clone().expect("the apply's generation"),
+            generation: self
+                .apply
+                .generation
+                .clone()
+                .expect("the apply's generation"),
             allowed: vec![
-                ("old".into(), self.old.clone(), vec!["absent", "rolled-back"]),
+                (
+                    "old".into(),
+                    self.old.clone(),
+                    vec!["absent", "rolled-back"],
+                ),
                 ("new".into(), self.new.clone(), vec!["complete"]),
             ],
             rolls_back_to: self.old.clone(),
@@ -246,11 +306,19 @@ fn apply_and_rollback(b: &mut Bench) -> Applied {
     // The plan sees the venv as every state will have it (a hard link
     // changes an inode's ctime, which the drift check compares).
     b.put(&start);
-    ok(b.tb.overlay(&["plan", "src", "dst"]).output().unwrap(), "plan");
+    ok(
+        b.tb.overlay(&["plan", "src", "dst"]).output().unwrap(),
+        "plan",
+    );
     let apply = b.record("apply", &start, &["apply"], true);
     let new = apply.after.clone();
     assert_ne!(old, new, "the apply changed the venv");
-    let a = Applied { old, new, start, apply };
+    let a = Applied {
+        old,
+        new,
+        start,
+        apply,
+    };
     b.check_states("apply", &a.apply, &a.expect());
     let rollback = b.record("rollback", &a.apply.farm, &["rollback", "dst"], false);
     assert_eq!(rollback.after, a.old, "the rollback restored the venv");
@@ -261,7 +329,11 @@ fn apply_and_rollback(b: &mut Bench) -> Applied {
 /// The tallies, and the test's verdict.
 fn finish(b: &Bench, a: &Applied, t0: Instant) {
     // Nothing wrote into an inode of the tree from before the run.
-    assert_eq!(check::snapshot(&a.start), a.old, "the farm's files changed: overlay wrote into an existing inode");
+    assert_eq!(
+        check::snapshot(&a.start),
+        a.old,
+        "the farm's files changed: overlay wrote into an existing inode"
+    );
     eprintln!(
         "crash states: {} generated, {} distinct states checked, {} violations, in {:.1}s; outcomes: {:?}",
         b.generated,
@@ -280,9 +352,15 @@ fn finish(b: &Bench, a: &Applied, t0: Instant) {
 }
 
 #[test]
-#[cfg_attr(not(overlay_test_root), ignore = "needs root: hard links into the test's farm, strace")]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: hard links into the test's farm, strace"
+)]
 fn every_crash_state_recovers_to_old_or_new() {
-    assert!(Path::new("/usr/bin/strace").exists(), "needs strace (run scripts/setup)");
+    assert!(
+        Path::new("/usr/bin/strace").exists(),
+        "needs strace (run scripts/setup)"
+    );
     let t0 = Instant::now();
     let mut b = Bench::new();
     let a = apply_and_rollback(&mut b);
@@ -295,7 +373,12 @@ fn every_crash_state_recovers_to_old_or_new() {
     b.check_states("recovery", &recovery, &a.expect());
 
     // Prune of the complete generation: the venv stays new throughout.
-    let prune = b.record("prune", &a.apply.farm, &["prune", "dst", "--keep", "0"], false);
+    let prune = b.record(
+        "prune",
+        &a.apply.farm,
+        &["prune", "dst", "--keep", "0"],
+        false,
+    );
     assert_eq!(prune.after, a.new);
     let prune_expect = Expect {
         allowed: vec![("new".into(), a.new.clone(), vec!["absent", "complete"])],
@@ -310,10 +393,19 @@ fn every_crash_state_recovers_to_old_or_new() {
 /// a `syncfs` makes nothing durable: the same apply and rollback, every
 /// directory fsync now load-bearing.
 #[test]
-#[cfg_attr(not(overlay_test_root), ignore = "needs root: FUSE mounts in a mount namespace, strace")]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: FUSE mounts in a mount namespace, strace"
+)]
 fn on_fuse_every_crash_state_recovers_to_old_or_new() {
-    assert!(Path::new("/usr/bin/strace").exists(), "needs strace (run scripts/setup)");
-    assert!(Path::new("/usr/bin/bindfs").exists() && Path::new("/dev/fuse").exists(), "needs bindfs");
+    assert!(
+        Path::new("/usr/bin/strace").exists(),
+        "needs strace (run scripts/setup)"
+    );
+    assert!(
+        Path::new("/usr/bin/bindfs").exists() && Path::new("/dev/fuse").exists(),
+        "needs bindfs"
+    );
     let t0 = Instant::now();
     let mut b = Bench::new();
     fuse::private_mount_namespace();

@@ -97,20 +97,34 @@ pub struct Expect {
 }
 
 /// How one crash state recovered (for the counts), or a violation.
-pub fn check(overlay: &dyn Fn(&[&str]) -> Command, venv: &Path, expect: &Expect) -> Result<&'static str, String> {
+pub fn check(
+    overlay: &dyn Fn(&[&str]) -> Command,
+    venv: &Path,
+    expect: &Expect,
+) -> Result<&'static str, String> {
     let (code, out, err) = run(overlay(&["history", "dst", "--json"]));
     if code != Some(0) {
-        return Err(format!("recovery (`overlay history`) failed ({code:?}): {err}"));
+        return Err(format!(
+            "recovery (`overlay history`) failed ({code:?}): {err}"
+        ));
     }
-    let listed: serde_json::Value = serde_json::from_slice(&out).map_err(|e| format!("history --json: {e}"))?;
+    let listed: serde_json::Value =
+        serde_json::from_slice(&out).map_err(|e| format!("history --json: {e}"))?;
     let mut status = "absent";
     for g in listed.as_array().into_iter().flatten() {
         let s = g["status"].as_str().unwrap_or("?");
         if s != "complete" && s != "rolled-back" {
-            return Err(format!("after recovery, generation {} is {s}: {}", g["id"], g["damaged"]));
+            return Err(format!(
+                "after recovery, generation {} is {s}: {}",
+                g["id"], g["damaged"]
+            ));
         }
         if g["id"] == expect.generation.as_str() {
-            status = if s == "complete" { "complete" } else { "rolled-back" };
+            status = if s == "complete" {
+                "complete"
+            } else {
+                "rolled-back"
+            };
         }
     }
     let now = snapshot(venv);
@@ -122,14 +136,18 @@ pub fn check(overlay: &dyn Fn(&[&str]) -> Command, venv: &Path, expect: &Expect)
         ));
     };
     if !statuses.contains(&status) {
-        return Err(format!("the venv is {name} but history says the generation is {status}"));
+        return Err(format!(
+            "the venv is {name} but history says the generation is {status}"
+        ));
     }
     if status != "complete" {
         return Ok(if name == "old" { "old" } else { "new" });
     }
     let (code, _, err) = run(overlay(&["rollback", "dst"]));
     if code != Some(0) {
-        return Err(format!("the venv is {name}, generation complete, but `rollback` failed ({code:?}): {err}"));
+        return Err(format!(
+            "the venv is {name}, generation complete, but `rollback` failed ({code:?}): {err}"
+        ));
     }
     let after = snapshot(venv);
     if after != expect.rolls_back_to {
@@ -138,12 +156,20 @@ pub fn check(overlay: &dyn Fn(&[&str]) -> Command, venv: &Path, expect: &Expect)
             differences(&expect.rolls_back_to, &after)
         ));
     }
-    Ok(if name == "old" { "old, rolled back" } else { "new, rolled back" })
+    Ok(if name == "old" {
+        "old, rolled back"
+    } else {
+        "new, rolled back"
+    })
 }
 
 fn run(mut c: Command) -> (Option<i32>, Vec<u8>, String) {
     let out = c.output().unwrap();
-    (out.status.code(), out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// The venv less overlay's state, as `common::snapshot` describes it.
@@ -176,8 +202,17 @@ pub fn differences(want: &Snap, got: &Snap) -> String {
 /// tree as it stands, kept while states are materialised from it.
 pub fn farm(venv: &Path, farm: &Path) -> PathBuf {
     let _ = std::fs::remove_dir_all(farm);
-    let out = Command::new("cp").arg("-al").arg(venv).arg(farm).output().unwrap();
-    assert!(out.status.success(), "cp -al: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("cp")
+        .arg("-al")
+        .arg(venv)
+        .arg(farm)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cp -al: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     farm.to_path_buf()
 }
 
@@ -186,7 +221,12 @@ pub fn farm_tree(farm: &Path) -> Tree {
     let mut entries = Vec::new();
     for e in walkdir::WalkDir::new(farm).min_depth(1).sort_by_file_name() {
         let e = e.unwrap();
-        let rel = e.path().strip_prefix(farm).unwrap().to_string_lossy().into_owned();
+        let rel = e
+            .path()
+            .strip_prefix(farm)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         let m = e.path().symlink_metadata().unwrap();
         let mode = m.permissions().mode() & 0o7777;
         let entry = if m.is_dir() {

@@ -8,8 +8,16 @@ use std::process::Command;
 pub fn private_mount_namespace() {
     // SAFETY: a plain syscall; it changes only this thread's namespace.
     let r = unsafe { libc::unshare(libc::CLONE_NEWNS) };
-    assert_eq!(r, 0, "unshare(CLONE_NEWNS): {}", std::io::Error::last_os_error());
-    let out = Command::new("mount").args(["--make-rprivate", "/"]).output().unwrap();
+    assert_eq!(
+        r,
+        0,
+        "unshare(CLONE_NEWNS): {}",
+        std::io::Error::last_os_error()
+    );
+    let out = Command::new("mount")
+        .args(["--make-rprivate", "/"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "mount --make-rprivate /");
 }
 
@@ -26,7 +34,11 @@ impl Bindfs {
             .arg(at)
             .output()
             .unwrap();
-        assert!(out.status.success(), "bindfs: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "bindfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Bindfs(at.to_path_buf())
     }
 }

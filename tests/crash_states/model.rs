@@ -47,10 +47,19 @@ pub enum Op {
         data: Arc<Vec<u8>>,
     },
     /// The size set (`ftruncate`, `O_TRUNC`, `fallocate` growing it).
-    SetLen { node: NodeId, len: u64 },
-    Mode { node: NodeId, mode: u32 },
+    SetLen {
+        node: NodeId,
+        len: u64,
+    },
+    Mode {
+        node: NodeId,
+        mode: u32,
+    },
     /// fsync (`data_only` false) or fdatasync of one inode.
-    Sync { node: NodeId, data_only: bool },
+    Sync {
+        node: NodeId,
+        data_only: bool,
+    },
     SyncFs,
 }
 
@@ -108,7 +117,13 @@ impl Builder {
     /// the same relative paths under `farm`.
     /// `syncfs_writes_back`: whether the venv's file system writes
     /// everything back on `syncfs` (not FUSE's).
-    pub fn new(venv: &Path, farm: &Path, allowed: Vec<PathBuf>, cwd: &Path, syncfs_writes_back: bool) -> Builder {
+    pub fn new(
+        venv: &Path,
+        farm: &Path,
+        allowed: Vec<PathBuf>,
+        cwd: &Path,
+        syncfs_writes_back: bool,
+    ) -> Builder {
         let mut b = Builder {
             venv: venv.to_path_buf(),
             allowed,
@@ -138,7 +153,12 @@ impl Builder {
             let kind = if meta.is_dir() {
                 Kind::Dir
             } else if meta.file_type().is_symlink() {
-                Kind::Link(std::fs::read_link(e.path()).unwrap().into_os_string().into_encoded_bytes())
+                Kind::Link(
+                    std::fs::read_link(e.path())
+                        .unwrap()
+                        .into_os_string()
+                        .into_encoded_bytes(),
+                )
             } else {
                 Kind::File
             };
@@ -199,13 +219,19 @@ impl Builder {
 
     fn at(&self, p: &[u8]) -> At {
         let p = Path::new(std::ffi::OsStr::from_encoded_bytes_unchecked_safe(p));
-        let p = if p.is_absolute() { p.to_path_buf() } else { self.cwd.join(p) };
+        let p = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.cwd.join(p)
+        };
         match p.strip_prefix(&self.venv) {
             Ok(rel) => {
                 let mut comps = Vec::new();
                 for c in rel.components() {
                     match c {
-                        std::path::Component::Normal(n) => comps.push(n.as_encoded_bytes().to_vec()),
+                        std::path::Component::Normal(n) => {
+                            comps.push(n.as_encoded_bytes().to_vec())
+                        }
                         std::path::Component::CurDir => {}
                         other => panic!("a path with {other:?} in it: {}", p.display()),
                     }
@@ -245,9 +271,14 @@ impl Builder {
         let (name, dir) = comps
             .split_last()
             .unwrap_or_else(|| panic!("log line {}: {} of the venv root itself", c.line, c.name));
-        let p = self
-            .lookup(dir)
-            .unwrap_or_else(|| panic!("log line {}: {}: no {} in the model", c.line, c.name, self.rel(dir)));
+        let p = self.lookup(dir).unwrap_or_else(|| {
+            panic!(
+                "log line {}: {}: no {} in the model",
+                c.line,
+                c.name,
+                self.rel(dir)
+            )
+        });
         (p, name.clone())
     }
 
@@ -255,10 +286,16 @@ impl Builder {
     fn outside(&self, p: &Path, c: &Call) {
         let s = p.to_string_lossy();
         let special = ["/proc/", "/dev/", "pipe:", "socket:", "anon_inode:"];
-        if special.iter().any(|x| s.starts_with(x)) || self.allowed.iter().any(|a| p.starts_with(a)) {
+        if special.iter().any(|x| s.starts_with(x)) || self.allowed.iter().any(|a| p.starts_with(a))
+        {
             return;
         }
-        panic!("log line {}: {} changed {} outside the target venv", c.line, c.name, p.display());
+        panic!(
+            "log line {}: {} changed {} outside the target venv",
+            c.line,
+            c.name,
+            p.display()
+        );
     }
 
     fn tgid(&self, tid: u32) -> u32 {
@@ -306,7 +343,14 @@ impl Builder {
             v.resize(end, 0);
         }
         v[off as usize..end].copy_from_slice(&data);
-        self.push(Op::Write { node, off, data: Arc::new(data) }, what);
+        self.push(
+            Op::Write {
+                node,
+                off,
+                data: Arc::new(data),
+            },
+            what,
+        );
     }
 
     fn set_len(&mut self, node: NodeId, len: u64, what: String) {
@@ -368,7 +412,10 @@ impl Builder {
             p.is_some_and(|p| matches!(self.at(&p), At::Venv(_)))
         });
         if on_venv || c.name == "chdir" || c.name == "fchdir" {
-            panic!("log line {}: {} cannot be replayed by the crash-state model", c.line, c.name);
+            panic!(
+                "log line {}: {} cannot be replayed by the crash-state model",
+                c.line, c.name
+            );
         }
     }
 }
@@ -387,5 +434,3 @@ impl FromBytes for std::ffi::OsStr {
 
 #[path = "model_calls.rs"]
 mod calls;
-
-

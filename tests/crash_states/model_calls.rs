@@ -26,7 +26,10 @@ pub fn describe(c: &Call, venv: &std::path::Path) -> String {
         .iter()
         .filter_map(|a| fd_arg(a).1.or_else(|| str_arg(a)).filter(|p| p.len() < 300))
         .map(|p| {
-            let p = p.strip_prefix(v).map(|r| r.strip_prefix(b"/").unwrap_or(r)).unwrap_or(&p);
+            let p = p
+                .strip_prefix(v)
+                .map(|r| r.strip_prefix(b"/").unwrap_or(r))
+                .unwrap_or(&p);
             String::from_utf8_lossy(p).into_owned()
         })
         .collect();
@@ -37,7 +40,10 @@ pub fn describe(c: &Call, venv: &std::path::Path) -> String {
 /// the caller's process.
 pub fn thread_of(c: &Call) -> Option<(u32, bool)> {
     let flags = match c.name.as_str() {
-        "clone" => c.args.iter().find_map(|a| a.strip_prefix("flags=").and_then(parse_int)),
+        "clone" => c
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix("flags=").and_then(parse_int)),
         "clone3" => field(&c.args[0], "flags"),
         "fork" | "vfork" => Some(0),
         _ => return None,
@@ -54,7 +60,11 @@ impl Builder {
     pub(super) fn open(&mut self, c: &Call) {
         let (path, flags, mode) = match c.name.as_str() {
             "open" => (str_arg(&c.args[0]), parse_int(&c.args[1]), c.args.get(2)),
-            "creat" => (str_arg(&c.args[0]), Some(O_CREAT | O_TRUNC | 1), c.args.get(1)),
+            "creat" => (
+                str_arg(&c.args[0]),
+                Some(O_CREAT | O_TRUNC | 1),
+                c.args.get(1),
+            ),
             "openat" => (
                 str_arg(&c.args[1]).map(|n| self.join(&c.args[0], &n)),
                 parse_int(&c.args[2]),
@@ -69,7 +79,12 @@ impl Builder {
         let flags = flags.unwrap_or(0);
         let mode = mode
             .and_then(|m| parse_int(m))
-            .or_else(|| c.args.get(2).filter(|_| c.name == "openat2").and_then(|a| field(a, "mode")))
+            .or_else(|| {
+                c.args
+                    .get(2)
+                    .filter(|_| c.name == "openat2")
+                    .and_then(|a| field(a, "mode"))
+            })
             .unwrap_or(0o644) as u32;
         let path = c.ret_path().or(path).expect("open's path");
         let writes = flags & O_ACCMODE != 0 || flags & (O_CREAT | O_TRUNC) != 0;
@@ -80,23 +95,39 @@ impl Builder {
                 if writes {
                     self.outside(&p, c);
                 }
-                let st = Fd { node: None, outside: Some(p), pos: 0, append: false };
+                let st = Fd {
+                    node: None,
+                    outside: Some(p),
+                    pos: 0,
+                    append: false,
+                };
                 self.fds.insert(key, st);
                 return;
             }
             At::Venv(comps) => comps,
         };
-        assert!(flags & O_TMPFILE != O_TMPFILE, "log line {}: O_TMPFILE in the venv", c.line);
+        assert!(
+            flags & O_TMPFILE != O_TMPFILE,
+            "log line {}: O_TMPFILE in the venv",
+            c.line
+        );
         let node = match self.lookup(&comps) {
             Some(n) => {
-                if flags & O_TRUNC != 0 && flags & O_ACCMODE != 0 && self.m.nodes[n].kind == Kind::File {
+                if flags & O_TRUNC != 0
+                    && flags & O_ACCMODE != 0
+                    && self.m.nodes[n].kind == Kind::File
+                {
                     let w = self.what(c);
                     self.set_len(n, 0, w);
                 }
                 n
             }
             None => {
-                assert!(flags & O_CREAT != 0, "log line {}: opened a path the model lacks", c.line);
+                assert!(
+                    flags & O_CREAT != 0,
+                    "log line {}: opened a path the model lacks",
+                    c.line
+                );
                 let (parent, name) = self.parent(&comps, c);
                 let n = self.add(Kind::File, None, mode & !self.umask & 0o7777);
                 self.cur.get_mut(&parent).unwrap().insert(name.clone(), n);
@@ -106,17 +137,37 @@ impl Builder {
             }
         };
         let append = flags & O_APPEND != 0;
-        self.fds.insert(key, Fd { node: Some(node), outside: None, pos: 0, append });
+        self.fds.insert(
+            key,
+            Fd {
+                node: Some(node),
+                outside: None,
+                pos: 0,
+                append,
+            },
+        );
     }
 
     pub(super) fn fork(&mut self, c: &Call) {
-        let Some((child, false)) = thread_of(c) else { return };
+        let Some((child, false)) = thread_of(c) else {
+            return;
+        };
         let parent = self.tgid(c.tid);
         let copies: Vec<_> = self
             .fds
             .iter()
             .filter(|((t, _), _)| *t == parent)
-            .map(|((_, fd), f)| (*fd, Fd { node: f.node, outside: f.outside.clone(), pos: f.pos, append: f.append }))
+            .map(|((_, fd), f)| {
+                (
+                    *fd,
+                    Fd {
+                        node: f.node,
+                        outside: f.outside.clone(),
+                        pos: f.pos,
+                        append: f.append,
+                    },
+                )
+            })
             .collect();
         for (fd, f) in copies {
             self.fds.insert((child, fd), f);
@@ -135,7 +186,12 @@ impl Builder {
         let new = parse_int(c.ret.split('<').next().unwrap()).unwrap();
         let old = fd_arg(&c.args[0]).0;
         if let Some(f) = self.fds.get(&(t, old)) {
-            let copy = Fd { node: f.node, outside: f.outside.clone(), pos: f.pos, append: f.append };
+            let copy = Fd {
+                node: f.node,
+                outside: f.outside.clone(),
+                pos: f.pos,
+                append: f.append,
+            };
             self.fds.insert((t, new), copy);
         } else {
             self.fds.remove(&(t, new));
@@ -156,12 +212,18 @@ impl Builder {
 
     pub(super) fn data_write(&mut self, c: &Call) {
         let n = c.ret_value().unwrap() as usize;
-        let Some(node) = self.fd_node(c, 0) else { return };
+        let Some(node) = self.fd_node(c, 0) else {
+            return;
+        };
         let mut data = match c.name.as_str() {
             "write" | "pwrite64" => str_arg(&c.args[1]).unwrap_or_default(),
             _ => iov_bytes(&c.args[1]),
         };
-        assert!(data.len() >= n, "log line {}: the payload is cut short (strace -s)", c.line);
+        assert!(
+            data.len() >= n,
+            "log line {}: the payload is cut short (strace -s)",
+            c.line
+        );
         data.truncate(n);
         let t = self.tgid(c.tid);
         let size = self.content(node).len() as u64;
@@ -184,13 +246,18 @@ impl Builder {
             "copy_file_range" => (0, ptr_int(&c.args[1]), 2, ptr_int(&c.args[3])),
             _ => (1, ptr_int(&c.args[2]), 0, None),
         };
-        let Some(node) = self.fd_node(c, fout) else { return };
+        let Some(node) = self.fd_node(c, fout) else {
+            return;
+        };
         let t = self.tgid(c.tid);
         let mut pos = |arg: usize, given: Option<i64>| -> u64 {
             match given {
                 Some(o) => o as u64,
                 None => {
-                    let f = self.fds.get_mut(&(t, fd_arg(&c.args[arg]).0)).expect("a known fd");
+                    let f = self
+                        .fds
+                        .get_mut(&(t, fd_arg(&c.args[arg]).0))
+                        .expect("a known fd");
                     f.pos += n as u64;
                     f.pos - n as u64
                 }
@@ -211,7 +278,9 @@ impl Builder {
             }
             return;
         }
-        let Some(node) = self.fd_node(c, 0) else { return };
+        let Some(node) = self.fd_node(c, 0) else {
+            return;
+        };
         match c.name.as_str() {
             "ftruncate" => self.set_len(node, parse_int(&c.args[1]).unwrap() as u64, w),
             "ioctl" if parse_int(&c.args[1]) == Some(FICLONE) => {
@@ -226,12 +295,17 @@ impl Builder {
                     parse_int(&c.args[3]).unwrap() as u64,
                 );
                 match mode {
-                    0 if off + len > self.content(node).len() as u64 => self.set_len(node, off + len, w),
+                    0 if off + len > self.content(node).len() as u64 => {
+                        self.set_len(node, off + len, w)
+                    }
                     0 | 1 => {}
                     _ => panic!("log line {}: fallocate mode {mode:#x} in the venv", c.line),
                 }
             }
-            _ => panic!("log line {}: {} {} in the venv cannot be replayed", c.line, c.name, c.args[1]),
+            _ => panic!(
+                "log line {}: {} {} in the venv cannot be replayed",
+                c.line, c.name, c.args[1]
+            ),
         }
     }
 
@@ -257,11 +331,21 @@ impl Builder {
             _ => panic!("log line {}: {} across the venv's edge", c.line, c.name),
         };
         if link {
-            assert!(flags & AT_EMPTY_PATH == 0, "log line {}: linkat AT_EMPTY_PATH", c.line);
+            assert!(
+                flags & AT_EMPTY_PATH == 0,
+                "log line {}: linkat AT_EMPTY_PATH",
+                c.line
+            );
         } else {
-            assert!(flags & (RENAME_EXCHANGE | RENAME_WHITEOUT) == 0, "log line {}: rename flags {flags:#x}", c.line);
+            assert!(
+                flags & (RENAME_EXCHANGE | RENAME_WHITEOUT) == 0,
+                "log line {}: rename flags {flags:#x}",
+                c.line
+            );
         }
-        let node = self.lookup(&from).unwrap_or_else(|| panic!("log line {}: no source in the model", c.line));
+        let node = self
+            .lookup(&from)
+            .unwrap_or_else(|| panic!("log line {}: no source in the model", c.line));
         let (fp, fname) = self.parent(&from, c);
         let (tp, tname) = self.parent(&to, c);
         let mut effects = vec![(tp, tname.clone(), Some(node))];
@@ -346,7 +430,13 @@ impl Builder {
             }
             name => {
                 if let Some(node) = self.fd_node(c, 0) {
-                    self.push(Op::Sync { node, data_only: name == "fdatasync" }, w);
+                    self.push(
+                        Op::Sync {
+                            node,
+                            data_only: name == "fdatasync",
+                        },
+                        w,
+                    );
                 }
             }
         }

@@ -38,7 +38,11 @@ pub fn cover(m: &Model) -> Vec<usize> {
             Op::Write { node, .. } | Op::SetLen { node, .. } => fs.min(get(&data, node)),
             Op::Mode { node, .. } => fs.min(get(&full, node)),
             Op::Entry(effects) => {
-                let dirs = effects.iter().map(|(d, _, _)| get(&data, d)).max().unwrap_or(never);
+                let dirs = effects
+                    .iter()
+                    .map(|(d, _, _)| get(&data, d))
+                    .max()
+                    .unwrap_or(never);
                 fs.min(dirs)
             }
             Op::Sync { .. } | Op::SyncFs => i,
@@ -89,7 +93,11 @@ impl Rng {
 }
 
 fn pieces(off: u64, len: u64) -> u64 {
-    if len == 0 { 1 } else { (off + len - 1) / PIECE - off / PIECE + 1 }
+    if len == 0 {
+        1
+    } else {
+        (off + len - 1) / PIECE - off / PIECE + 1
+    }
 }
 
 /// Every prefix with its non-durable ops all lost, with only its
@@ -101,10 +109,25 @@ pub fn choices(m: &Model, cover: &[usize], random: usize, seed: u64) -> Vec<Choi
     let mut out = Vec::new();
     for k in 0..=n {
         let all = pending(k).map(|i| (i, Fate::Lost)).collect();
-        out.push(Choice { label: format!("prefix {k}/{n}, every non-durable op lost"), k, fates: all });
-        let data = pending(k).filter(|&i| !is_entry(&m.ops[i])).map(|i| (i, Fate::Lost)).collect();
-        out.push(Choice { label: format!("prefix {k}/{n}, non-durable data lost"), k, fates: data });
-        out.push(Choice { label: format!("prefix {k}/{n}, nothing lost"), k, fates: HashMap::new() });
+        out.push(Choice {
+            label: format!("prefix {k}/{n}, every non-durable op lost"),
+            k,
+            fates: all,
+        });
+        let data = pending(k)
+            .filter(|&i| !is_entry(&m.ops[i]))
+            .map(|i| (i, Fate::Lost))
+            .collect();
+        out.push(Choice {
+            label: format!("prefix {k}/{n}, non-durable data lost"),
+            k,
+            fates: data,
+        });
+        out.push(Choice {
+            label: format!("prefix {k}/{n}, nothing lost"),
+            k,
+            fates: HashMap::new(),
+        });
     }
     for r in 0..random {
         let s = seed ^ (r as u64).wrapping_mul(0x2545_F491_4F6C_DD1D);
@@ -120,7 +143,9 @@ pub fn choices(m: &Model, cover: &[usize], random: usize, seed: u64) -> Vec<Choi
                     seen += 1;
                     if seen > cut { Fate::Lost } else { Fate::Kept }
                 }
-                Op::Write { off, data, .. } if pieces(*off, data.len() as u64) > 1 && rng.next() % 3 == 0 => {
+                Op::Write { off, data, .. }
+                    if pieces(*off, data.len() as u64) > 1 && rng.next() % 3 == 0 =>
+                {
                     Fate::Torn(rng.next())
                 }
                 _ if rng.next() % 2 == 0 => Fate::Lost,
@@ -128,7 +153,11 @@ pub fn choices(m: &Model, cover: &[usize], random: usize, seed: u64) -> Vec<Choi
             };
             fates.insert(i, fate);
         }
-        out.push(Choice { label: format!("random state {r} (seed {s:#x}), prefix {k}/{n}"), k, fates });
+        out.push(Choice {
+            label: format!("random state {r} (seed {s:#x}), prefix {k}/{n}"),
+            k,
+            fates,
+        });
     }
     out
 }
@@ -180,7 +209,9 @@ pub fn realise(m: &Model, choice: &Choice) -> Tree {
                     };
                 }
             }
-            Op::Write { node, .. } | Op::SetLen { node, .. } => data_ops.entry(*node).or_default().push((i, fate)),
+            Op::Write { node, .. } | Op::SetLen { node, .. } => {
+                data_ops.entry(*node).or_default().push((i, fate))
+            }
             Op::Mode { node, mode } => {
                 modes.insert(*node, *mode);
             }
@@ -190,7 +221,15 @@ pub fn realise(m: &Model, choice: &Choice) -> Tree {
     let mut entries = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut names = HashMap::new();
-    let mut w = Walk { m, children: &children, data_ops: &data_ops, modes: &modes, out: &mut entries, seen: &mut seen, names: &mut names };
+    let mut w = Walk {
+        m,
+        children: &children,
+        data_ops: &data_ops,
+        modes: &modes,
+        out: &mut entries,
+        seen: &mut seen,
+        names: &mut names,
+    };
     w.walk(m.root, String::new());
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for (p, e) in &entries {
@@ -203,7 +242,10 @@ pub fn realise(m: &Model, choice: &Choice) -> Tree {
             Entry::Hard(first) => (4u8, first).hash(&mut h),
         }
     }
-    Tree { entries, hash: h.finish() }
+    Tree {
+        entries,
+        hash: h.finish(),
+    }
 }
 
 /// The walk of a realised tree: parents before children, each directory
@@ -220,8 +262,13 @@ struct Walk<'a> {
 
 impl Walk<'_> {
     fn walk(&mut self, dir: NodeId, prefix: String) {
-        assert!(self.seen.insert(dir), "a directory reached twice at {prefix}: the model lost a rename's atomicity");
-        let Some(kids) = self.children.get(&dir) else { return };
+        assert!(
+            self.seen.insert(dir),
+            "a directory reached twice at {prefix}: the model lost a rename's atomicity"
+        );
+        let Some(kids) = self.children.get(&dir) else {
+            return;
+        };
         for (name, &n) in kids {
             let path = format!("{prefix}{}", String::from_utf8_lossy(name));
             let node = &self.m.nodes[n];
@@ -236,7 +283,9 @@ impl Walk<'_> {
                     let e = match (self.names.get(&n), self.data_ops.get(&n), &node.base) {
                         (Some(first), _, _) => Entry::Hard(first.clone()),
                         (None, None, Some(f)) if mode == node.mode => Entry::Farm(f.clone(), mode),
-                        (None, ops, base) => Entry::File(Arc::new(content(self.m, base.as_deref(), ops)), mode),
+                        (None, ops, base) => {
+                            Entry::File(Arc::new(content(self.m, base.as_deref(), ops)), mode)
+                        }
                     };
                     self.names.insert(n, path.clone());
                     self.out.push((path, e));
@@ -266,7 +315,8 @@ fn content(m: &Model, base: Option<&std::path::Path>, ops: Option<&Vec<(usize, F
                         if v.len() < next as usize {
                             v.resize(next as usize, 0);
                         }
-                        v[at as usize..next as usize].copy_from_slice(&data[(at - off) as usize..(next - off) as usize]);
+                        v[at as usize..next as usize]
+                            .copy_from_slice(&data[(at - off) as usize..(next - off) as usize]);
                     }
                     at = next;
                     piece += 1;
@@ -284,7 +334,16 @@ pub fn lost(m: &Model, choice: &Choice, max: usize) -> Vec<String> {
         .fates
         .iter()
         .filter(|(_, f)| **f != Fate::Kept)
-        .map(|(i, f)| (*i, format!("#{i} {} {}", if *f == Fate::Lost { "lost:" } else { "torn:" }, m.what[*i])))
+        .map(|(i, f)| {
+            (
+                *i,
+                format!(
+                    "#{i} {} {}",
+                    if *f == Fate::Lost { "lost:" } else { "torn:" },
+                    m.what[*i]
+                ),
+            )
+        })
         .collect();
     v.sort();
     let n = v.len();

@@ -17,21 +17,59 @@ use std::process::Command;
 /// fails the test (`model.rs`). Every call is recorded (no `-e trace=`
 /// filter), so a call that changes the tree cannot go unseen.
 pub const READ_ONLY: &[&str] = &[
-    "access", "faccessat", "faccessat2", "stat", "lstat", "fstat", "newfstatat", "statx",
-    "statfs", "fstatfs", "getdents64", "readlink", "readlinkat", "flock", "fadvise64",
-    "readahead", "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr",
-    "preadv", "preadv2", "mmap", "poll", "ppoll", "select", "pselect6", "execve", "wait4",
+    "access",
+    "faccessat",
+    "faccessat2",
+    "stat",
+    "lstat",
+    "fstat",
+    "newfstatat",
+    "statx",
+    "statfs",
+    "fstatfs",
+    "getdents64",
+    "readlink",
+    "readlinkat",
+    "flock",
+    "fadvise64",
+    "readahead",
+    "getxattr",
+    "lgetxattr",
+    "fgetxattr",
+    "listxattr",
+    "llistxattr",
+    "flistxattr",
+    "preadv",
+    "preadv2",
+    "mmap",
+    "poll",
+    "ppoll",
+    "select",
+    "pselect6",
+    "execve",
+    "wait4",
 ];
 
 /// Run `cmd` under strace, the log to `log`. Returns the command's exit
 /// status and its stderr (strace's own output goes to the log).
 pub fn record(cmd: &Command, log: &Path) -> (std::process::ExitStatus, String) {
     let mut s = Command::new("strace");
-    s.args(["-f", "-qq", "-y", "-xx", "-X", "raw", "-s", "1000000000", "-e", "signal=none"])
-        .arg("-o")
-        .arg(log)
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
+    s.args([
+        "-f",
+        "-qq",
+        "-y",
+        "-xx",
+        "-X",
+        "raw",
+        "-s",
+        "1000000000",
+        "-e",
+        "signal=none",
+    ])
+    .arg("-o")
+    .arg(log)
+    .arg(cmd.get_program())
+    .args(cmd.get_args());
     for (k, v) in cmd.get_envs() {
         match v {
             Some(v) => s.env(k, v),
@@ -45,7 +83,10 @@ pub fn record(cmd: &Command, log: &Path) -> (std::process::ExitStatus, String) {
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("cannot run strace (run scripts/setup): {e}"));
-    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// One completed system call.
@@ -104,7 +145,9 @@ pub fn parse(log: &Path) -> Vec<Call> {
                 .unwrap_or_else(|| panic!("line {}: resumed without a start", n + 1));
             (name.to_string(), format!("{head}{tail}"))
         } else {
-            let open = rest.find('(').unwrap_or_else(|| panic!("line {}: {line}", n + 1));
+            let open = rest
+                .find('(')
+                .unwrap_or_else(|| panic!("line {}: {line}", n + 1));
             (rest[..open].to_string(), rest[open + 1..].to_string())
         };
         if let Some(head) = body.strip_suffix(" <unfinished ...>") {
@@ -112,7 +155,13 @@ pub fn parse(log: &Path) -> Vec<Call> {
                 // The fd is free from the call's start: another thread's
                 // open may return it before this close is logged done.
                 let args = split_args(head);
-                calls.push(Call { tid, name: name.clone(), args, ret: "0".into(), line: n + 1 });
+                calls.push(Call {
+                    tid,
+                    name: name.clone(),
+                    args,
+                    ret: "0".into(),
+                    line: n + 1,
+                });
             }
             pending.insert(tid, (name, head.to_string()));
             continue;
