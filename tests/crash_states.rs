@@ -16,7 +16,9 @@
 //! `OVERLAY_CRASH_SEED=N` replays the random states of one run (the seed
 //! is printed); `OVERLAY_CRASH_ONLY=TEXT` checks only the states whose
 //! label holds TEXT (`random state 17`, `prefix 120/`);
-//! `OVERLAY_CRASH_RANDOM=N` sets the random states per run.
+//! `OVERLAY_CRASH_RANDOM=N` sets the random states per run;
+//! `OVERLAY_CRASH_RESUME=1` recovers every other state with `apply
+//! --resume` first (open findings there, see docs/design.md).
 
 #[path = "crash_states/check.rs"]
 mod check;
@@ -50,6 +52,8 @@ struct Bench {
     /// At most this many states per run, picked evenly (the FUSE runs:
     /// each state costs a third of a second there).
     budget: usize,
+    /// Whether half the states are recovered with `apply --resume`.
+    resume: bool,
     only: Option<String>,
     generated: usize,
     checked: usize,
@@ -96,7 +100,7 @@ impl Bench {
                 t.as_nanos() as u64 ^ u64::from(std::process::id())
             });
         let random =
-            env("OVERLAY_CRASH_RANDOM").map_or(250, |s| s.parse().expect("OVERLAY_CRASH_RANDOM"));
+            env("OVERLAY_CRASH_RANDOM").map_or(200, |s| s.parse().expect("OVERLAY_CRASH_RANDOM"));
         eprintln!("crash states: seed {seed:#x} (replay with OVERLAY_CRASH_SEED={seed:#x})");
         Bench {
             tb,
@@ -107,6 +111,7 @@ impl Bench {
             seed,
             random,
             budget: usize::MAX,
+            resume: false,
             only: env("OVERLAY_CRASH_ONLY"),
             generated: 0,
             checked: 0,
@@ -162,8 +167,9 @@ impl Bench {
         let after = check::snapshot(&self.venv);
         let generation = self.newest_generation();
         let calls = trace::parse(&log);
-        let model = builder.build(&calls);
+        let mut model = builder.build(&calls);
         let farm = check::farm(&self.real, &self.scratch.join(format!("farm-{name}")));
+        model.after = Some(farm.clone());
         Recorded {
             farm,
             after,
@@ -206,12 +212,13 @@ impl Bench {
             }
             checked += 1;
             check::materialise(&self.real, mode, &tree);
-            match check::check(&overlay, &self.venv, expect) {
+            // Every other state is recovered with `apply --resume` first.
+            let resume = self.resume && checked % 2 == 0;
+            match check::check(&overlay, &self.venv, expect, resume) {
                 Ok(outcome) => {
-                    *self
-                        .outcomes
-                        .entry(format!("{name}: {outcome}"))
-                        .or_default() += 1
+                    let how = if resume { ", after apply --resume" } else { "" };
+                    let key = format!("{name}: {outcome}{how}");
+                    *self.outcomes.entry(key).or_default() += 1
                 }
                 Err(why) => {
                     let lost = states::lost(&rec.model, c, 12).join("\n    ");
@@ -319,6 +326,9 @@ fn apply_and_rollback(b: &mut Bench) -> Applied {
         start,
         apply,
     };
+    // `OVERLAY_CRASH_RESUME=1`: every other state is recovered with
+    // `apply --resume` first (not yet in CI: see docs/design.md).
+    b.resume = std::env::var_os("OVERLAY_CRASH_RESUME").is_some_and(|v| v == "1");
     b.check_states("apply", &a.apply, &a.expect());
     let rollback = b.record("rollback", &a.apply.farm, &["rollback", "dst"], false);
     assert_eq!(rollback.after, a.old, "the rollback restored the venv");
@@ -333,6 +343,11 @@ fn finish(b: &Bench, a: &Applied, t0: Instant) {
         check::snapshot(&a.start),
         a.old,
         "the farm's files changed: overlay wrote into an existing inode"
+    );
+    assert_eq!(
+        check::snapshot(&a.apply.farm),
+        a.new,
+        "the files the apply left changed: overlay wrote into an existing inode"
     );
     eprintln!(
         "crash states: {} generated, {} distinct states checked, {} violations, in {:.1}s; outcomes: {:?}",
@@ -384,6 +399,7 @@ fn every_crash_state_recovers_to_old_or_new() {
         allowed: vec![("new".into(), a.new.clone(), vec!["absent", "complete"])],
         ..a.expect()
     };
+    b.resume = false;
     b.check_states("prune", &prune, &prune_expect);
     finish(&b, &a, t0);
 }
@@ -415,7 +431,7 @@ fn on_fuse_every_crash_state_recovers_to_old_or_new() {
     let _mount = fuse::Bindfs::mount(&b.real, &b.venv);
     b.syncfs_counts = false;
     b.random = b.random.min(60);
-    b.budget = std::env::var("OVERLAY_CRASH_FUSE_BUDGET").map_or(150, |v| v.parse().unwrap());
+    b.budget = std::env::var("OVERLAY_CRASH_FUSE_BUDGET").map_or(100, |v| v.parse().unwrap());
     let a = apply_and_rollback(&mut b);
     finish(&b, &a, t0);
 }

@@ -477,6 +477,46 @@ mod tests {
     use crate::inventory::Counters;
     use crate::model::Action;
 
+    /// A switch interrupted after any step, resumed (`apply --resume`),
+    /// then rolled back: the venv is as before, exactly.
+    #[test]
+    fn a_resumed_switch_rolls_back_exactly() {
+        for k in 0..10 {
+            let fx = Fx::new();
+            std::fs::create_dir_all(fx.site().join("pkg/sub")).unwrap();
+            std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
+            std::fs::write(fx.site().join("pkg/gone.py"), b"gone").unwrap();
+            std::fs::write(fx.site().join("pkg/sub/s.py"), b"old s").unwrap();
+            let before = fx.tree();
+            let news = [
+                Some(New::File(b"new a".to_vec())),
+                None,
+                Some(New::File(b"b".to_vec())),
+                Some(New::File(b"new s".to_vec())),
+            ];
+            let changes = vec![
+                change(&fx, "pkg/a.py", Action::Replace, news[0].as_ref()),
+                change(&fx, "pkg/gone.py", Action::Delete, None),
+                change(&fx, "pkg/new/b.py", Action::Add, news[2].as_ref()),
+                change(&fx, "pkg/sub/s.py", Action::Replace, news[3].as_ref()),
+            ];
+            let state = State::open(&fx.v()).unwrap();
+            let counters = Counters::default();
+            let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
+            stage(&mut g, &news);
+            let asked = std::sync::atomic::AtomicUsize::new(0);
+            let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= k;
+            let stopped = state.switch_unless(&mut g, &stop).unwrap().is_none();
+            drop(g);
+            if stopped {
+                state.recover(true, &counters).unwrap();
+            }
+            let r = state.rollback(None, false, &counters);
+            assert!(r.is_ok(), "stopped after {k} steps: {:?}", r.err());
+            assert_eq!(fx.tree(), before, "stopped after {k} steps");
+        }
+    }
+
     /// The no-replace fallback places a file with link(2), then unlinks
     /// the staged name; a crash between the two leaves the staged inode
     /// under both names. Its undo must take the venv's name away (the

@@ -97,7 +97,35 @@ pub struct Expect {
 }
 
 /// How one crash state recovered (for the counts), or a violation.
+/// `resume`: first `overlay apply --resume`, the other recovery an
+/// operator may choose (it completes an interrupted switch instead of
+/// rolling it back; it refuses a generation that never staged all its
+/// files, and then the default recovery below rolls that back).
 pub fn check(
+    overlay: &dyn Fn(&[&str]) -> Command,
+    venv: &Path,
+    expect: &Expect,
+    resume: bool,
+) -> Result<&'static str, String> {
+    if resume {
+        let (code, _, err) = run(overlay(&["apply", "--resume"]));
+        if code.is_none() || code == Some(101) {
+            return Err(format!(
+                "`overlay apply --resume` crashed ({code:?}): {err}"
+            ));
+        }
+        return judge(overlay, venv, expect).map_err(|e| {
+            format!(
+                "{e}\n  after `overlay apply --resume` ({code:?}): {}",
+                err.trim()
+            )
+        });
+    }
+    judge(overlay, venv, expect)
+}
+
+/// Recover with `history` and judge what is left.
+fn judge(
     overlay: &dyn Fn(&[&str]) -> Command,
     venv: &Path,
     expect: &Expect,
@@ -115,8 +143,10 @@ pub fn check(
         let s = g["status"].as_str().unwrap_or("?");
         if s != "complete" && s != "rolled-back" {
             return Err(format!(
-                "after recovery, generation {} is {s}: {}",
-                g["id"], g["damaged"]
+                "after recovery, generation {} is {s}: {}; history said: {}",
+                g["id"],
+                g["damaged"],
+                err.trim()
             ));
         }
         if g["id"] == expect.generation.as_str() {

@@ -72,6 +72,13 @@ pub struct Model {
     pub ops: Vec<Op>,
     /// What each op was, for messages (`renameat2 staging/3 -> lib/x.py`).
     pub what: Vec<String>,
+    /// The files the run made that it left in the tree: where, with what
+    /// bytes and mode. A state where one of them is whole links it from
+    /// the farm of the tree after the run (`after`), so that it keeps the
+    /// inode and mtime the journal recorded, as after a real power cut.
+    pub made: HashMap<NodeId, (String, Arc<Vec<u8>>, u32)>,
+    /// The farm of the tree after the run, once made.
+    pub after: Option<PathBuf>,
 }
 
 struct Fd {
@@ -136,6 +143,8 @@ impl Builder {
                 base_children: HashMap::new(),
                 ops: Vec::new(),
                 what: Vec::new(),
+                made: HashMap::new(),
+                after: None,
             },
             cur: HashMap::new(),
             content: HashMap::new(),
@@ -173,6 +182,39 @@ impl Builder {
         b
     }
 
+    /// Note every file the run made that stands in the final tree.
+    fn made_files(&mut self, dir: NodeId, prefix: String) {
+        let kids: Vec<(Vec<u8>, NodeId)> = match self.cur.get(&dir) {
+            Some(k) => k.iter().map(|(n, i)| (n.clone(), *i)).collect(),
+            None => return,
+        };
+        for (name, n) in kids {
+            let path = format!("{prefix}{}", String::from_utf8_lossy(&name));
+            match self.m.nodes[n].kind {
+                Kind::Dir => self.made_files(n, format!("{path}/")),
+                Kind::File if self.m.nodes[n].base.is_none() && !self.m.made.contains_key(&n) => {
+                    let mode = self.mode_now(n);
+                    let bytes = Arc::new(self.content(n).clone());
+                    self.m.made.insert(n, (path, bytes, mode));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A node's mode after every mode change of the run.
+    fn mode_now(&self, n: NodeId) -> u32 {
+        self.m
+            .ops
+            .iter()
+            .rev()
+            .find_map(|o| match o {
+                Op::Mode { node, mode } if *node == n => Some(*mode),
+                _ => None,
+            })
+            .unwrap_or(self.m.nodes[n].mode)
+    }
+
     fn add(&mut self, kind: Kind, base: Option<PathBuf>, mode: u32) -> NodeId {
         if kind == Kind::Dir {
             self.cur.entry(self.m.nodes.len()).or_default();
@@ -206,6 +248,7 @@ impl Builder {
         for c in calls {
             self.call(c);
         }
+        self.made_files(self.m.root, String::new());
         self.m
     }
 

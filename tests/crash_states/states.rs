@@ -284,7 +284,16 @@ impl Walk<'_> {
                         (Some(first), _, _) => Entry::Hard(first.clone()),
                         (None, None, Some(f)) if mode == node.mode => Entry::Farm(f.clone(), mode),
                         (None, ops, base) => {
-                            Entry::File(Arc::new(content(self.m, base.as_deref(), ops)), mode)
+                            let bytes = content(self.m, base.as_deref(), ops);
+                            match (self.m.made.get(&n), &self.m.after) {
+                                // Whole, as the run left it: the very inode.
+                                (Some((rel, want, m)), Some(after))
+                                    if *want.as_ref() == bytes && *m == mode =>
+                                {
+                                    Entry::Farm(after.join(rel), mode)
+                                }
+                                _ => Entry::File(Arc::new(bytes), mode),
+                            }
                         }
                     };
                     self.names.insert(n, path.clone());
