@@ -450,6 +450,19 @@ impl State {
         meta.durability = Some(super::durable::durability(&self.fs, &fs));
         write_before(&fs, &dir, before)?;
         write_meta(&fs, &dir, &meta)?;
+        // The generation's own entry, and those of the folders above it
+        // (made by `State::open` the first time): durable before anything
+        // in the venv changes. On ext4 the stage's `syncfs` covers them
+        // too; where the barrier is an fsync per directory (FUSE, NFS)
+        // nothing else does, and a power cut after the switch's renames
+        // could lose the whole generation, its journal and its backup
+        // (found by tests/crash_states.rs on bindfs).
+        for parent in [GENERATIONS, super::STATE_DIR, ""] {
+            self.fs
+                .dir(parent)
+                .and_then(|d| d.sync())
+                .map_err(|e| fs_err("make durable", &self.root.join(parent), &e))?;
+        }
         let rels = validate(&self.venv, &id, &meta, &[]).map_err(|p| err!("{p}"))?;
         let mut g = Generation {
             root: self.root.clone(),

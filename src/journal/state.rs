@@ -308,8 +308,21 @@ impl State {
         let mut removed = Vec::new();
         if ids.len() > keep {
             for id in &ids[..ids.len() - keep] {
+                let dir = format!("{GENERATIONS}/{id}");
+                // The journal, then meta.json, durably, before the rest: a
+                // crash then leaves a generation that is whole, one that
+                // recovery drops (no journal: nothing was switched), or a
+                // leftover it removes, never one that claims a backup it
+                // has lost part of (`remove_all` goes in the directory's
+                // own order, which on ext4 is a hash of the names).
+                for f in ["journal", "meta.json"] {
+                    let _ = self.fs.remove_file(&format!("{dir}/{f}"));
+                }
+                if let Ok(d) = self.fs.dir(&dir) {
+                    let _ = d.sync();
+                }
                 self.fs
-                    .remove_all(&format!("{GENERATIONS}/{id}"))
+                    .remove_all(&dir)
                     .map_err(|e| fs_err("remove", &self.gen_dir(id), &e))?;
                 removed.push(id.clone());
             }

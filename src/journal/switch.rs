@@ -155,7 +155,7 @@ impl State {
             }
         }
         self.remove_emptied_dirs(g, &fs.venv)?;
-        self.sync_changed_dirs(g);
+        self.sync_changed_dirs(g, false);
         g.append(Record::Switched)?;
         Ok(Some(order.len() as u64))
     }
@@ -295,7 +295,7 @@ impl State {
     /// comes before the `Switched` record, and a crash before it is undone
     /// from the journal as before. An undo makes its renames durable the
     /// same way before its `RolledBack` record.
-    pub(super) fn sync_changed_dirs(&self, g: &Generation) {
+    pub(super) fn sync_changed_dirs(&self, g: &Generation, undo: bool) {
         use std::os::fd::AsFd;
         if durable::barrier(&[self.fs.as_fd(), g.fs.as_fd()]) == durable::Barrier::Syncfs {
             let venv = durable::sync_fs(&self.fs);
@@ -313,22 +313,39 @@ impl State {
         let mut parents: BTreeSet<&str> = g.rels.iter().flat_map(|r| ancestors(r)).collect();
         parents.insert(&self.venv.site_rel);
         parents.insert("");
-        for p in parents {
-            if let Ok(d) = self.fs.dir(p) {
-                let _ = d.sync();
+        let venv = || {
+            for p in &parents {
+                if let Ok(d) = self.fs.dir(p) {
+                    let _ = d.sync();
+                }
             }
-        }
+        };
         // The generation's side: `staging/` lost entries, the backup's
         // folders gained them (and an undo's `undone/`).
         let backups: Vec<String> = (0..g.rels.len()).map(|i| g.backup_rel(i)).collect();
         let mut gen_dirs: BTreeSet<&str> = backups.iter().flat_map(|b| ancestors(b)).collect();
         gen_dirs.extend(["staging", "undone"]);
-        for p in gen_dirs {
-            if let Ok(d) = g.fs.dir(p) {
-                let _ = d.sync();
+        let generation = || {
+            for p in &gen_dirs {
+                if let Ok(d) = g.fs.dir(p) {
+                    let _ = d.sync();
+                }
             }
+            let _ = g.fs.sync();
+        };
+        // The side a file moved to first, then the side it left: where a
+        // move is a link(2) then an unlink(2) (the no-replace fallback),
+        // the name it lost must never be durable before the name it
+        // gained, or a power cut between the two fsyncs loses the old file
+        // (tests/crash_states.rs on bindfs found it). The switch moves old
+        // files into the backup; an undo moves them back.
+        if undo {
+            venv();
+            generation();
+        } else {
+            generation();
+            venv();
         }
-        let _ = g.fs.sync();
     }
 
     /// Check every changed path against the plan: a file switched in from

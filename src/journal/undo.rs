@@ -131,7 +131,21 @@ impl State {
         // Not placed yet; or placed, taken out and the old entry
         // put back by an earlier, interrupted undo.
         let restored_already = moved.contains(&i) && g.backup_of(i).is_none();
-        if g.fs.exists(&format!("staging/{i}")) || !self.fs.exists(rel) || restored_already {
+        let staged = format!("staging/{i}");
+        if g.fs.exists(&staged) {
+            // Placed by the no-replace fallback's link(2), cut before its
+            // unlink of the staged name: the same inode under both names.
+            // The venv's name goes; the staged one stays.
+            let (a, b) = (g.fs.lstat(&staged), self.fs.lstat(rel));
+            if let (Ok(Some(a)), Ok(Some(b))) = (a, b)
+                && (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+            {
+                self.fs.remove_file(rel)?;
+                out.removed += 1;
+            }
+            return Ok(());
+        }
+        if !self.fs.exists(rel) || restored_already {
             return Ok(());
         }
         let unchanged = match &c.source {
@@ -374,7 +388,7 @@ impl State {
         }
         // Every rename back durable before `RolledBack`: one syncfs, or an
         // fsync of each directory it touched (`journal::durable`).
-        self.sync_changed_dirs(g);
+        self.sync_changed_dirs(g, true);
         if !failed.is_empty() {
             return Err(err!(
                 "Rollback of generation {} in {} could not restore {} path{}: {}",
@@ -459,9 +473,83 @@ kind = Conflict,
 #[cfg(test)]
 mod tests {
     use super::super::State;
-    use super::super::tests_support::{Fx, New, apply};
+    use super::super::tests_support::{Fx, New, apply, change, request, stage};
     use crate::inventory::Counters;
     use crate::model::Action;
+
+    /// A switch interrupted after any step, resumed (`apply --resume`),
+    /// then rolled back: the venv is as before, exactly.
+    #[test]
+    fn a_resumed_switch_rolls_back_exactly() {
+        for k in 0..10 {
+            let fx = Fx::new();
+            std::fs::create_dir_all(fx.site().join("pkg/sub")).unwrap();
+            std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
+            std::fs::write(fx.site().join("pkg/gone.py"), b"gone").unwrap();
+            std::fs::write(fx.site().join("pkg/sub/s.py"), b"old s").unwrap();
+            let before = fx.tree();
+            let news = [
+                Some(New::File(b"new a".to_vec())),
+                None,
+                Some(New::File(b"b".to_vec())),
+                Some(New::File(b"new s".to_vec())),
+            ];
+            let changes = vec![
+                change(&fx, "pkg/a.py", Action::Replace, news[0].as_ref()),
+                change(&fx, "pkg/gone.py", Action::Delete, None),
+                change(&fx, "pkg/new/b.py", Action::Add, news[2].as_ref()),
+                change(&fx, "pkg/sub/s.py", Action::Replace, news[3].as_ref()),
+            ];
+            let state = State::open(&fx.v()).unwrap();
+            let counters = Counters::default();
+            let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
+            stage(&mut g, &news);
+            let asked = std::sync::atomic::AtomicUsize::new(0);
+            let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= k;
+            let stopped = state.switch_unless(&mut g, &stop).unwrap().is_none();
+            drop(g);
+            if stopped {
+                state.recover(true, &counters).unwrap();
+            }
+            let r = state.rollback(None, false, &counters);
+            assert!(r.is_ok(), "stopped after {k} steps: {:?}", r.err());
+            assert_eq!(fx.tree(), before, "stopped after {k} steps");
+        }
+    }
+
+    /// The no-replace fallback places a file with link(2), then unlinks
+    /// the staged name; a crash between the two leaves the staged inode
+    /// under both names. Its undo must take the venv's name away (the
+    /// crash states of tests/crash_states.rs on FUSE found it kept: the
+    /// rollback left the new file in the venv, or the old one in backup).
+    #[test]
+    fn a_place_the_link_fallback_left_half_done_is_undone() {
+        let fx = Fx::new();
+        std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
+        std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
+        let before = fx.tree();
+        let news = [
+            Some(New::File(b"new a".to_vec())),
+            Some(New::File(b"b".to_vec())),
+        ];
+        let changes = vec![
+            change(&fx, "pkg/a.py", Action::Replace, news[0].as_ref()),
+            change(&fx, "pkg/b.py", Action::Add, news[1].as_ref()),
+        ];
+        let state = State::open(&fx.v()).unwrap();
+        let counters = Counters::default();
+        let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
+        stage(&mut g, &news);
+        state.switch(&mut g).unwrap();
+        // Each place cut between its link and its unlink.
+        for (i, p) in ["pkg/a.py", "pkg/b.py"].iter().enumerate() {
+            let staged = g.dir.join("staging").join(i.to_string());
+            std::fs::hard_link(fx.site().join(p), staged).unwrap();
+        }
+        drop(g);
+        state.recover(false, &counters).unwrap();
+        assert_eq!(fx.tree(), before);
+    }
 
     /// Many files added in several new directories, with a symlink, are
     /// removed by the undo's threads and the directories after them; a file
