@@ -17,6 +17,12 @@
 //! not the one `stat` sees), the path it gives is looked up once in the
 //! process's root and matched by device and inode again.
 //!
+//! Every `stat` of another process's file (its `exe`, fds, interpreter) is
+//! a `statx` with `AT_STATX_DONT_SYNC` ([`quick_stat`]): a FUSE or NFS
+//! mount whose server hangs, where some process holds a file open, must
+//! not hang the scan (it did: a stopped LazyFS daemon elsewhere on this
+//! machine stalled a plan in `newfstatat` of `/proc/PID/fd/N`).
+//!
 //! A process the agent may not inspect (another user's, the agent not
 //! root: `EACCES` on its maps) is reported as unknown, never guessed. A
 //! process that exits mid-scan is skipped. The agent itself and its
@@ -141,9 +147,47 @@ impl VenvFiles {
         self.ids.is_empty()
     }
 
-    fn has(&self, st: &rustix::fs::Stat) -> bool {
-        self.ids.contains(&(st.st_dev, st.st_ino))
+    fn has(&self, id: &FileId) -> bool {
+        self.ids.contains(&(id.dev, id.ino))
     }
+}
+
+/// A file's device, inode and type, from `statx` with
+/// `AT_STATX_DONT_SYNC`: a FUSE or network file system answers from what
+/// the kernel holds, without asking its server, so that a hung mount
+/// elsewhere on the host (a stopped FUSE daemon, a dead NFS server, where
+/// some process holds a file open) does not hang the scan. Device and
+/// inode do not change, so nothing stale is matched.
+#[derive(Debug, Clone, Copy)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    mode: u32,
+}
+
+/// [`FileId`] of `path` under `dir` (`""`: `dir` itself), following a last
+/// symlink only with `follow`.
+fn quick_stat<P: rustix::path::Arg>(
+    dir: impl std::os::fd::AsFd,
+    path: P,
+    follow: bool,
+) -> Option<FileId> {
+    let mut flags = AtFlags::STATX_DONT_SYNC | AtFlags::EMPTY_PATH;
+    if !follow {
+        flags |= AtFlags::SYMLINK_NOFOLLOW;
+    }
+    let x = rustix::fs::statx(
+        dir,
+        path,
+        flags,
+        rustix::fs::StatxFlags::TYPE | rustix::fs::StatxFlags::INO,
+    )
+    .ok()?;
+    Some(FileId {
+        dev: rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
+        ino: x.stx_ino,
+        mode: u32::from(x.stx_mode),
+    })
 }
 
 /// The processes of this host that run from the venv at `root` (see the
@@ -322,9 +366,9 @@ impl Scan<'_> {
                 None => Seen::No,
             };
         }
-        let exe = rustix::fs::statat(&dir, "exe", AtFlags::empty()).ok();
+        let exe = quick_stat(&dir, "exe", true);
         if let (Some(exe), Some(own)) = (&exe, self.own_exe)
-            && (exe.st_dev, exe.st_ino) == own
+            && (exe.dev, exe.ino) == own
         {
             return Seen::No;
         }
@@ -333,7 +377,7 @@ impl Scan<'_> {
         }
         let exe_linked = exe
             .as_ref()
-            .is_some_and(|st| self.files.targets.contains(&(st.st_dev, st.st_ino)));
+            .is_some_and(|st| self.files.targets.contains(&(st.dev, st.ino)));
         if self.interpreter(&dir, &argv, exe_linked) {
             how.push(How::Interpreter);
         }
@@ -421,9 +465,7 @@ impl Scan<'_> {
             } else if arg.contains('/') {
                 rustix::fs::openat(dir, "cwd", OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
                     .ok()
-                    .and_then(|cwd| {
-                        rustix::fs::statat(&cwd, arg.as_str(), AtFlags::SYMLINK_NOFOLLOW).ok()
-                    })
+                    .and_then(|cwd| quick_stat(&cwd, arg.as_str(), false))
             } else {
                 let root = root.get_or_insert_with(|| open_root(dir));
                 root.as_ref().and_then(|r| in_path(dir, r, arg))
@@ -453,8 +495,8 @@ impl Scan<'_> {
             if name.to_bytes().first().is_none_or(|b| !b.is_ascii_digit()) {
                 continue;
             }
-            if let Ok(st) = rustix::fs::statat(&fd_dir, name, AtFlags::empty())
-                && rustix::fs::FileType::from_raw_mode(st.st_mode).is_file()
+            if let Some(st) = quick_stat(&fd_dir, name, true)
+                && rustix::fs::FileType::from_raw_mode(st.mode).is_file()
                 && self.files.has(&st)
             {
                 return true;
@@ -478,7 +520,7 @@ fn open_root(dir: &OwnedFd) -> Option<OwnedFd> {
 /// `stat` of an absolute `path` as the process whose root is `root` sees
 /// it (symlinks in it resolve inside that root); the last component
 /// followed only with `follow`.
-fn resolve_in_root(root: &OwnedFd, path: &OsStr, follow: bool) -> Option<rustix::fs::Stat> {
+fn resolve_in_root(root: &OwnedFd, path: &OsStr, follow: bool) -> Option<FileId> {
     let mut flags = OFlags::PATH | OFlags::CLOEXEC;
     if !follow {
         flags |= OFlags::NOFOLLOW;
@@ -490,18 +532,13 @@ fn resolve_in_root(root: &OwnedFd, path: &OsStr, follow: bool) -> Option<rustix:
         Mode::empty(),
         ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
     ) {
-        Ok(fd) => rustix::fs::fstat(&fd).ok(),
+        Ok(fd) => quick_stat(&fd, "", false),
         // Before Linux 5.6: the path from the root's fd, absolute symlinks
         // on the way resolving in this agent's root.
         Err(Errno::NOSYS) => {
             let rel = path.as_bytes().trim_ascii_start();
             let rel = OsStr::from_bytes(rel.strip_prefix(b"/").unwrap_or(rel));
-            let at = if follow {
-                AtFlags::empty()
-            } else {
-                AtFlags::SYMLINK_NOFOLLOW
-            };
-            rustix::fs::statat(root, rel, at).ok()
+            quick_stat(root, rel, follow)
         }
         Err(_) => None,
     }
@@ -509,7 +546,7 @@ fn resolve_in_root(root: &OwnedFd, path: &OsStr, follow: bool) -> Option<rustix:
 
 /// A bare command name found in the process's own PATH (its environment),
 /// inside its root: the first entry that is not a directory, not followed.
-fn in_path(dir: &OwnedFd, root: &OwnedFd, name: &str) -> Option<rustix::fs::Stat> {
+fn in_path(dir: &OwnedFd, root: &OwnedFd, name: &str) -> Option<FileId> {
     let env = read_at(dir, "environ", 1 << 20).ok()?;
     let path = env
         .split(|&b| b == 0)
@@ -522,7 +559,7 @@ fn in_path(dir: &OwnedFd, root: &OwnedFd, name: &str) -> Option<rustix::fs::Stat
         full.push(b'/');
         full.extend_from_slice(name.as_bytes());
         if let Some(st) = resolve_in_root(root, OsStr::from_bytes(&full), false)
-            && !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir()
+            && !rustix::fs::FileType::from_raw_mode(st.mode).is_dir()
         {
             return Some(st);
         }
