@@ -196,9 +196,30 @@ fn quick_stat<P: rustix::path::Arg>(
 
 /// The processes of this host that run from the venv at `root` (see the
 /// module's doc), by pid.
+///
+/// What the first scan found is looked at again against a second walk,
+/// and only a process found both times is kept: a file of the venv
+/// removed between the walk and the scan (an interrupted apply's agent
+/// cleaning its staging) frees its inode, and a file another process
+/// creates on the same file system at that moment can get it (a `cp`
+/// elsewhere on the disk, seen once as running from the venv: issue 46's
+/// CI). The second walk costs only where something was found.
 pub fn find(root: &Path) -> Result<Running> {
     let files = VenvFiles::walk(root)?;
-    Ok(find_in(&files))
+    let mut running = find_in(&files);
+    if running.processes.is_empty() {
+        return Ok(running);
+    }
+    let again = VenvFiles::walk(root)?;
+    let host = Host::read();
+    let mut scan = Scan::new(&again);
+    running
+        .processes
+        .retain(|p| match scan.process(p.pid, &host) {
+            Seen::Runs(q) => q.started == p.started,
+            Seen::Unknown(_) | Seen::No => false,
+        });
+    Ok(running)
 }
 
 /// [`find`] against a walk already made.
@@ -208,15 +229,7 @@ pub fn find_in(files: &VenvFiles) -> Running {
         return running;
     }
     let host = Host::read();
-    let mut scan = Scan {
-        files,
-        skip: skipped(),
-        own_exe: rustix::fs::stat("/proc/self/exe")
-            .ok()
-            .map(|st| (st.st_dev, st.st_ino)),
-        by_path: HashMap::new(),
-        buf: Vec::new(),
-    };
+    let mut scan = Scan::new(files);
     let Ok(proc) = std::fs::read_dir("/proc") else {
         return running;
     };
@@ -332,7 +345,19 @@ enum Seen {
     No,
 }
 
-impl Scan<'_> {
+impl<'a> Scan<'a> {
+    fn new(files: &'a VenvFiles) -> Scan<'a> {
+        Scan {
+            files,
+            skip: skipped(),
+            own_exe: rustix::fs::stat("/proc/self/exe")
+                .ok()
+                .map(|st| (st.st_dev, st.st_ino)),
+            by_path: HashMap::new(),
+            buf: Vec::new(),
+        }
+    }
+
     fn process(&mut self, pid: u32, host: &Host) -> Seen {
         let Ok(dir) = rustix::fs::open(
             format!("/proc/{pid}"),
