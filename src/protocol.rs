@@ -29,7 +29,9 @@ use crate::model::{
     StreamEntry, VenvProcess, VerifyReport, VerifyRequest, Written,
 };
 
-/// Bumped whenever a frame changes shape. 16: `Running` (the processes
+/// Bumped whenever a frame changes shape. 18: `shared` in `Receive` (a
+/// lane of a stream several targets share). 17: `OpenLanes`; `lane` in
+/// `Receive` and in the direct route's request; `cores` in `Hello`. 16: `Running` (the processes
 /// that run from the venv); `allow_running` in `Prepare` and `Rollback`;
 /// `running` in `Prepared`, `Committed` and the rollback report. 15: `cuts` in `Send`, and the
 /// `Segment` marks of a stream cut into segments. 14: `shared` in `Stage` (a
@@ -47,7 +49,7 @@ use crate::model::{
 /// struct (`index`, `blake3`, `stamp`), not an array. 7: a symlink's tar entry carries
 /// its target as data (no GNU long-link records); `same_owner` in `Prepare`;
 /// `Kind::ThroughSymlink` in stat answers.
-pub const PROTOCOL_VERSION: u32 = 17;
+pub const PROTOCOL_VERSION: u32 = 18;
 
 /// Largest data frame: the packing tag and one block of the tar stream
 /// (a zstd block is sent only when smaller than the block it packs).
@@ -174,12 +176,16 @@ pub enum Request {
     /// `lane` the staging folder must be empty (one stream fills it);
     /// with it, the generation must have been opened to that many lanes
     /// (`OpenLanes`), and the lanes' streams fill it side by side, each
-    /// with its own files.
+    /// with its own files. With `shared` (a lane of a stream several
+    /// targets share), the stream's entries map onto the generation's
+    /// changes through the list, as in `Stage`'s.
     Receive {
         venv: String,
         generation: String,
         #[serde(default)]
         lane: Option<u32>,
+        #[serde(default)]
+        shared: Option<Vec<StreamEntry>>,
     },
     /// Target side: let `count` streams on other connections fill the
     /// staging folder of the generation `Prepare` opened (`Receive` with a

@@ -1,7 +1,9 @@
 //! A stream over several SSH connections (issue 45): `apply --connections
 //! N` on the relay and on `--direct` leaves the target exactly as one
 //! connection does, in one generation that `rollback` undoes byte for
-//! byte; each connection's figures at `-vv`; a bad count is a usage error.
+//! byte; each connection's figures at `-vv`; a bad count is a usage error;
+//! a shared stream to several targets (a plan of many) goes over several
+//! connections too, and a target dying in it drops out alone.
 //! Real sshd test hosts (root).
 
 mod common;
@@ -101,4 +103,142 @@ fn several_connections_stage_one_generation_on_both_routes() {
         assert!(said.contains("--connections"), "{said}");
     }
     assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after bad counts");
+}
+
+/// Plan `src` to every target again: nothing is left to change on any.
+fn nothing_left_to_plan(tb: &Testbed, targets: &[&str]) {
+    let mut args = vec!["plan", "src"];
+    args.extend(targets);
+    args.extend(["--json", "-o", "again.json"]);
+    let out = ok(tb.overlay(&args).output().unwrap(), "plan again");
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for t in again["targets"].as_array().unwrap() {
+        for s in t["sets"].as_array().unwrap() {
+            assert_eq!(s["changes"], serde_json::json!([]), "{}", t["target"]);
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(overlay_test_root),
+    ignore = "needs root: mount namespaces and sshd"
+)]
+fn a_shared_stream_to_several_targets_goes_over_several_connections() {
+    let tb = Testbed::new(4);
+    tb.write_manifest(common::SCENARIO_SETS);
+    // dst has torch already, dst2 the nvidia wheels and the patches, dst3
+    // nothing: three different needs, one stream of the source.
+    for (target, sets) in [
+        ("dst", &["torch"][..]),
+        ("dst2", &["nvidia-cu13", "sglang-patches"][..]),
+    ] {
+        let mut args = vec!["plan", "src", target, "-o", "pre.json"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        ok(tb.overlay(&args).output().unwrap(), "plan a part");
+        ok(
+            tb.overlay(&["apply", "pre.json"]).output().unwrap(),
+            "apply a part",
+        );
+    }
+    let before: Vec<_> = (0..4).map(|i| snapshot(tb.host_venv_dir(i))).collect();
+    ok(
+        tb.overlay(&["plan", "src", "dst", "dst2", "dst3", "-o", "many.json"])
+            .output()
+            .unwrap(),
+        "plan src dst dst2 dst3",
+    );
+    let out = tb
+        .overlay(&["apply", "many.json", "--connections", "3", "-vv", "--json"])
+        .output()
+        .unwrap();
+    let said = stderr(&out);
+    eprintln!("--- apply:\n{said}");
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("in one stream with 2 other targets")
+            && said.contains("the stream takes up to 3 connections (--connections)")
+            && said.contains("the stream took 3 connections")
+            && said.contains("connection 3: "),
+        "{said}"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = doc["targets"].as_array().unwrap();
+    // One read of the source: dst3's files, which hold the others'.
+    assert_eq!(
+        doc["source_bytes_read"].as_u64(),
+        rows[2]["bytes"].as_u64(),
+        "{doc}"
+    );
+    let received: Vec<u64> = rows
+        .iter()
+        .map(|r| r["sent_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        received[0] < received[2] && received[1] < received[2],
+        "each target receives only its own files' bytes: {received:?}"
+    );
+    nothing_left_to_plan(&tb, &["dst", "dst2", "dst3"]);
+    let after = snapshot(tb.host_venv_dir(3));
+    for i in 1..3 {
+        assert_same(
+            &after,
+            &snapshot(tb.host_venv_dir(i)),
+            "every target ends as dst3",
+        );
+    }
+    ok(
+        tb.overlay(&["rollback", "dst", "dst2", "dst3"])
+            .output()
+            .unwrap(),
+        "rollback of the three",
+    );
+    for (i, b) in before.iter().enumerate().skip(1) {
+        assert_same(b, &snapshot(tb.host_venv_dir(i)), "rolled back");
+    }
+
+    // dst2's receiving agents exit abruptly once one has staged a file:
+    // dst2 drops out, the others go on over their connections.
+    let ssh_dir = tb.host_dir(2).join("root/.ssh");
+    fs::create_dir_all(&ssh_dir).unwrap();
+    fs::write(
+        ssh_dir.join("environment"),
+        "OVERLAY_TEST_DIE_MID_STREAM=1\n",
+    )
+    .unwrap();
+    ok(
+        tb.overlay(&["plan", "src", "dst", "dst2", "dst3", "-o", "many.json"])
+            .output()
+            .unwrap(),
+        "plan again",
+    );
+    let out = tb
+        .overlay(&["apply", "many.json", "--connections", "3", "--json"])
+        .output()
+        .unwrap();
+    fs::remove_file(ssh_dir.join("environment")).unwrap();
+    let said = stderr(&out);
+    eprintln!("--- apply with dst2 dying:\n{said}");
+    assert_eq!(out.status.code(), Some(11), "{said}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results: Vec<&str> = doc["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["applied", "failed", "applied"], "{said}");
+    ok(
+        tb.overlay(&["history", "dst2"]).output().unwrap(),
+        "history dst2",
+    );
+    assert_same(
+        &before[2],
+        &snapshot(tb.host_venv_dir(2)),
+        "dst2 after dying",
+    );
+    nothing_left_to_plan(&tb, &["dst", "dst3"]);
+    assert_same(&before[0], &snapshot(tb.host_venv_dir(0)), "the source");
 }

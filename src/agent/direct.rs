@@ -114,6 +114,7 @@ pub fn send_direct(
         venv: to.target_venv.to_string(),
         generation: to.generation.to_string(),
         lane: to.lane,
+        shared: None,
     })?;
     let mut sink = FrameSink {
         out: target.writer()?,

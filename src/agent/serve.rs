@@ -70,7 +70,12 @@ impl Session {
         let answer = match req {
             Request::Hello { protocol } => return Ok(h::hello(protocol)),
             Request::Bye => return Ok(Next::Last(Some(Response::Bye))),
-            Request::Receive { venv, generation, lane } => return h::receive(input, &venv, &generation, lane),
+            Request::Receive {
+                venv,
+                generation,
+                lane,
+                shared,
+            } => return h::receive(input, &venv, &generation, lane, shared.as_deref()),
             Request::OpenLanes { count } => h::open_lanes(self, count),
             Request::Stage { shared } => return Ok(h::stage(self, input, shared.as_deref())),
             Request::EndData { .. } => Err(err!(kind = Protocol, "EndData without Stage")),

@@ -229,11 +229,18 @@ impl Client {
     /// unpack the stream that follows (data frames written with
     /// [`Client::writer`], then [`Client::end_receive`]) into the staging
     /// folder of `generation`, as one of its lanes if `lane` is given.
-    pub fn start_receive(&mut self, venv: &str, generation: &str, lane: Option<u32>) -> Result<()> {
+    pub fn start_receive(
+        &mut self,
+        venv: &str,
+        generation: &str,
+        lane: Option<u32>,
+        shared: Option<Vec<crate::model::StreamEntry>>,
+    ) -> Result<()> {
         self.send(&Request::Receive {
             venv: venv.to_string(),
             generation: generation.to_string(),
             lane,
+            shared,
         })
     }
 

@@ -17,6 +17,13 @@
 //! and drops). Then each switches, verifies and rolls back on its own
 //! ([`crate::ops::apply::finish`]).
 //!
+//! Over several connections ([`crate::ops::apply::lane_count`], from the
+//! fewest cores of the source, this machine and the targets) the union
+//! goes in parts, each lane with one source agent and one receiving agent
+//! per target ([`stream_lanes`], `ops::apply::lanes`); every target's
+//! generation is opened to that many lanes first, and each checks what
+//! its lanes staged together (`StagedDirect`).
+//!
 //! A target that fails during the stream is dropped from it (it discards
 //! its generation, or its next command does, as after any failed apply);
 //! the others go on. If the source fails, every target discards its
@@ -27,14 +34,14 @@ use std::collections::HashMap;
 use crate::client::{Client, SendRequest};
 use crate::error::{Error, Result};
 use crate::model::{
-    Kind, RouteSetting, SendFile, ShebangRewrite, SourceHash, StreamEntry, StreamWaits,
+    Kind, RouteSetting, SendFile, SendWaits, ShebangRewrite, StreamEntry, StreamWaits,
 };
 use crate::plan::Plan;
 
 use crate::ops::apply::{
-    ApplyOptions, ApplyReport, Began, Moved, Ready, StreamFailure, Transferred, begin,
-    direct_obstacle, finish, local_copy, pause_hook, route_compression, show_windows,
-    stream_failed,
+    ApplyOptions, ApplyReport, Began, Cores, FanMaps, LaneCount, LaneTarget, Moved, Ready,
+    StreamFailure, TargetTook, Transferred, begin, direct_obstacle, finish, lane_count, local_copy,
+    own_hashes, pause_hook, route_compression, show_windows, stream_failed, stream_fanned,
 };
 use crate::ops::{Clock, Observer, Step, endpoint, relay};
 
@@ -203,6 +210,8 @@ struct Union {
     maps: Vec<Vec<StreamEntry>>,
     /// Per target, the bytes of its own files.
     own_bytes: Vec<u64>,
+    /// Per file of `files`, which targets need it.
+    takers: Vec<Vec<bool>>,
 }
 
 /// The union of `sends` (each target's files), grouped into segments by
@@ -286,12 +295,14 @@ fn union_of(sends: &[Vec<SendFile>]) -> Union {
         .iter()
         .map(|s| s.iter().map(|f| entry_size(&f.kind)).sum())
         .collect();
+    let takers = order.iter().map(|&u| takers[u].clone()).collect();
     Union {
         files,
         cuts,
         routes: relay::Routes { takes },
         maps,
         own_bytes,
+        takers,
     }
 }
 
@@ -307,24 +318,57 @@ fn stream_shared(
         .iter()
         .map(|(_, r)| SendFile::of_changes(&r.changes))
         .collect();
+    let union = union_of(&sends);
+    let src = match connect_source(&ready[0].1, obs) {
+        Ok(c) => c,
+        Err(e) => return fail_all(ready, e, false),
+    };
+    let dst_cores = ready.iter().map(|(_, r)| r.dst.cores()).min().unwrap_or(0);
+    let lanes_n = lane_count(
+        ready[0].1.opts.connections,
+        Cores::of(src.cores(), dst_cores, true),
+        own_bytes_of(&union.files),
+    );
+    if lanes_n.count > 1 && union.files.len() > 1 {
+        return stream_lanes(ready, union, src, &lanes_n, obs);
+    }
+    stream_one(ready, union, src, obs)
+}
+
+/// Every ready target's error after the source failed.
+fn fail_all(
+    ready: &mut [(usize, Box<Ready>)],
+    e: Error,
+    died: bool,
+) -> (Vec<Result<Transferred>>, u64) {
+    let out = ready
+        .iter_mut()
+        .map(|(_, r)| Err(fail(r, e.clone(), died)))
+        .collect();
+    (out, 0)
+}
+
+/// [`stream_shared`] over one connection: the source streams the union
+/// and this machine fans its frames out ([`relay::fan_out`]).
+fn stream_one(
+    ready: &mut [(usize, Box<Ready>)],
+    union: Union,
+    src: Client,
+    obs: &dyn Observer,
+) -> (Vec<Result<Transferred>>, u64) {
     let Union {
         files,
         cuts,
         routes,
         maps,
         own_bytes,
-    } = union_of(&sends);
+        ..
+    } = union;
     let n = ready.len();
     let source = ready[0].1.plan.source.clone();
-    let mut src = match start_source(&ready[0].1, files, cuts, obs) {
+    let mut src = match start_source(&ready[0].1, src, files, cuts) {
         Ok(c) => c,
-        Err((e, died)) => {
-            let out = ready
-                .iter_mut()
-                .map(|(_, r)| Err(fail(r, e.clone(), died)))
-                .collect();
-            return (out, 0);
-        }
+        Err((e, died)) => return fail_all(ready, e, died),
     };
     // Each target starts its stage; one that cannot is out of the stream.
     let mut out: Vec<Option<Result<Transferred>>> = (0..n).map(|_| None).collect();
@@ -397,15 +441,29 @@ fn stream_shared(
     (out, read)
 }
 
-/// Connect to the source of `first`'s plan and have it start streaming
-/// `files` in segments from `cuts`, its shebangs rewritten for the targets'
-/// venv path (the same for every target of a share group). The error, and
-/// whether the source's connection died.
+/// Connect to the source of `first`'s plan.
+fn connect_source(first: &Ready, obs: &dyn Observer) -> Result<Client> {
+    let source = &first.plan.source;
+    let connecting = obs.step(Step::Connect, &source.name);
+    let src = Client::connect(
+        &source.name,
+        &endpoint(source),
+        source.sudo.as_deref(),
+        &first.opts.connect,
+    )?;
+    connecting.finish();
+    Ok(src)
+}
+
+/// Have the source of `first`'s plan start streaming `files` in segments
+/// from `cuts`, its shebangs rewritten for the targets' venv path (the
+/// same for every target of a share group). The error, and whether the
+/// source's connection died.
 fn start_source(
     first: &Ready,
+    mut src: Client,
     files: Vec<SendFile>,
     cuts: Vec<usize>,
-    obs: &dyn Observer,
 ) -> std::result::Result<Client, (Error, bool)> {
     let (plan, opts) = (&first.plan, &first.opts);
     let source = &plan.source;
@@ -419,20 +477,107 @@ fn start_source(
         }),
         compression: route_compression(opts.compression, plan),
     };
-    let connecting = obs.step(Step::Connect, &source.name);
-    let mut src = Client::connect(
-        &source.name,
-        &endpoint(source),
-        source.sudo.as_deref(),
-        &opts.connect,
-    )
-    .map_err(|e| (e, false))?;
-    connecting.finish();
     if let Err(e) = src.start_send(request) {
         let died = src.lost();
         return Err((e, died));
     }
     Ok(src)
+}
+
+fn own_bytes_of(files: &[SendFile]) -> u64 {
+    files.iter().map(|f| entry_size(&f.kind)).sum()
+}
+
+/// The shared stream over several connections ([`stream_fanned`]): every
+/// ready target's generation opened to that many lanes, the union's parts
+/// streamed once on each lane and passed on to the targets that need
+/// them, then each target's stage checked on its own connection. A target
+/// that fails drops out; the source failing fails them all.
+fn stream_lanes(
+    ready: &mut [(usize, Box<Ready>)],
+    union: Union,
+    src: Client,
+    n: &LaneCount,
+    obs: &dyn Observer,
+) -> (Vec<Result<Transferred>>, u64) {
+    let mut out: Vec<Option<Result<Transferred>>> = ready.iter().map(|_| None).collect();
+    for (j, (_, r)) in ready.iter_mut().enumerate() {
+        if let Err(e) = r.dst.open_lanes(n.count) {
+            let died = r.dst.lost();
+            out[j] = Some(Err(fail(r, e, died)));
+        }
+    }
+    let taking: Vec<usize> = (0..ready.len()).filter(|j| out[*j].is_none()).collect();
+    let fan = FanMaps {
+        takers: union
+            .takers
+            .iter()
+            .map(|t| taking.iter().map(|&j| t[j]).collect())
+            .collect(),
+        maps: taking.iter().map(|&j| union.maps[j].clone()).collect(),
+    };
+    let end = {
+        let targets: Vec<LaneTarget<'_>> = taking
+            .iter()
+            .map(|&j| LaneTarget {
+                host: &ready[j].1.plan.target,
+                generation: &ready[j].1.generation,
+            })
+            .collect();
+        let first = &ready[0].1;
+        let agent = first.dst.agent_exe().to_string();
+        let compression = route_compression(first.opts.compression, &first.plan);
+        stream_fanned(
+            (&first.plan, &first.opts),
+            src,
+            &targets,
+            (union.files, &fan),
+            (compression, n, &agent),
+            obs,
+        )
+    };
+    let read = end.as_ref().map_or(0, |e| e.raw);
+    let (source, tooks): (SendWaits, Vec<Result<TargetTook>>) = match end {
+        Ok(e) => (
+            e.source,
+            e.targets
+                .into_iter()
+                .map(|mut t| t.failed.take().map_or(Ok(t), Err))
+                .collect(),
+        ),
+        Err(f) => (
+            SendWaits::default(),
+            taking.iter().map(|_| Err(f.error.clone())).collect(),
+        ),
+    };
+    for (j, took) in taking.iter().copied().zip(tooks) {
+        let r = &mut ready[j].1;
+        let staged = took.and_then(|t| {
+            r.dst.staged_direct(t.hashes, t.written)?;
+            Ok(Transferred {
+                moved: Moved {
+                    raw: union.own_bytes[j],
+                    sent: t.received,
+                    local: false,
+                    waits: Some(StreamWaits {
+                        source,
+                        target: t.waits,
+                    }),
+                },
+                shared: taking.len(),
+                ..Transferred::default()
+            })
+        });
+        out[j] = Some(staged.map_err(|e| {
+            let died = r.dst.lost();
+            fail(r, e, died)
+        }));
+    }
+    let out = out
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(crate::err!("a target was left out of the stream"))))
+        .collect();
+    (out, read)
 }
 
 /// What one target of a shared stream took of it.
@@ -477,20 +622,6 @@ fn end_target(
             }
         },
     }
-}
-
-/// The source's hashes of the union's entries, as one target's changes.
-fn own_hashes(hashes: &[SourceHash], map: &[StreamEntry]) -> Vec<SourceHash> {
-    hashes
-        .iter()
-        .filter_map(|h| match map.get(h.index) {
-            Some(StreamEntry::Take(i)) => Some(SourceHash {
-                index: *i,
-                blake3: h.blake3.clone(),
-            }),
-            _ => None,
-        })
-        .collect()
 }
 
 /// A target's error after the shared stream failed for it: it discards its

@@ -9,7 +9,7 @@ use std::io::Read;
 use crate::agent::session::Next;
 use crate::agent::stream_in::{drain, stream_in};
 use crate::error::Result;
-use crate::model::Unpacked;
+use crate::model::{StreamEntry, Unpacked};
 use crate::protocol::Response;
 use crate::stream::Holds;
 
@@ -20,12 +20,15 @@ pub fn receive(
     venv: &str,
     generation: &str,
     lane: Option<u32>,
+    shared: Option<&[StreamEntry]>,
 ) -> Result<Next> {
     match crate::journal::open_for_receive(venv, generation, lane) {
         Ok(g) => {
-            let holds = match lane {
-                Some(_) => Holds::Part,
-                None => Holds::All,
+            let holds = match (lane, shared) {
+                (Some(_), Some(list)) => Holds::SharedPart(list),
+                (Some(_), None) => Holds::Part,
+                (None, Some(list)) => Holds::Shared(list),
+                (None, None) => Holds::All,
             };
             let s = stream_in(input, &g, &g.root, holds);
             if s.ended {

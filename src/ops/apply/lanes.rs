@@ -17,6 +17,13 @@
 //! then checks what all lanes staged together (`StagedDirect`), as after
 //! one direct stream: one generation, one journal, the same checks.
 //!
+//! A plan of several targets that share one read of the source
+//! (`crate::fleet`'s fan-out) streams the same way ([`stream_fanned`]):
+//! each lane's receiving agents are one per target, each part is sent as a
+//! small shared stream of its own (`part`: segments by who takes them,
+//! each target's map of the part's entries), and a target that fails on
+//! any lane drops out while the others go on.
+//!
 //! With `--connections auto` a first part (up to [`PROBE_MAX`] bytes) goes
 //! alone, on the first lane, uncompressed, as a probe: only if it moved at
 //! least [`FAST_LINK`] bytes a second on the wire do the other lanes
@@ -30,19 +37,23 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::client::{Client, DirectTo, SendRequest};
+use crate::client::Client;
 use crate::err;
+use crate::error::Error;
 use crate::model::{
-    Compression, Connections, Kind, Progress, SendFile, ShebangRewrite, SourceHash, StreamWaits,
-    Written,
+    Compression, Connections, Kind, Progress, SendFile, SendWaits, SourceHash, StageWaits,
+    StreamEntry, StreamWaits, Written,
 };
-use crate::ops::{Meter, Observer, Step, endpoint, relay};
-use crate::plan::Plan;
+use crate::ops::{Meter, Observer, Step, endpoint};
+use crate::plan::{HostInfo, Plan};
 
 use super::ApplyOptions;
-use super::route::direct_jump;
 use super::stream::{Part, StreamFailure, Way, connect_source, show_waits, stream_from};
 use super::transfer::Moved;
+
+mod part;
+pub use part::own_hashes;
+use part::{PartDone, send_part};
 
 /// The most lanes `auto` opens.
 const AUTO_MAX: u32 = 8;
@@ -132,6 +143,19 @@ fn test_cores() -> Option<Cores> {
     })
 }
 
+impl Cores {
+    /// The cores the agents reported at each end, and this machine's if it
+    /// relays (or the test hook's).
+    pub fn of(src: u32, dst: u32, relayed: bool) -> Cores {
+        let here = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        test_cores().unwrap_or(Cores {
+            src,
+            dst,
+            here: relayed.then_some(here),
+        })
+    }
+}
+
 /// The stream of `files` to the target's staging by `route`, over as many
 /// connections as [`lane_count`] says.
 pub(super) fn stream_auto(
@@ -144,13 +168,7 @@ pub(super) fn stream_auto(
     obs: &dyn Observer,
 ) -> std::result::Result<Moved, StreamFailure> {
     let src = connect_source(&plan.source, &opts.connect, obs)?;
-    let relayed = matches!(route, Way::Relay);
-    let here = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-    let cores = test_cores().unwrap_or(Cores {
-        src: src.cores(),
-        dst: dst.cores(),
-        here: relayed.then_some(here),
-    });
+    let cores = Cores::of(src.cores(), dst.cores(), matches!(route, Way::Relay));
     let bytes = files.iter().map(size).sum();
     let lanes_n = lane_count(opts.connections, cores, bytes);
     let hashes = std::cell::Cell::new(Vec::new());
@@ -163,44 +181,194 @@ pub(super) fn stream_auto(
         lanes_n.count, lanes_n.why
     ));
     let agent = dst.agent_exe().to_string();
-    lanes(
-        Lanes {
-            plan,
-            opts,
-            compression,
-            route: &route,
-            generation,
-            agent: &agent,
-            obs,
-        },
-        src,
-        dst,
-        files,
-        &lanes_n,
-    )
+    let targets = [LaneTarget {
+        host: &plan.target,
+        generation,
+    }];
+    let totals = (files.len() as u64, bytes);
+    dst.open_lanes(lanes_n.count)
+        .map_err(|e| StreamFailure::new(e, dst.lost()))?;
+    let l = Lanes {
+        plan,
+        opts,
+        compression,
+        route: &route,
+        targets: &targets,
+        fan: None,
+        agent: &agent,
+        obs,
+    };
+    let end = lanes(&l, src, files, &lanes_n, totals)?;
+    let mut took = end.targets.into_iter().next().unwrap_or_default();
+    if let Some(e) = took.failed.take() {
+        return Err(StreamFailure::new(e, dst.lost()));
+    }
+    dst.staged_direct(took.hashes, took.written)
+        .map_err(|e| StreamFailure::new(e, dst.lost()))?;
+    let waits = StreamWaits {
+        source: end.source,
+        target: took.waits,
+    };
+    show_waits(obs, &waits);
+    Ok(Moved {
+        raw: end.raw,
+        sent: end.sent,
+        local: false,
+        waits: Some(waits),
+    })
 }
 
+/// The stream of a share group's union (`crate::fleet`'s fan-out) over
+/// several connections: each lane's source agent streams its parts once,
+/// and the controller passes each segment on to that lane's receiving
+/// agents of the targets that need it, as one connection's fan-out does.
+/// The caller opened every target's generation to `n` lanes and checks
+/// what each staged ([`LanesEnd::targets`]). `Err`: the source's side
+/// failed, and with it every target.
+pub fn stream_fanned(
+    (plan, opts): (&Plan, &ApplyOptions),
+    src: Client,
+    targets: &[LaneTarget<'_>],
+    (files, fan): (Vec<SendFile>, &FanMaps),
+    (compression, n, agent): (Compression, &LaneCount, &str),
+    obs: &dyn Observer,
+) -> std::result::Result<LanesEnd, StreamFailure> {
+    let totals = (files.len() as u64, files.iter().map(size).sum());
+    obs.note(&format!(
+        "the stream takes up to {} connections ({})",
+        n.count, n.why
+    ));
+    let l = Lanes {
+        plan,
+        opts,
+        compression,
+        route: &Way::Relay,
+        targets,
+        fan: Some(fan),
+        agent,
+        obs,
+    };
+    lanes(&l, src, files, n, totals)
+}
+
+/// One target of a stream over lanes: its host and the generation its
+/// lanes fill.
+pub struct LaneTarget<'a> {
+    pub host: &'a HostInfo,
+    pub generation: &'a str,
+}
+
+/// How the targets of a fan-out take the union's files: by the files'
+/// index (their place in the union), which targets need each file, and,
+/// per target, the entry each file is for it.
+pub struct FanMaps {
+    pub takers: Vec<Vec<bool>>,
+    pub maps: Vec<Vec<StreamEntry>>,
+}
+
+/// What the lanes moved: the source's side, summed, and each target's.
+pub struct LanesEnd {
+    /// Bytes of the files read, and on the wire from the source.
+    pub raw: u64,
+    pub sent: u64,
+    pub source: SendWaits,
+    /// In the order of the targets given.
+    pub targets: Vec<TargetTook>,
+}
+
+/// What one target took of a stream over lanes: the source's hashes of
+/// its files (as its changes), what its receiving agents wrote, the bytes
+/// passed on to it and where its side waited; or, in a fan-out, why it
+/// dropped out (the others went on).
+#[derive(Debug, Default)]
+pub struct TargetTook {
+    pub hashes: Vec<SourceHash>,
+    pub written: Vec<Written>,
+    pub received: u64,
+    pub waits: StageWaits,
+    pub failed: Option<Error>,
+}
+
+impl TargetTook {
+    fn add(&mut self, o: TargetTook) {
+        self.hashes.extend(o.hashes);
+        self.written.extend(o.written);
+        self.received += o.received;
+        add_stage_waits(&mut self.waits, &o.waits);
+    }
+}
+
+fn add_stage_waits(to: &mut StageWaits, o: &StageWaits) {
+    let mut w = StreamWaits {
+        target: *to,
+        ..StreamWaits::default()
+    };
+    w.add(&StreamWaits {
+        target: *o,
+        ..StreamWaits::default()
+    });
+    *to = w.target;
+}
 /// What every lane shares.
 struct Lanes<'a> {
+    /// The source, the target venv's path (the same for every target) and,
+    /// on the direct route, the target's jump host.
     plan: &'a Plan,
     opts: &'a ApplyOptions,
     compression: Compression,
     route: &'a Way<'a>,
-    generation: &'a str,
+    targets: &'a [LaneTarget<'a>],
+    /// A fan-out's union: parts are cut into segments by who takes them.
+    fan: Option<&'a FanMaps>,
     /// The target's agent executable (for the direct route's ssh).
     agent: &'a str,
     obs: &'a dyn Observer,
 }
 
-/// What one lane moved.
+/// What one lane moved: the source's side, and each target's.
 #[derive(Default)]
 struct LaneDone {
     raw: u64,
     sent: u64,
-    hashes: Vec<SourceHash>,
-    written: Vec<Written>,
-    waits: StreamWaits,
+    source: SendWaits,
+    targets: Vec<TargetTook>,
     parts: usize,
+}
+
+impl LaneDone {
+    /// A part this lane sent.
+    fn add(&mut self, one: PartDone) {
+        self.merge(LaneDone {
+            raw: one.raw,
+            sent: one.sent,
+            source: one.source,
+            targets: one.targets,
+            parts: 1,
+        });
+    }
+
+    /// Another lane's figures (or a part's) added to these.
+    fn merge(&mut self, o: LaneDone) {
+        self.raw += o.raw;
+        self.sent += o.sent;
+        let mut w = StreamWaits {
+            source: self.source,
+            ..StreamWaits::default()
+        };
+        w.add(&StreamWaits {
+            source: o.source,
+            ..StreamWaits::default()
+        });
+        self.source = w.source;
+        if self.targets.len() < o.targets.len() {
+            self.targets
+                .resize_with(o.targets.len(), TargetTook::default);
+        }
+        for (t, o) in self.targets.iter_mut().zip(o.targets) {
+            t.add(o);
+        }
+        self.parts += o.parts;
+    }
 }
 
 /// The parts still to send, and whether the lanes after the first may take
@@ -212,8 +380,9 @@ struct Queue {
 }
 
 /// The shared state of the lanes: the queue (with its condition, on which
-/// lanes wait for the probe's verdict), the progress of each, and the
-/// connections to cut when one fails.
+/// lanes wait for the probe's verdict), the progress of each, the targets
+/// of a fan-out that dropped out, and the connections to cut when one
+/// fails.
 struct Shared<'m> {
     queue: Mutex<Queue>,
     ready: std::sync::Condvar,
@@ -223,18 +392,18 @@ struct Shared<'m> {
     meter: &'m dyn Meter,
     cut: Mutex<Vec<crate::transport::Watch>>,
     stop: AtomicBool,
+    /// Per target of a fan-out: why it dropped out (it failed on some
+    /// lane, and takes no further part).
+    dropped: Mutex<Vec<Option<Error>>>,
 }
 
 fn lanes(
-    l: Lanes<'_>,
+    l: &Lanes<'_>,
     src0: Client,
-    dst: &mut Client,
     files: Vec<SendFile>,
     n: &LaneCount,
-) -> std::result::Result<Moved, StreamFailure> {
-    let totals = (files.len() as u64, files.iter().map(size).sum());
-    dst.open_lanes(n.count)
-        .map_err(|e| StreamFailure::new(e, dst.lost()))?;
+    totals: (u64, u64),
+) -> std::result::Result<LanesEnd, StreamFailure> {
     let (probe, files) = if n.probe {
         take_probe(files, totals.1 / (u64::from(n.count) * 4))
     } else {
@@ -247,10 +416,7 @@ fn lanes(
     if !probe.is_empty() {
         parts.insert(0, probe);
     }
-    let (from, to) = (&l.plan.source.name, &l.plan.target.name);
-    let direct = matches!(l.route, Way::Direct { .. });
-    let label = format!("{from} -> {to}{}", if direct { " (direct)" } else { "" });
-    let meter = l.obs.step(Step::Stream, &label);
+    let meter = l.obs.step(Step::Stream, &stream_label(l));
     let shared = Shared {
         queue: Mutex::new(Queue {
             parts: parts.into(),
@@ -264,12 +430,13 @@ fn lanes(
         meter: &*meter,
         cut: Mutex::new(Vec::new()),
         stop: AtomicBool::new(false),
+        dropped: Mutex::new(l.targets.iter().map(|_| None).collect()),
     };
     let results: Vec<std::result::Result<LaneDone, StreamFailure>> = std::thread::scope(|s| {
         let mut handles = Vec::new();
         let mut src0 = Some(src0);
         for lane in 0..n.count {
-            let (l, shared, first) = (&l, &shared, src0.take());
+            let (shared, first) = (&shared, src0.take());
             handles.push(s.spawn(move || run_lane(l, shared, lane, first)));
         }
         handles
@@ -286,6 +453,9 @@ fn lanes(
     });
     meter.finish();
     let mut total = LaneDone::default();
+    total
+        .targets
+        .resize_with(l.targets.len(), TargetTook::default);
     let mut lanes_used = 0;
     let mut failure: Option<StreamFailure> = None;
     for (i, r) in results.into_iter().enumerate() {
@@ -295,11 +465,7 @@ fn lanes(
                     lanes_used += 1;
                     show_lane(l.obs, i, &d);
                 }
-                total.raw += d.raw;
-                total.sent += d.sent;
-                total.hashes.extend(d.hashes);
-                total.written.extend(d.written);
-                total.waits.add(&d.waits);
+                total.merge(d);
             }
             // A lane that stopped because another failed says nothing more.
             Err(f) if f.error.message == STOPPED => {}
@@ -315,15 +481,28 @@ fn lanes(
     }
     l.obs
         .note(&format!("the stream took {lanes_used} connections"));
-    dst.staged_direct(total.hashes, total.written)
-        .map_err(|e| StreamFailure::new(e, dst.lost()))?;
-    show_waits(l.obs, &total.waits);
-    Ok(Moved {
+    let dropped = shared.dropped.into_inner().unwrap_or_default();
+    for (t, why) in total.targets.iter_mut().zip(dropped) {
+        t.failed = why;
+    }
+    Ok(LanesEnd {
         raw: total.raw,
         sent: total.sent,
-        local: false,
-        waits: Some(total.waits),
+        source: total.source,
+        targets: total.targets,
     })
+}
+
+/// The stream step's label: `src -> dst`, `(direct)`, or every target.
+fn stream_label(l: &Lanes<'_>) -> String {
+    let names: Vec<&str> = l.targets.iter().map(|t| t.host.name.as_str()).collect();
+    let direct = matches!(l.route, Way::Direct { .. });
+    format!(
+        "{} -> {}{}",
+        l.plan.source.name,
+        names.join(", "),
+        if direct { " (direct)" } else { "" }
+    )
 }
 
 /// One lane: its connections (the first lane's source is already
@@ -356,10 +535,10 @@ fn lane_parts(
 ) -> std::result::Result<LaneDone, StreamFailure> {
     // The other lanes connect only once the probe found the link fast: on
     // a slow one, logins would cost more than they could bring.
-    if lane > 0 && !wait_open(shared) {
+    if lane > 0 && !wait_open(shared, lane) {
         return Ok(LaneDone::default());
     }
-    let (mut src, mut rcv) = match connect_lane(l, src) {
+    let (mut src, mut rcvs) = match connect_lane(l, shared, lane, src) {
         Ok(c) => c,
         // A host that takes fewer logins at once (sshd's MaxStartups, a
         // rate limit): the other lanes take this one's parts.
@@ -375,7 +554,7 @@ fn lane_parts(
     };
     if let Ok(mut cut) = shared.cut.lock() {
         cut.extend(src.watch());
-        cut.extend(rcv.as_ref().and_then(Client::watch));
+        cut.extend(rcvs.iter().flatten().filter_map(Client::watch));
     }
     let mut done = LaneDone::default();
     while let Some(files) = next_part(shared, lane) {
@@ -389,25 +568,20 @@ fn lane_parts(
             Compression::Auto if probing => Compression::None,
             c => c,
         };
-        let one = send_part(
-            l,
-            shared,
-            lane,
-            (&mut src, rcv.as_mut()),
-            files,
-            compression,
-        )?;
+        let one = send_part(l, shared, lane, (&mut src, &mut rcvs), files, compression)?;
         if probing {
-            judge_probe(l, shared, &one, started.elapsed().as_secs_f64());
+            judge_probe(l, shared, one.sent, started.elapsed().as_secs_f64());
         }
-        done.raw += one.raw;
-        done.sent += one.sent;
-        done.hashes.extend(one.hashes);
-        done.written.extend(one.written);
-        done.waits.add(&one.waits);
-        done.parts += 1;
+        done.add(one);
     }
-    let closed = src.close().and_then(|()| rcv.map_or(Ok(()), Client::close));
+    let mut closed = src.close();
+    for (k, r) in rcvs.into_iter().enumerate() {
+        // A target that dropped out may have lost its connection: its
+        // error is already kept.
+        if let Some(r) = r.filter(|_| !part::dropped(shared, k)) {
+            closed = closed.and(r.close());
+        }
+    }
     if shared.stop.load(Ordering::SeqCst) {
         return Err(StreamFailure::new(
             err!(kind = Internal, "{STOPPED}"),
@@ -419,13 +593,15 @@ fn lane_parts(
 }
 
 /// A lane's connections: its source agent (the first lane's is given)
-/// and, relayed, its receiving agent on the target.
+/// and, relayed, its receiving agent on each target. In a fan-out, a
+/// target the first lane cannot reach drops out (the others go on).
 fn connect_lane(
     l: &Lanes<'_>,
+    shared: &Shared<'_>,
+    lane: u32,
     src: Option<Client>,
-) -> crate::error::Result<(Client, Option<Client>)> {
-    let plan = l.plan;
-    let connect = |host: &crate::plan::HostInfo| {
+) -> crate::error::Result<(Client, Vec<Option<Client>>)> {
+    let connect = |host: &HostInfo| {
         Client::connect(
             &host.name,
             &endpoint(host),
@@ -435,26 +611,39 @@ fn connect_lane(
     };
     let src = match src {
         Some(c) => c,
-        None => connect(&plan.source)?,
+        None => connect(&l.plan.source)?,
     };
-    let rcv = match l.route {
-        Way::Relay => Some(connect(&plan.target)?),
-        Way::Direct { .. } => None,
-    };
-    Ok((src, rcv))
+    let mut rcvs = Vec::new();
+    if matches!(l.route, Way::Relay) {
+        for (k, t) in l.targets.iter().enumerate() {
+            if part::dropped(shared, k) {
+                rcvs.push(None);
+                continue;
+            }
+            match connect(t.host) {
+                Ok(c) => rcvs.push(Some(c)),
+                Err(e) if l.fan.is_some() && lane == 0 => {
+                    part::drop_target(shared, k, e);
+                    rcvs.push(None);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok((src, rcvs))
 }
 
-/// After the probe (the first part, on the first lane alone): open the
-/// queue to the other lanes if the link is fast, else give the first lane
-/// the rest as one part.
-fn judge_probe(l: &Lanes<'_>, shared: &Shared<'_>, probe: &LaneDone, secs: f64) {
+/// After the probe (the first part, on the first lane alone, `sent` bytes
+/// on the wire in `secs`): open the queue to the other lanes if the link
+/// is fast, else give the first lane the rest as one part.
+fn judge_probe(l: &Lanes<'_>, shared: &Shared<'_>, sent: u64, secs: f64) {
     let Ok(mut q) = shared.queue.lock() else {
         return;
     };
     if q.open.is_some() {
         return;
     }
-    let rate = probe.sent as f64 / secs.max(1e-3);
+    let rate = sent as f64 / secs.max(1e-3);
     let fast = rate >= FAST_LINK;
     l.obs.note(&format!(
         "the first part moved {:.0} MB/s on the wire: {}",
@@ -499,33 +688,10 @@ fn take_probe(files: Vec<SendFile>, want: u64) -> (Vec<SendFile>, Vec<SendFile>)
     (probe, rest)
 }
 
-/// Wait for the probe's verdict: may the lanes after the first take parts?
-fn wait_open(shared: &Shared<'_>) -> bool {
-    let Ok(mut q) = shared.queue.lock() else {
-        return false;
-    };
-    loop {
-        if q.failed || shared.stop.load(Ordering::SeqCst) || crate::interrupt::requested() {
-            return false;
-        }
-        match q.open {
-            Some(open) => return open,
-            None => {
-                q = match shared
-                    .ready
-                    .wait_timeout(q, std::time::Duration::from_millis(100))
-                {
-                    Ok((q, _)) => q,
-                    Err(_) => return false,
-                }
-            }
-        }
-    }
-}
-
-/// The next part for `lane`: the first lane takes the probe at once; the
-/// others wait for the probe's verdict.
-fn next_part(shared: &Shared<'_>, lane: u32) -> Option<Vec<SendFile>> {
+/// Wait until `lane` may go on: the first lane at once, the others once
+/// the probe's verdict lets them (`false`: it did not, or the stream
+/// stopped). Holds the queue's lock when it returns `true`.
+fn wait_queue<'q>(shared: &'q Shared<'_>, lane: u32) -> Option<std::sync::MutexGuard<'q, Queue>> {
     let mut q = shared.queue.lock().ok()?;
     loop {
         if q.failed || shared.stop.load(Ordering::SeqCst) || crate::interrupt::requested() {
@@ -540,130 +706,26 @@ fn next_part(shared: &Shared<'_>, lane: u32) -> Option<Vec<SendFile>> {
                     .ok()?
                     .0;
             }
-            _ => return q.parts.pop_front(),
+            _ => return Some(q),
         }
     }
 }
 
-/// One part on one lane: relayed (the source's frames passed on to this
-/// lane's receiving agent) or direct (the source's own ssh to the target).
-fn send_part(
-    l: &Lanes<'_>,
-    shared: &Shared<'_>,
-    lane: u32,
-    (src, rcv): (&mut Client, Option<&mut Client>),
-    files: Vec<SendFile>,
-    compression: Compression,
-) -> std::result::Result<LaneDone, StreamFailure> {
-    let fail = |e: crate::error::Error, c: &Client| StreamFailure::new(e, c.lost());
-    let plan = l.plan;
-    let count = files.len() as u64;
-    let send = SendRequest {
-        venv: plan.source.venv.clone(),
-        files,
-        cuts: Vec::new(),
-        shebang: Some(ShebangRewrite {
-            from: plan.source.venv.clone(),
-            to: plan.target.venv.clone(),
-        }),
-        compression,
-    };
-    match (l.route, &rcv) {
-        (Way::Relay, Some(_)) => src.start_send(send),
-        (Way::Direct { dest, timeout, .. }, _) => src.start_send_direct(
-            send,
-            DirectTo {
-                ssh: dest.to_string(),
-                proxy_jump: direct_jump(plan),
-                agent: l.agent.to_string(),
-                target_venv: plan.target.venv.clone(),
-                generation: l.generation.to_string(),
-                connect_timeout_secs: *timeout,
-                lane: Some(lane),
-            },
-        ),
-        (Way::Relay, None) => Err(err!(kind = Internal, "a relayed lane without a receiver")),
-    }
-    .map_err(|e| fail(e, src))?;
-    let mut rcv = rcv;
-    if let Some(r) = rcv.as_deref_mut() {
-        r.start_receive(&plan.target.venv, l.generation, Some(lane))
-            .map_err(|e| fail(e, r))?;
-    }
-    let first_part = lane == 0 && shared.done_bytes.lock().is_ok_and(|d| d.0 == 0);
-    let ended = relay::follow(
-        src,
-        rcv.as_deref_mut(),
-        relay::Listener {
-            // The tests' pause point (tests/interrupt.rs), once.
-            first: &mut || {
-                if first_part {
-                    super::stream::pause_hook("stream")
-                }
-            },
-            progress: &mut |p| lane_progress(shared, lane, p),
-        },
-    )
-    .map_err(|e| StreamFailure::new(e, false))?;
-    lane_finished(shared, lane, count, ended.sent.raw_bytes);
-    let mut waits = StreamWaits {
-        source: ended.sent.waits,
-        target: ended.sent.target_waits,
-    };
-    let written = match rcv {
-        Some(r) => {
-            let (written, w) = r
-                .end_receive(ended.sent.hashes.clone())
-                .map_err(|e| fail(e, r))?;
-            waits.target = w;
-            written
-        }
-        None => ended.written,
-    };
-    Ok(LaneDone {
-        raw: ended.sent.raw_bytes,
-        sent: ended.sent.packed_bytes,
-        hashes: ended.sent.hashes,
-        written,
-        waits,
-        parts: 1,
-    })
+/// Wait for the probe's verdict: may `lane` take parts?
+fn wait_open(shared: &Shared<'_>, lane: u32) -> bool {
+    wait_queue(shared, lane).is_some()
 }
 
-/// A lane's progress within its part, added to what every lane finished.
-fn lane_progress(shared: &Shared<'_>, lane: u32, p: &Progress) {
-    let Ok(mut all) = shared.progress.lock() else {
-        return;
-    };
-    if let Some(slot) = all.get_mut(lane as usize) {
-        *slot = *p;
-    }
-    let (files, bytes) = shared.done_bytes.lock().map_or((0, 0), |d| *d);
-    shared.meter.update(&Progress {
-        files: files + all.iter().map(|p| p.files).sum::<u64>(),
-        bytes: bytes + all.iter().map(|p| p.bytes).sum::<u64>(),
-        total_files: shared.totals.0,
-        total_bytes: shared.totals.1,
-    });
-}
-
-/// A lane's part ended: its bytes count as done, its progress starts over.
-fn lane_finished(shared: &Shared<'_>, lane: u32, files: u64, bytes: u64) {
-    let Ok(mut all) = shared.progress.lock() else {
-        return;
-    };
-    if let Some(slot) = all.get_mut(lane as usize) {
-        *slot = Progress::default();
-    }
-    if let Ok(mut d) = shared.done_bytes.lock() {
-        d.0 += files;
-        d.1 += bytes;
-    }
+/// The next part for `lane`: the first lane takes the probe at once; the
+/// others wait for the probe's verdict.
+fn next_part(shared: &Shared<'_>, lane: u32) -> Option<Vec<SendFile>> {
+    wait_queue(shared, lane)?.parts.pop_front()
 }
 
 /// For `-vv`: what one lane moved and where its ends waited.
 fn show_lane(obs: &dyn Observer, lane: usize, d: &LaneDone) {
-    let (s, t) = (&d.waits.source, &d.waits.target);
+    let s = &d.source;
+    let input: f64 = d.targets.iter().map(|t| t.waits.input_secs).sum();
     obs.detail(&format!(
         "connection {}: {} part{}, {:.0} MB of files, {:.0} MB on the wire; source {:.2} s, blocked on the connection {:.2} s; target waiting for input {:.2} s",
         lane + 1,
@@ -673,7 +735,7 @@ fn show_lane(obs: &dyn Observer, lane: usize, d: &LaneDone) {
         d.sent as f64 / 1e6,
         s.secs,
         s.sink_secs,
-        t.input_secs
+        input
     ));
 }
 

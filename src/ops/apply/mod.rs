@@ -59,6 +59,10 @@ use super::{Clock, Observer};
 
 pub use begin::{Began, Ready, announcement, begin, resume};
 pub use finish::{finish, still_running_line};
+pub use lanes::{
+    Cores, FanMaps, LaneCount, LaneTarget, LanesEnd, TargetTook, lane_count, own_hashes,
+    stream_fanned,
+};
 pub use route::{
     ChosenRoute, choose_route, direct_obstacle, local_copy, route_compression, route_note,
 };

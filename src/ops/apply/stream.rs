@@ -51,8 +51,8 @@ pub(super) const WATCH_EVERY: std::time::Duration = std::time::Duration::from_mi
 /// A stream that failed, and whether an agent (or its connection) died:
 /// the source's (then named in the error) or the target's (then `dst.lost()`).
 pub struct StreamFailure {
-    pub(super) error: Error,
-    pub(super) died: bool,
+    pub error: Error,
+    pub died: bool,
 }
 
 impl StreamFailure {

@@ -149,6 +149,9 @@ pub enum Holds<'a> {
     /// files come on the others, and what all staged is checked together
     /// afterwards ([`check_staged`]).
     Part,
+    /// One lane's part of a stream several targets share: both of the
+    /// above (the list maps the part's entries).
+    SharedPart(&'a [StreamEntry]),
 }
 
 /// Target side: unpack the stream read from `input` into `staging/<index>`,

@@ -97,7 +97,7 @@ impl<'a> Stager<'a> {
         let input: &mut dyn Read = &mut input;
         let mut seen = vec![false; self.g.meta.changes.len()];
         let mut shared = match holds {
-            Holds::Shared(list) => Some(SharedEntries::new(list)),
+            Holds::Shared(list) | Holds::SharedPart(list) => Some(SharedEntries::new(list)),
             Holds::All | Holds::Part => None,
         };
         let mut count = StageCount::default();
@@ -164,7 +164,7 @@ impl<'a> Stager<'a> {
             self.counters.files.fetch_add(1, Ordering::Relaxed);
             die_hook(count.files);
         }
-        if !matches!(holds, Holds::Part) {
+        if !matches!(holds, Holds::Part | Holds::SharedPart(_)) {
             self.check_none_missing(&seen)?;
         }
         Ok(count)
