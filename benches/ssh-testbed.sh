@@ -44,7 +44,14 @@
 #                check the target's stack is the source's (sha256 of every
 #                file but bytecode, modes, symlinks); all: after the first
 #                run of every method (BASE_BIN's, rsync, tar-zstd too); 0: skip
-#   PORT         the sshds' port on both addresses (default 22022)
+#   FANOUT       1: a second target host (dst2, 127.0.0.4, its own copy of
+#                the target venv) and the fan-out methods: "fanout", one
+#                `overlay apply` of the plan of both targets (one read of
+#                the source, streamed to both; --connections auto), and
+#                "fanout+connections1" (the same over one connection, the
+#                stream before the fan-out took lanes); both targets are
+#                reset before every run, and checked after the first
+#   PORT         the sshds' port on all addresses (default 22022)
 #   WORK         scratch folder (default /tmp/ssh-testbed); the target venv
 #                is kept there and reused by the next run (KEEP=0 removes it at the end)
 #   ISOLATE      1: run in a private mount namespace with a scratch folder
@@ -91,6 +98,8 @@ PORT=${PORT:-22022}
 W=${WORK:-/tmp/ssh-testbed}
 SRC_IP=127.0.0.2
 DST_IP=127.0.0.3
+DST2_IP=127.0.0.4
+FANOUT=${FANOUT:-0}
 AES=aes128-gcm@openssh.com
 ROOTHOME=$(getent passwd root | cut -d: -f6)
 case $CACHE in cold|warm|none) ;; *) die "CACHE must be cold, warm or none" ;; esac
@@ -136,8 +145,13 @@ SITES=("$VENV"/lib/python3*/site-packages)
 [ ${#SITES[@]} = 1 ] && [ -d "${SITES[0]}" ] || die "$VENV has no single lib/python3*/site-packages"
 SITE=${SITES[0]}
 REL=${SITE#"$VENV"/}            # lib/python3.X/site-packages
-T=$W/target/venv                # the target venv
-TSITE=$T/$REL
+# The target venv, its site-packages and the folder with its pristine
+# listings; use_target 2 switches them to the second target (FANOUT=1).
+use_target() { # use_target 1|2
+  TW=$W/target; [ "$1" = 1 ] || TW=$W/target$1
+  T=$TW/venv; TSITE=$T/$REL
+}
+use_target 1
 
 # The stack: top-level names in site-packages.
 case $STACK in
@@ -164,7 +178,7 @@ cleanup() {
     rm -rf "$ROOTHOME/.ssh"
     [ "$SSH_BACKUP" = none ] || mv "$SSH_BACKUP" "$ROOTHOME/.ssh"
   fi
-  [ "${KEEP:-1}" = 1 ] || rm -rf "$W/target"
+  [ "${KEEP:-1}" = 1 ] || rm -rf "$W/target" "$W/target2"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -279,21 +293,21 @@ make_target() {
   # Made once (a copy of the source venv without the stack) and kept in
   # WORK for the next run of the same venv: a cp -a of the whole venv is
   # the slowest step of the set-up.
-  if [ -f "$W/target/ready" ] && [ "$(cat "$W/target/ready")" = "$VENV $STACK_NAMES" ]; then
+  if [ -f "$TW/ready" ] && [ "$(cat "$TW/ready")" = "$VENV $STACK_NAMES" ]; then
     echo "target: reusing $T"
     reset_target
     return
   fi
-  rm -rf "$W/target"; mkdir -p "$T"
+  rm -rf "$TW"; mkdir -p "$T"
   # tar rather than cp -a and rm: the stack (GBs) is never written.
   local ex=() n
   for n in $STACK_NAMES; do ex+=("--exclude=./$REL/$n"); done
   tar -C "$VENV" --anchored "${ex[@]}" -cf - . | tar -C "$T" -xf - || die "copying $VENV to $T failed"
   (cd "$TSITE" && rm -rf $STACK_NAMES)     # nothing, unless tar's exclusion missed one
-  cp -a "$T/bin" "$W/target/bin.pristine"
-  paths > "$W/target/pristine.paths"
-  listing > "$W/target/pristine.lst"
-  echo "$VENV $STACK_NAMES" > "$W/target/ready"
+  cp -a "$T/bin" "$TW/bin.pristine"
+  paths > "$TW/pristine.paths"
+  listing > "$TW/pristine.lst"
+  echo "$VENV $STACK_NAMES" > "$TW/ready"
   echo "target: $T made"
 }
 
@@ -304,18 +318,24 @@ reset_target_quick() {
   # may rewrite (shebangs).
   rm -rf "$T/.overlay"
   (cd "$TSITE" && rm -rf $STACK_NAMES)
-  paths | comm -13 "$W/target/pristine.paths" - | (cd "$T" && xargs -r -d '\n' rm -rf)
-  rm -rf "$T/bin"; cp -a "$W/target/bin.pristine" "$T/bin"
+  paths | comm -13 "$TW/pristine.paths" - | (cd "$T" && xargs -r -d '\n' rm -rf)
+  rm -rf "$T/bin"; cp -a "$TW/bin.pristine" "$T/bin"
 }
 
 reset_target() {
   # rm -rf of what was added is faster than a fresh copy, and the listing
   # proves it exact; if it is not, the target is made again.
   reset_target_quick
-  if ! listing | cmp -s - "$W/target/pristine.lst"; then
-    echo "  target reset was not exact ($(listing | diff - "$W/target/pristine.lst" | grep -c '^[<>]') lines differ): copying it again"
-    rm -f "$W/target/ready"; make_target
+  if ! listing | cmp -s - "$TW/pristine.lst"; then
+    echo "  target reset was not exact ($(listing | diff - "$TW/pristine.lst" | grep -c '^[<>]') lines differ): copying it again"
+    rm -f "$TW/ready"; make_target
   fi
+}
+
+# Every target of the run: reset_target or make_target of each.
+each_target() { # each_target FUNCTION
+  "$1"
+  if [ "$FANOUT" = 1 ]; then use_target 2; "$1"; use_target 1; fi
 }
 
 # ---------------------------------------------------------------------------
@@ -336,6 +356,9 @@ venv = "$T"
 venv = "$VENV"
 [hosts.ldst]
 venv = "$T"
+[hosts.dst2]
+ssh = "dst2"
+venv = "$W/target2/venv"
 [sets.stack]
 dists = [$dists]
 EOF
@@ -376,6 +399,10 @@ list_methods() {
     add_method "relay+$name" ssh new "--relay $v"
     add_method "direct+$name" ssh new "--direct $v"
   done
+  if [ "$FANOUT" = 1 ]; then
+    add_method fanout fan new ""
+    add_method fanout+connections1 fan new "--connections 1"
+  fi
   add_method rsync rsync "" ""
   add_method rsync-aes rsync "" "-c $AES"
   add_method tar-zstd tar "" ""
@@ -396,9 +423,9 @@ bin_of() { [ "$1" = base ] && echo "$BASE" || echo "$BIN"; }
 prepare() { # prepare METHOD REP
   local m=$1 rep=$2 bin plan hosts
   case ${KIND[$m]} in
-    ssh|local)
+    ssh|local|fan)
       bin=$(bin_of "${BUILD[$m]}")
-      if [ "${KIND[$m]}" = ssh ]; then hosts="src dst"; else hosts="lsrc ldst"; fi
+      case ${KIND[$m]} in ssh) hosts="src dst" ;; fan) hosts="src dst dst2" ;; *) hosts="lsrc ldst" ;; esac
       plan=$W/ctl/plan-$m.json
       (cd "$W/ctl" && "$bin" plan $hosts -o "$plan" > "$OUT/plan-$m-$rep.txt" 2>&1) ||
         { echo "  plan for $m failed:"; tail -5 "$OUT/plan-$m-$rep.txt"; return 1; }
@@ -414,7 +441,7 @@ VERIFIED=""
 run_method() { # run_method METHOD REP
   local m=$1 rep=$2
   [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $m "* ]] || return 0
-  reset_target
+  each_target reset_target
   CMD=()
   prepare "$m" "$rep" || return 0
   settle_cache
@@ -444,6 +471,7 @@ run_method() { # run_method METHOD REP
      { [ "$VERIFY" = all ] || { [ "$VERIFY" = 1 ] && [ "${BUILD[$m]}" = new ]; }; }; then
     VERIFIED="$VERIFIED $m"
     verify_stack "$m"
+    if [ "${KIND[$m]}" = fan ]; then use_target 2; verify_stack "$m" dst2; use_target 1; fi
   fi
 }
 
@@ -462,8 +490,8 @@ stack_state() { # stack_state SITE
      printf '%s  %s\n' "$(grep -v '^\.\./\.\./\.\./bin/' "$r" | sha256sum | cut -c1-64)" "$r (no bin/ rows)"
    done)
 }
-verify_stack() { # verify_stack METHOD
-  local f=$OUT/verify-$1.txt
+verify_stack() { # verify_stack METHOD [TARGET-NAME]
+  local f=$OUT/verify-$1${2:+-$2}.txt
   # The source's state once per run (it does not change).
   [ -s "$W/src.state" ] || stack_state "$SITE" > "$W/src.state"
   stack_state "$TSITE" > "$W/dst.state"
@@ -471,9 +499,9 @@ verify_stack() { # verify_stack METHOD
   spyc=$(cd "$SITE" && find $STACK_NAMES -name '*.pyc' | wc -l)
   tpyc=$(cd "$TSITE" && find $STACK_NAMES -name '*.pyc' 2>/dev/null | wc -l)
   if cmp -s "$W/src.state" "$W/dst.state"; then
-    echo "VERIFY $1 ok: $(grep -c '^f ' "$W/src.state") files and $(grep -c '^l ' "$W/src.state") links equal (sha256, mode), bytecode: source $spyc, target $tpyc" | tee "$f"
+    echo "VERIFY $1${2:+ ($2)} ok: $(grep -c '^f ' "$W/src.state") files and $(grep -c '^l ' "$W/src.state") links equal (sha256, mode), bytecode: source $spyc, target $tpyc" | tee "$f"
   else
-    { echo "VERIFY $1 FAILED: the target's stack differs from the source's (bytecode: source $spyc, target $tpyc)"
+    { echo "VERIFY $1${2:+ ($2)} FAILED: the target's stack differs from the source's (bytecode: source $spyc, target $tpyc)"
       diff "$W/src.state" "$W/dst.state" | head -40; } | tee "$f"
   fi
 }
@@ -525,6 +553,7 @@ summary() {
       direct*) ratio "$m" rsync-aes ${goal:+0.85} ;;
     esac
   done
+  ratio fanout fanout+connections1
   ratio rsync-aes local
   grep -h '^VERIFY' "$OUT"/verify-*.txt 2>/dev/null | sed 's/^/  /'
   if [ -s "$OUT/waits.txt" ]; then
@@ -554,8 +583,9 @@ setup_sshd_account
 setup_client
 start_host src "$SRC_IP"
 start_host dst "$DST_IP"
+[ "$FANOUT" = 1 ] && start_host dst2 "$DST2_IP"
 echo "hosts: src $SRC_IP:$PORT, dst $DST_IP:$PORT up; their sessions run $(ssh src 'command -v ssh rsync zstd' | tr '\n' ' ')" | tee -a "$OUT/env.txt"
-make_target
+each_target make_target
 write_manifest
 list_methods
 echo "methods: ${METHODS[*]}"
@@ -571,5 +601,5 @@ for rep in $(seq "$REPS"); do
     run_method "${METHODS[$(( (i + rep - 1) % n ))]}" "$rep"
   done
 done
-reset_target
+each_target reset_target
 summary | tee "$OUT/summary.txt"
