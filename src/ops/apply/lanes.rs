@@ -41,14 +41,16 @@ use crate::client::Client;
 use crate::err;
 use crate::error::Error;
 use crate::model::{
-    Compression, Connections, Kind, Progress, SendFile, SendWaits, SourceHash, StageWaits,
-    StreamEntry, StreamWaits, Written,
+    Compression, Connections, Kind, LevelWindow, Progress, SendFile, SendWaits, SourceHash,
+    StageWaits, StreamEntry, StreamWaits, Written,
 };
 use crate::ops::{Meter, Observer, Step, endpoint};
 use crate::plan::{HostInfo, Plan};
 
 use super::ApplyOptions;
-use super::stream::{Part, StreamFailure, Way, connect_source, show_waits, stream_from};
+use super::stream::{
+    Part, StreamFailure, Way, connect_source, show_waits, show_windows, stream_from,
+};
 use super::transfer::Moved;
 
 mod part;
@@ -333,6 +335,7 @@ struct LaneDone {
     source: SendWaits,
     targets: Vec<TargetTook>,
     parts: usize,
+    windows: Vec<LevelWindow>,
 }
 
 impl LaneDone {
@@ -344,6 +347,7 @@ impl LaneDone {
             source: one.source,
             targets: one.targets,
             parts: 1,
+            windows: one.windows,
         });
     }
 
@@ -368,6 +372,7 @@ impl LaneDone {
             t.add(o);
         }
         self.parts += o.parts;
+        self.windows.extend(o.windows);
     }
 }
 
@@ -464,6 +469,7 @@ fn lanes(
                 if d.parts > 0 {
                     lanes_used += 1;
                     show_lane(l.obs, i, &d);
+                    show_windows(l.obs, &d.windows);
                 }
                 total.merge(d);
             }

@@ -10,7 +10,8 @@ use crate::client::{Client, DirectTo, SendRequest};
 use crate::err;
 use crate::error::Error;
 use crate::model::{
-    Compression, Progress, SendFile, SendWaits, ShebangRewrite, SourceHash, StreamEntry,
+    Compression, LevelWindow, Progress, SendFile, SendWaits, ShebangRewrite, SourceHash,
+    StreamEntry,
 };
 use crate::ops::relay;
 
@@ -25,6 +26,8 @@ pub(super) struct PartDone {
     pub sent: u64,
     pub source: SendWaits,
     pub targets: Vec<TargetTook>,
+    /// The compression tuner's windows of the part.
+    pub windows: Vec<LevelWindow>,
 }
 
 /// A part as the source sends it.
@@ -206,6 +209,7 @@ pub(super) fn send_part(
         sent: ended.sent.packed_bytes,
         source: ended.sent.waits,
         targets: took,
+        windows: ended.sent.windows,
     })
 }
 
