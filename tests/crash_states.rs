@@ -13,12 +13,22 @@
 //! restarted host would run recovers it, then the checker judges the
 //! result (`check.rs`).
 //!
+//! Which command comes first is each recovery an operator may choose,
+//! picked per state by a coin of the seed and the state's label: of the
+//! apply's, the rollback's and the recovery's states, half are recovered
+//! with `apply --resume` (which completes an interrupted switch instead
+//! of undoing it), a quarter with `rollback`, the rest by the agent's
+//! start (`history`); a prune's by the agent's start. Each run prints how
+//! many states each recovery checked.
+//!
 //! `OVERLAY_CRASH_SEED=N` replays the random states of one run (the seed
-//! is printed); `OVERLAY_CRASH_ONLY=TEXT` checks only the states whose
-//! label holds TEXT (`random state 17`, `prefix 120/`);
-//! `OVERLAY_CRASH_RANDOM=N` sets the random states per run;
-//! `OVERLAY_CRASH_RESUME=1` recovers every other state with `apply
-//! --resume` first (open findings there, see docs/design.md).
+//! is printed), and with it the recovery of each state;
+//! `OVERLAY_CRASH_ONLY=TEXT` checks only the states whose label holds
+//! TEXT (`random state 17`, `prefix 120/`); `OVERLAY_CRASH_RANDOM=N` sets
+//! the random states per run; `OVERLAY_CRASH_RESUME=S` and
+//! `OVERLAY_CRASH_ROLLBACK=S` set the shares (0 to 1) recovered first
+//! with `apply --resume` and with `rollback` (both 0: the agent's start
+//! alone; `OVERLAY_CRASH_RESUME=1`: every state resumed).
 
 #[path = "crash_states/check.rs"]
 mod check;
@@ -34,8 +44,14 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use check::{Expect, Snap};
+use check::{Expect, Recovery, Snap};
 use common::{Testbed, ok};
+
+/// The share of each run's states recovered first with `apply --resume`
+/// (`OVERLAY_CRASH_RESUME`), and with `rollback` (`OVERLAY_CRASH_ROLLBACK`);
+/// the rest with the agent's start.
+const RESUME: f64 = 0.5;
+const ROLLBACK: f64 = 0.25;
 
 /// One run of the test: the testbed, the seed and the tallies.
 struct Bench {
@@ -52,12 +68,16 @@ struct Bench {
     /// At most this many states per run, picked evenly (the FUSE runs:
     /// each state costs a third of a second there).
     budget: usize,
-    /// Whether half the states are recovered with `apply --resume`.
-    resume: bool,
+    /// The shares of states recovered first with `apply --resume` and
+    /// with `rollback` (the rest with the agent's start).
+    resume: f64,
+    rollback: f64,
     only: Option<String>,
     generated: usize,
     checked: usize,
     outcomes: BTreeMap<String, usize>,
+    /// States checked per recovery.
+    recoveries: BTreeMap<Recovery, usize>,
     violations: Vec<String>,
 }
 
@@ -111,11 +131,13 @@ impl Bench {
             seed,
             random,
             budget: usize::MAX,
-            resume: false,
+            resume: 0.0,
+            rollback: 0.0,
             only: env("OVERLAY_CRASH_ONLY"),
             generated: 0,
             checked: 0,
             outcomes: BTreeMap::new(),
+            recoveries: BTreeMap::new(),
             violations: Vec::new(),
         }
     }
@@ -194,6 +216,7 @@ impl Bench {
                 .collect();
         }
         let (mut seen, mut checked, generated) = (HashSet::new(), 0, choices.len());
+        let mut kinds: BTreeMap<Recovery, usize> = BTreeMap::new();
         let violations = self.violations.len();
         let mode = self.root_mode();
         let tb = &self.tb;
@@ -212,12 +235,11 @@ impl Bench {
             }
             checked += 1;
             check::materialise(&self.real, mode, &tree);
-            // Every other state is recovered with `apply --resume` first.
-            let resume = self.resume && checked % 2 == 0;
-            match check::check(&overlay, &self.venv, expect, resume) {
+            let how = self.recovery(seed, &c.label);
+            *kinds.entry(how).or_default() += 1;
+            match check::check(&overlay, &self.venv, expect, how) {
                 Ok(outcome) => {
-                    let how = if resume { ", after apply --resume" } else { "" };
-                    let key = format!("{name}: {outcome}{how}");
+                    let key = format!("{name}, {}: {outcome}", how.name());
                     *self.outcomes.entry(key).or_default() += 1
                 }
                 Err(why) => {
@@ -227,8 +249,9 @@ impl Bench {
                         .collect();
                     let last = last.join("\n    ");
                     let v = format!(
-                        "{name}, {}:\n  {why}\n  the last ops:\n    {last}\n  lost or torn:\n    {lost}",
-                        c.label
+                        "{name}, {}, recovered by {}:\n  {why}\n  the last ops:\n    {last}\n  lost or torn:\n    {lost}",
+                        c.label,
+                        how.name()
                     );
                     if self.violations.len() == violations {
                         eprintln!("crash states: first violation of {name}:\n{v}");
@@ -241,19 +264,65 @@ impl Bench {
             }
         }
         eprintln!(
-            "crash states of {name}: {} ops ({} barriers), {generated} states generated, {checked} distinct checked, {} violations, in {:.1}s",
+            "crash states of {name}: {} ops ({} barriers), {generated} states generated, {checked} distinct checked ({}), {} violations, in {:.1}s",
             rec.model.ops.len(),
             rec.model
                 .ops
                 .iter()
                 .filter(|o| matches!(o, model::Op::Sync { .. } | model::Op::SyncFs))
                 .count(),
+            per_recovery(&kinds),
             self.violations.len() - violations,
             t0.elapsed().as_secs_f64()
         );
         self.generated += generated;
         self.checked += checked;
+        for (k, n) in kinds {
+            *self.recoveries.entry(k).or_default() += n;
+        }
     }
+}
+
+impl Bench {
+    /// How the state labelled `label` is recovered first: a coin of the
+    /// run's seed and the label (so that `OVERLAY_CRASH_ONLY` replays a
+    /// state the same way), `apply --resume` or `rollback` by their
+    /// shares, else the agent's start.
+    fn recovery(&self, seed: u64, label: &str) -> Recovery {
+        let h = label
+            .bytes()
+            .fold(seed, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        let coin = (states::Rng(h).next() >> 11) as f64 / (1u64 << 53) as f64;
+        if coin < self.resume {
+            Recovery::Resume
+        } else if coin < self.resume + self.rollback {
+            Recovery::Rollback
+        } else {
+            Recovery::AgentStart
+        }
+    }
+}
+
+/// `3 agent start, 5 apply --resume, 2 rollback`.
+fn per_recovery(kinds: &BTreeMap<Recovery, usize>) -> String {
+    let all = [Recovery::AgentStart, Recovery::Resume, Recovery::Rollback];
+    all.iter()
+        .map(|k| format!("{} {}", kinds.get(k).copied().unwrap_or(0), k.name()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A share from the environment variable `key` (0 to 1), else `default`.
+fn share(key: &str, default: f64) -> f64 {
+    let v = std::env::var(key)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .map_or(default, |v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{key}: a share, 0 to 1, not {v:?}"))
+        });
+    assert!((0.0..=1.0).contains(&v), "{key}: a share, 0 to 1, not {v}");
+    v
 }
 
 /// The state in the middle of `rec`'s switch with nothing lost: what a
@@ -326,9 +395,11 @@ fn apply_and_rollback(b: &mut Bench) -> Applied {
         start,
         apply,
     };
-    // `OVERLAY_CRASH_RESUME=1`: every other state is recovered with
-    // `apply --resume` first (not yet in CI: see docs/design.md).
-    b.resume = std::env::var_os("OVERLAY_CRASH_RESUME").is_some_and(|v| v == "1");
+    // Each state is recovered first by the agent's start, `apply
+    // --resume` or `rollback`, by a seeded coin (`OVERLAY_CRASH_RESUME`
+    // and `OVERLAY_CRASH_ROLLBACK` set the shares).
+    b.resume = share("OVERLAY_CRASH_RESUME", RESUME);
+    b.rollback = share("OVERLAY_CRASH_ROLLBACK", ROLLBACK).min(1.0 - b.resume);
     b.check_states("apply", &a.apply, &a.expect());
     let rollback = b.record("rollback", &a.apply.farm, &["rollback", "dst"], false);
     assert_eq!(rollback.after, a.old, "the rollback restored the venv");
@@ -350,9 +421,10 @@ fn finish(b: &Bench, a: &Applied, t0: Instant) {
         "the files the apply left changed: overlay wrote into an existing inode"
     );
     eprintln!(
-        "crash states: {} generated, {} distinct states checked, {} violations, in {:.1}s; outcomes: {:?}",
+        "crash states: {} generated, {} distinct states checked ({}), {} violations, in {:.1}s; outcomes: {:?}",
         b.generated,
         b.checked,
+        per_recovery(&b.recoveries),
         b.violations.len(),
         t0.elapsed().as_secs_f64(),
         b.outcomes
@@ -399,7 +471,9 @@ fn every_crash_state_recovers_to_old_or_new() {
         allowed: vec![("new".into(), a.new.clone(), vec!["absent", "complete"])],
         ..a.expect()
     };
-    b.resume = false;
+    // A prune's states: the agent's start only (a `rollback` would take
+    // the venv back to old, which these expectations do not allow).
+    (b.resume, b.rollback) = (0.0, 0.0);
     b.check_states("prune", &prune, &prune_expect);
     finish(&b, &a, t0);
 }

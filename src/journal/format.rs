@@ -105,6 +105,10 @@ pub struct Generation {
     pub fs: Beneath,
     pub meta: Meta,
     pub records: Vec<Record>,
+    /// The journal's length up to the end of its last whole record, as
+    /// read or appended: anything past it is a torn tail ([`read_journal`]),
+    /// cut before the next append.
+    pub(super) journal_len: u64,
     /// Each change's path relative to the venv root (validated).
     pub(super) rels: Vec<String>,
     /// What prepare could not check and the operator should hear (free
@@ -214,7 +218,7 @@ impl Generation {
             .map_err(|e| damaged(format!("{}/meta.json: {}", dir.display(), io_cause(&e))))?;
         let meta: Meta = serde_json::from_slice(&text)
             .map_err(|e| damaged(format!("{}/meta.json: {e}", dir.display())))?;
-        let records = read_journal(&gfs)
+        let (records, journal_len) = read_journal_len(&gfs)
             .map_err(|e| damaged(format!("{}/journal: {}", dir.display(), io_cause(&e))))?;
         let rels = validate(venv, id, &meta, &records)
             .map_err(|p| damaged(format!("{p} (in {})", dir.display())))?;
@@ -224,6 +228,7 @@ impl Generation {
             fs: gfs,
             meta,
             records,
+            journal_len,
             rels,
             warnings: Vec::new(),
         })
@@ -248,6 +253,15 @@ impl Generation {
     }
 
     /// Append records with one fsync, before the steps they name are taken.
+    ///
+    /// A torn tail (the part of a record that a power cut, a kill or a full
+    /// disk left without its end, or a hole where a lost page reads as
+    /// zeros) is cut off first: [`read_journal`] stops at the first line
+    /// that is not a whole record, so a record appended after it would
+    /// never be read again (an undo's `RolledBack` lost that way left the
+    /// generation `switching` for good; tests/crash_states.rs found it).
+    /// Nothing past the last whole record was ever durable, so no step it
+    /// names was taken.
     pub fn append_all(&mut self, rs: Vec<Record>) -> Result<()> {
         if rs.is_empty() {
             return Ok(());
@@ -257,6 +271,21 @@ impl Generation {
             .fs
             .open_append("journal", 0o600)
             .map_err(|e| fs_err("open", &path, &e))?;
+        let len = f
+            .metadata()
+            .map_err(io(format_args!("stat {}", path.display())))?
+            .len();
+        if len != self.journal_len {
+            // Read again: another handle of this generation may have
+            // appended whole records since this one read it.
+            let (_, whole) =
+                read_journal_len(&self.fs).map_err(io(format_args!("read {}", path.display())))?;
+            if len > whole {
+                f.set_len(whole)
+                    .map_err(io(format_args!("cut the torn tail of {}", path.display())))?;
+            }
+            self.journal_len = whole;
+        }
         let mut lines = Vec::new();
         for r in &rs {
             serde_json::to_writer(&mut lines, r).expect("serializes");
@@ -266,6 +295,7 @@ impl Generation {
             .map_err(io(format_args!("write {}", path.display())))?;
         f.sync_data()
             .map_err(io(format_args!("sync {}", path.display())))?;
+        self.journal_len += lines.len() as u64;
         self.records.extend(rs);
         crash_hook();
         Ok(())
@@ -396,19 +426,34 @@ pub(super) fn read_before(fs: &Beneath) -> std::result::Result<Vec<Entry>, Strin
 /// The journal's records; a torn last line (a crash mid-write) is ignored:
 /// its step never started. Absent: no records.
 pub(super) fn read_journal(fs: &Beneath) -> std::io::Result<Vec<Record>> {
+    read_journal_len(fs).map(|(records, _)| records)
+}
+
+/// The journal's records up to the first line that is not a whole record,
+/// and the length of the journal up to there. A whole record ends with its
+/// newline: a line without one was cut short (it and its fsync never
+/// finished, so its step never started), even where what is there parses.
+fn read_journal_len(fs: &Beneath) -> std::io::Result<(Vec<Record>, u64)> {
     let f = match fs.open_read("journal") {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
         Err(e) => return Err(e),
     };
-    let mut out = Vec::new();
-    for line in std::io::BufReader::new(f).lines() {
-        match serde_json::from_str(&line?) {
-            Ok(r) => out.push(r),
+    let (mut out, mut len) = (Vec::new(), 0u64);
+    let mut r = std::io::BufReader::new(f);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if r.read_until(b'\n', &mut line)? == 0 || line.last() != Some(&b'\n') {
+            break;
+        }
+        match serde_json::from_slice(&line) {
+            Ok(rec) => out.push(rec),
             Err(_) => break,
         }
+        len += line.len() as u64;
     }
-    Ok(out)
+    Ok((out, len))
 }
 
 #[cfg(test)]
@@ -532,5 +577,81 @@ mod tests {
             e.message
         );
         assert!(e.hint.unwrap().contains("move"));
+    }
+
+    /// A record cut short at the journal's end (a power cut before its
+    /// fsync returned, a full disk, a kill inside a write) is a step that
+    /// never started, and the next record appended goes after the last
+    /// whole one: a rollback's `RolledBack` written after a torn tail was
+    /// never read back, and the generation stayed `switching` with its
+    /// undo run again each time (tests/crash_states.rs found it, resuming
+    /// a switch cut in its removal of emptied folders). Each tail: part of
+    /// a record; a page lost to zeros, then a record's end; a whole record
+    /// without its newline.
+    #[test]
+    fn records_appended_after_a_torn_tail_are_read_back() {
+        let tails: [&[u8]; 3] = [
+            b"{\"op\":\"rmdir\",\"dir\":\"lib/pyth",
+            b"\0\0\0\0\0\0\0\0ib/python3.11\",\"mode\":493}\n",
+            b"{\"op\":\"mkdir\",\"dir\":\"lib/python3.11/site-packages/pkg/new\"}",
+        ];
+        for (t, tail) in tails.iter().enumerate() {
+            for resume in [false, true] {
+                let fx = Fx::new();
+                std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
+                std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
+                let before = fx.tree();
+                let news = [
+                    Some(New::File(b"new a".to_vec())),
+                    Some(New::File(b"b".to_vec())),
+                ];
+                let changes = vec![
+                    change(&fx, "pkg/a.py", Action::Replace, news[0].as_ref()),
+                    change(&fx, "pkg/new/b.py", Action::Add, news[1].as_ref()),
+                ];
+                let state = State::open(&fx.v()).unwrap();
+                let counters = Counters::default();
+                let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
+                stage(&mut g, &news);
+                // Cut after its first step (the move of the old a.py).
+                let asked = std::sync::atomic::AtomicUsize::new(0);
+                let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 1;
+                assert!(state.switch_unless(&mut g, &stop).unwrap().is_none());
+                let journal = g.dir.join("journal");
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&journal)
+                    .unwrap();
+                std::io::Write::write_all(&mut f, tail).unwrap();
+                drop((f, g));
+                let case = format!("tail {t}, resume {resume}");
+                let done = state.recover(resume, &counters).unwrap();
+                assert!(done.is_some(), "{case}");
+                let h = state.history().unwrap();
+                let want = if resume {
+                    Status::Complete
+                } else {
+                    Status::RolledBack
+                };
+                assert_eq!(h[0].status, want, "{case}: {h:?}");
+                if resume {
+                    assert_eq!(std::fs::read(fx.site().join("pkg/new/b.py")).unwrap(), b"b");
+                    state.rollback(None, false, &counters).unwrap();
+                    assert_eq!(
+                        state.history().unwrap()[0].status,
+                        Status::RolledBack,
+                        "{case}"
+                    );
+                }
+                assert_eq!(fx.tree(), before, "{case}");
+                // Nothing torn is left in the journal: every line is whole.
+                let text = std::fs::read(&journal).unwrap();
+                assert!(text.ends_with(b"\n"), "{case}");
+                for line in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                    let r: std::result::Result<super::Record, _> = serde_json::from_slice(line);
+                    assert!(r.is_ok(), "{case}: {}", String::from_utf8_lossy(line));
+                }
+            }
+        }
     }
 }

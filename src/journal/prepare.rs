@@ -470,6 +470,7 @@ impl State {
             fs,
             meta,
             records: Vec::new(),
+            journal_len: 0,
             rels,
             warnings: Vec::new(),
         };

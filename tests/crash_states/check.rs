@@ -1,7 +1,8 @@
 //! The checker: put a crash state in place at the venv's own path (so
 //! that every path in the journal, the shebangs and the manifest are the
 //! ones of the recorded run), run the recovery a restarted host runs (the
-//! next overlay command: `history`), and judge what it leaves.
+//! next overlay command: `history`, whose agent's start recovers, `apply
+//! --resume` or `rollback`, see [`Recovery`]), and judge what it leaves.
 //!
 //! Files that were there before the run are hard links to the farm (a
 //! `cp -al` of the tree before it), so they keep their inode numbers and
@@ -96,32 +97,63 @@ pub struct Expect {
     pub rolls_back_to: Snap,
 }
 
-/// How one crash state recovered (for the counts), or a violation.
-/// `resume`: first `overlay apply --resume`, the other recovery an
-/// operator may choose (it completes an interrupted switch instead of
-/// rolling it back; it refuses a generation that never staged all its
-/// files, and then the default recovery below rolls that back).
+/// The first command a restarted host runs on a crash state: each is a
+/// recovery an operator may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Recovery {
+    /// Any command (`overlay history`): the agent's start finishes an
+    /// interrupted generation, rolling back an unfinished switch.
+    AgentStart,
+    /// `overlay apply --resume`: completes an interrupted switch instead;
+    /// it refuses a generation that never staged all its files (the agent
+    /// start that follows then rolls that back).
+    Resume,
+    /// `overlay rollback`: finishes an interrupted generation or rollback
+    /// the same way and stops there, or rolls back the newest complete
+    /// generation.
+    Rollback,
+}
+
+impl Recovery {
+    pub fn name(self) -> &'static str {
+        match self {
+            Recovery::AgentStart => "agent start",
+            Recovery::Resume => "apply --resume",
+            Recovery::Rollback => "rollback",
+        }
+    }
+}
+
+/// How one crash state recovered (for the counts), or a violation: the
+/// recovery `how`, then the judgement below (which recovers again with
+/// `history`, as any later command would, and rolls back what is left
+/// complete).
 pub fn check(
     overlay: &dyn Fn(&[&str]) -> Command,
     venv: &Path,
     expect: &Expect,
-    resume: bool,
+    how: Recovery,
 ) -> Result<&'static str, String> {
-    if resume {
-        let (code, _, err) = run(overlay(&["apply", "--resume"]));
-        if code.is_none() || code == Some(101) {
-            return Err(format!(
-                "`overlay apply --resume` crashed ({code:?}): {err}"
-            ));
-        }
-        return judge(overlay, venv, expect).map_err(|e| {
-            format!(
-                "{e}\n  after `overlay apply --resume` ({code:?}): {}",
-                err.trim()
-            )
-        });
+    let first = match how {
+        Recovery::AgentStart => return judge(overlay, venv, expect),
+        Recovery::Resume => ["apply", "--resume"].as_slice(),
+        Recovery::Rollback => ["rollback", "dst"].as_slice(),
+    };
+    let (code, _, err) = run(overlay(first));
+    let shown = format!("`overlay {}`", first.join(" "));
+    if code.is_none() || code == Some(101) {
+        return Err(format!("{shown} crashed ({code:?}): {err}"));
+    }
+    // `rollback` must finish what it finds; it may only say that there
+    // is nothing to roll back (a state from before the generation was
+    // made, or one the recovery drops). `apply --resume` may refuse (a
+    // generation still streaming) or fail its check after the switch:
+    // what it leaves is judged.
+    if how == Recovery::Rollback && code != Some(0) && !err.contains("Nothing to roll back") {
+        return Err(format!("{shown} failed ({code:?}): {}", err.trim()));
     }
     judge(overlay, venv, expect)
+        .map_err(|e| format!("{e}\n  after {shown} ({code:?}): {}", err.trim()))
 }
 
 /// Recover with `history` and judge what is left.

@@ -423,7 +423,16 @@ impl Builder {
             "syncfs" => {
                 let p = fd_arg(&c.args[0]).1.unwrap_or_default();
                 let p = PathBuf::from(std::ffi::OsStr::from_encoded_bytes_unchecked_safe(&p));
-                let same = std::fs::metadata(&p).is_ok_and(|m| Some(m.dev()) == self.dev);
+                // The fd's folder may be gone by now (the apply's `syncfs`
+                // of `staging/`, which its commit removed): its nearest
+                // folder still there is on the same file system. (Stat of
+                // the gone path alone dropped that barrier, and every
+                // staged file counted as never durable: a resumed switch
+                // then placed torn files, an artefact of the model.)
+                let same = p
+                    .ancestors()
+                    .find_map(|a| std::fs::metadata(a).ok())
+                    .is_some_and(|m| Some(m.dev()) == self.dev);
                 if same {
                     self.push(Op::SyncFs, w);
                 }
