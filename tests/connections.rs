@@ -10,6 +10,7 @@ mod common;
 
 use std::fs;
 
+use common::needs::{apply_parts_first, nothing_left_to_plan};
 use common::{Testbed, assert_same, ok, snapshot};
 
 fn stderr(out: &std::process::Output) -> String {
@@ -105,20 +106,6 @@ fn several_connections_stage_one_generation_on_both_routes() {
     assert_same(&before, &snapshot(tb.host_venv_dir(1)), "after bad counts");
 }
 
-/// Plan `src` to every target again: nothing is left to change on any.
-fn nothing_left_to_plan(tb: &Testbed, targets: &[&str]) {
-    let mut args = vec!["plan", "src"];
-    args.extend(targets);
-    args.extend(["--json", "-o", "again.json"]);
-    let out = ok(tb.overlay(&args).output().unwrap(), "plan again");
-    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for t in again["targets"].as_array().unwrap() {
-        for s in t["sets"].as_array().unwrap() {
-            assert_eq!(s["changes"], serde_json::json!([]), "{}", t["target"]);
-        }
-    }
-}
-
 #[test]
 #[cfg_attr(
     not(overlay_test_root),
@@ -129,20 +116,13 @@ fn a_shared_stream_to_several_targets_goes_over_several_connections() {
     tb.write_manifest(common::SCENARIO_SETS);
     // dst has torch already, dst2 the nvidia wheels and the patches, dst3
     // nothing: three different needs, one stream of the source.
-    for (target, sets) in [
-        ("dst", &["torch"][..]),
-        ("dst2", &["nvidia-cu13", "sglang-patches"][..]),
-    ] {
-        let mut args = vec!["plan", "src", target, "-o", "pre.json"];
-        for s in sets {
-            args.extend(["--set", s]);
-        }
-        ok(tb.overlay(&args).output().unwrap(), "plan a part");
-        ok(
-            tb.overlay(&["apply", "pre.json"]).output().unwrap(),
-            "apply a part",
-        );
-    }
+    apply_parts_first(
+        &tb,
+        &[
+            ("dst", &["torch"]),
+            ("dst2", &["nvidia-cu13", "sglang-patches"]),
+        ],
+    );
     let before: Vec<_> = (0..4).map(|i| snapshot(tb.host_venv_dir(i))).collect();
     ok(
         tb.overlay(&["plan", "src", "dst", "dst2", "dst3", "-o", "many.json"])

@@ -7,6 +7,7 @@ mod common;
 
 use std::fs;
 
+use common::needs::{apply_parts_first, nothing_left_to_plan};
 use common::{Testbed, ok, snapshot};
 use serde_json::{Value, json};
 
@@ -56,20 +57,6 @@ fn four_targets(more: &str) -> Testbed {
 }
 
 const TARGETS: [&str; 4] = ["dst", "dst2", "dst3", "dst4"];
-
-/// Each of `targets` got exactly its own plan: planning them again from
-/// src finds nothing to change, as after an apply of each alone.
-fn nothing_left_to_plan(tb: &Testbed, targets: &[&str]) {
-    let mut args = vec!["plan", "src"];
-    args.extend(targets);
-    args.extend(["--json", "-o", "again.json"]);
-    let again = json_of(&ok(tb.overlay(&args).output().unwrap(), "plan again"));
-    for t in again["targets"].as_array().unwrap() {
-        for s in t["sets"].as_array().unwrap() {
-            assert_eq!(s["changes"], json!([]), "{}", t["target"]);
-        }
-    }
-}
 
 fn json_of(out: &std::process::Output) -> Value {
     serde_json::from_slice(&out.stdout).expect("--json prints JSON")
@@ -529,20 +516,13 @@ fn targets_that_need_different_files_each_receive_only_their_own_bytes() {
     tb.write_manifest(common::SCENARIO_SETS);
     // dst has torch already; dst2 the nvidia wheels and the patches; dst3
     // nothing: three different needs, one stream of the source.
-    for (target, sets) in [
-        ("dst", &["torch"][..]),
-        ("dst2", &["nvidia-cu13", "sglang-patches"][..]),
-    ] {
-        let mut args = vec!["plan", "src", target, "-o", "pre.json"];
-        for s in sets {
-            args.extend(["--set", s]);
-        }
-        ok(tb.overlay(&args).output().unwrap(), "plan a part");
-        ok(
-            tb.overlay(&["apply", "pre.json"]).output().unwrap(),
-            "apply a part",
-        );
-    }
+    apply_parts_first(
+        &tb,
+        &[
+            ("dst", &["torch"]),
+            ("dst2", &["nvidia-cu13", "sglang-patches"]),
+        ],
+    );
     ok(
         tb.overlay(&["plan", "src", "dst", "dst2", "dst3", "-o", "many.json"])
             .output()

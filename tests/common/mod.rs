@@ -39,6 +39,8 @@
 //! Set OVERLAY_TESTBED_KEEP=1 to keep the testbed's directory after the test.
 #![allow(dead_code)]
 
+pub mod needs;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
