@@ -29,6 +29,17 @@
 //! `OVERLAY_CRASH_ROLLBACK=S` set the shares (0 to 1) recovered first
 //! with `apply --resume` and with `rollback` (both 0: the agent's start
 //! alone; `OVERLAY_CRASH_RESUME=1`: every state resumed).
+//! `OVERLAY_CRASH_BUDGET=N` checks at most N states per recorded run,
+//! picked evenly from those generated (the run stays bounded).
+//!
+//! A larger pair (`benches/crash-states`, docs/benchmarks.md): with
+//! `OVERLAY_CRASH_SRC=DIR`, `OVERLAY_CRASH_DST=DIR` and
+//! `OVERLAY_CRASH_SETS=FILE` (all three) the runs carry the venv at DIR
+//! (the source) onto the venv at the other DIR (the target, which the
+//! test puts states in and leaves in whatever state it ends: give it a
+//! copy, on the file system of the test's scratch, `target/`, since the
+//! states are hard links) with FILE's `[sets.*]` tables, instead of the
+//! testbed's scenario; both are local hosts (no ssh) at their own paths.
 
 #[path = "crash_states/check.rs"]
 mod check;
@@ -81,6 +92,51 @@ struct Bench {
     violations: Vec<String>,
 }
 
+/// The pair of venvs and the sets to carry instead of the testbed's
+/// scenario (`OVERLAY_CRASH_SRC`, `OVERLAY_CRASH_DST`, `OVERLAY_CRASH_SETS`).
+struct External {
+    src: PathBuf,
+    dst: PathBuf,
+    /// The `[sets.*]` tables (and any other table but `[hosts.*]`).
+    sets: String,
+}
+
+impl External {
+    /// None when none of the three is set; all three, or a panic that
+    /// names what is missing.
+    fn from_env() -> Option<External> {
+        let keys = ["OVERLAY_CRASH_SRC", "OVERLAY_CRASH_DST", "OVERLAY_CRASH_SETS"];
+        let vals: Vec<Option<String>> = keys
+            .iter()
+            .map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+            .collect();
+        if vals.iter().all(Option::is_none) {
+            return None;
+        }
+        let get = |i: usize| {
+            let v = vals[i].clone().unwrap_or_else(|| {
+                panic!("{} is not set: set all of {keys:?}, or none", keys[i])
+            });
+            std::fs::canonicalize(&v).unwrap_or_else(|e| panic!("{}={v}: {e}", keys[i]))
+        };
+        let (src, dst, sets) = (get(0), get(1), get(2));
+        for (k, d) in [(keys[0], &src), (keys[1], &dst)] {
+            assert!(
+                d.join("pyvenv.cfg").is_file(),
+                "{k}={}: not a venv (no pyvenv.cfg)",
+                d.display()
+            );
+        }
+        let sets = std::fs::read_to_string(&sets)
+            .unwrap_or_else(|e| panic!("OVERLAY_CRASH_SETS={}: {e}", sets.display()));
+        assert!(
+            !sets.lines().any(|l| l.trim_start().starts_with("[hosts.")),
+            "OVERLAY_CRASH_SETS: the test writes the [hosts.*] tables; give only the sets"
+        );
+        Some(External { src, dst, sets })
+    }
+}
+
 /// What one recorded run left: its farm (the tree after it), the
 /// venv before and after, the generation it worked on, and its model.
 struct Recorded {
@@ -92,25 +148,38 @@ struct Recorded {
 
 impl Bench {
     fn new() -> Bench {
-        let tb = Testbed::local(2);
-        tb.write_manifest(common::SCENARIO_SETS);
-        let venv = tb.host_venv_dir(1).to_path_buf();
-        // pip and setuptools, which no set touches, are a thousand files
-        // that every state would put back in place: the target venv
-        // without them is the venv the sets are about.
-        let site = tb.site_packages(1);
-        for e in std::fs::read_dir(&site).unwrap().flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if ["pip", "setuptools", "pkg_resources", "_distutils_hack"]
-                .iter()
-                .any(|p| n == *p || n.starts_with(&format!("{p}-")))
-            {
-                std::fs::remove_dir_all(e.path()).unwrap();
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let mut tb = Testbed::local(2);
+        if let Some(x) = External::from_env() {
+            // The hosts' venvs are the pair's, at their own paths.
+            for (h, dir) in tb.hosts.iter_mut().zip([x.src, x.dst]) {
+                h.venv = dir.to_str().expect("a UTF-8 venv path").to_string();
+                h.venv_dir = dir;
+            }
+            tb.write_manifest(&x.sets);
+            eprintln!(
+                "crash states: the pair {} -> {}",
+                tb.hosts[0].venv, tb.hosts[1].venv
+            );
+        } else {
+            tb.write_manifest(common::SCENARIO_SETS);
+            // pip and setuptools, which no set touches, are a thousand files
+            // that every state would put back in place: the target venv
+            // without them is the venv the sets are about.
+            let site = tb.site_packages(1);
+            for e in std::fs::read_dir(&site).unwrap().flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if ["pip", "setuptools", "pkg_resources", "_distutils_hack"]
+                    .iter()
+                    .any(|p| n == *p || n.starts_with(&format!("{p}-")))
+                {
+                    std::fs::remove_dir_all(e.path()).unwrap();
+                }
             }
         }
+        let venv = tb.host_venv_dir(1).to_path_buf();
         let scratch = tb.dir().join("crash");
         std::fs::create_dir_all(&scratch).unwrap();
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let seed = env("OVERLAY_CRASH_SEED")
             .map(|s| trace::parse_int(&s).expect("OVERLAY_CRASH_SEED: a number") as u64)
             .unwrap_or_else(|| {
@@ -130,7 +199,12 @@ impl Bench {
             scratch,
             seed,
             random,
-            budget: usize::MAX,
+            budget: env("OVERLAY_CRASH_BUDGET").map_or(usize::MAX, |s| {
+                s.parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .expect("OVERLAY_CRASH_BUDGET: a count of states, 1 or more")
+            }),
             resume: 0.0,
             rollback: 0.0,
             only: env("OVERLAY_CRASH_ONLY"),
@@ -189,6 +263,11 @@ impl Bench {
         let after = check::snapshot(&self.venv);
         let generation = self.newest_generation();
         let calls = trace::parse(&log);
+        eprintln!(
+            "crash states: recorded {name}: {} calls, a log of {:.1} MiB",
+            calls.len(),
+            std::fs::metadata(&log).map_or(0, |m| m.len()) as f64 / 1048576.0
+        );
         let mut model = builder.build(&calls);
         let farm = check::farm(&self.real, &self.scratch.join(format!("farm-{name}")));
         model.after = Some(farm.clone());
@@ -209,6 +288,7 @@ impl Bench {
                 .bytes()
                 .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
         let mut choices = states::choices(&rec.model, &cover, self.random, seed);
+        let all = choices.len();
         if choices.len() > self.budget {
             let step = choices.len() as f64 / self.budget as f64;
             choices = (0..self.budget)
@@ -216,6 +296,10 @@ impl Bench {
                 .collect();
         }
         let (mut seen, mut checked, generated) = (HashSet::new(), 0, choices.len());
+        let picked = match all > generated {
+            true => format!(" (of {all}, by the budget)"),
+            false => String::new(),
+        };
         let mut kinds: BTreeMap<Recovery, usize> = BTreeMap::new();
         let violations = self.violations.len();
         let mode = self.root_mode();
@@ -264,7 +348,7 @@ impl Bench {
             }
         }
         eprintln!(
-            "crash states of {name}: {} ops ({} barriers), {generated} states generated, {checked} distinct checked ({}), {} violations, in {:.1}s",
+            "crash states of {name}: {} ops ({} barriers), {generated} states generated{picked}, {checked} distinct checked ({}), {} violations, in {:.1}s",
             rec.model.ops.len(),
             rec.model
                 .ops
