@@ -105,7 +105,11 @@ impl External {
     /// None when none of the three is set; all three, or a panic that
     /// names what is missing.
     fn from_env() -> Option<External> {
-        let keys = ["OVERLAY_CRASH_SRC", "OVERLAY_CRASH_DST", "OVERLAY_CRASH_SETS"];
+        let keys = [
+            "OVERLAY_CRASH_SRC",
+            "OVERLAY_CRASH_DST",
+            "OVERLAY_CRASH_SETS",
+        ];
         let vals: Vec<Option<String>> = keys
             .iter()
             .map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
@@ -114,9 +118,9 @@ impl External {
             return None;
         }
         let get = |i: usize| {
-            let v = vals[i].clone().unwrap_or_else(|| {
-                panic!("{} is not set: set all of {keys:?}, or none", keys[i])
-            });
+            let v = vals[i]
+                .clone()
+                .unwrap_or_else(|| panic!("{} is not set: set all of {keys:?}, or none", keys[i]));
             std::fs::canonicalize(&v).unwrap_or_else(|e| panic!("{}={v}: {e}", keys[i]))
         };
         let (src, dst, sets) = (get(0), get(1), get(2));
