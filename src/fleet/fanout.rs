@@ -40,10 +40,11 @@ use crate::plan::Plan;
 
 use crate::ops::apply::{
     ApplyOptions, ApplyReport, Began, Cores, FanMaps, LaneCount, LaneTarget, Moved, Ready,
-    StreamFailure, TargetTook, Transferred, begin, direct_obstacle, finish, lane_count, local_copy,
-    own_hashes, pause_hook, route_compression, show_windows, stream_failed, stream_fanned,
+    StreamFailure, TargetTook, Transferred, begin, connect_source, direct_obstacle, finish,
+    lane_count, local_copy, own_hashes, pause_hook, route_compression, show_windows, stream_failed,
+    stream_fanned,
 };
-use crate::ops::{Clock, Observer, Step, endpoint, relay};
+use crate::ops::{Clock, Observer, Step, relay};
 
 /// Whether a target's plan can take a stream shared with other targets:
 /// relayed through this machine (not `--direct`, not the local route), and
@@ -319,9 +320,10 @@ fn stream_shared(
         .map(|(_, r)| SendFile::of_changes(&r.changes))
         .collect();
     let union = union_of(&sends);
-    let src = match connect_source(&ready[0].1, obs) {
+    let first = &ready[0].1;
+    let src = match connect_source(&first.plan.source, &first.opts.connect, obs) {
         Ok(c) => c,
-        Err(e) => return fail_all(ready, e, false),
+        Err(f) => return fail_all(ready, f.error, false),
     };
     let dst_cores = ready.iter().map(|(_, r)| r.dst.cores()).min().unwrap_or(0);
     let lanes_n = lane_count(
@@ -439,20 +441,6 @@ fn stream_one(
         .map(|r| r.unwrap_or_else(|| Err(crate::err!("a target was left out of the stream"))))
         .collect();
     (out, read)
-}
-
-/// Connect to the source of `first`'s plan.
-fn connect_source(first: &Ready, obs: &dyn Observer) -> Result<Client> {
-    let source = &first.plan.source;
-    let connecting = obs.step(Step::Connect, &source.name);
-    let src = Client::connect(
-        &source.name,
-        &endpoint(source),
-        source.sudo.as_deref(),
-        &first.opts.connect,
-    )?;
-    connecting.finish();
-    Ok(src)
 }
 
 /// Have the source of `first`'s plan start streaming `files` in segments

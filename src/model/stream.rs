@@ -224,19 +224,32 @@ pub struct StreamWaits {
     pub target: StageWaits,
 }
 
+impl SendWaits {
+    /// Another stream's figures added to these (a stream in parts).
+    pub fn add(&mut self, o: &SendWaits) {
+        self.secs += o.secs;
+        self.sink_secs += o.sink_secs;
+        self.starved_secs += o.starved_secs;
+    }
+}
+
+impl StageWaits {
+    /// Another stream's figures added to these (a stream in parts).
+    pub fn add(&mut self, o: &StageWaits) {
+        self.secs += o.secs;
+        self.input_secs += o.input_secs;
+        self.decode_secs += o.decode_secs;
+        self.behind_secs += o.behind_secs;
+        self.disk_secs += o.disk_secs;
+        self.durable_secs += o.durable_secs;
+    }
+}
+
 impl StreamWaits {
     /// This stream's figures added to those of the streams before it.
     pub fn add(&mut self, o: &StreamWaits) {
-        let (s, t) = (&mut self.source, &mut self.target);
-        s.secs += o.source.secs;
-        s.sink_secs += o.source.sink_secs;
-        s.starved_secs += o.source.starved_secs;
-        t.secs += o.target.secs;
-        t.input_secs += o.target.input_secs;
-        t.decode_secs += o.target.decode_secs;
-        t.behind_secs += o.target.behind_secs;
-        t.disk_secs += o.target.disk_secs;
-        t.durable_secs += o.target.durable_secs;
+        self.source.add(&o.source);
+        self.target.add(&o.target);
     }
 }
 

@@ -296,21 +296,10 @@ impl TargetTook {
         self.hashes.extend(o.hashes);
         self.written.extend(o.written);
         self.received += o.received;
-        add_stage_waits(&mut self.waits, &o.waits);
+        self.waits.add(&o.waits);
     }
 }
 
-fn add_stage_waits(to: &mut StageWaits, o: &StageWaits) {
-    let mut w = StreamWaits {
-        target: *to,
-        ..StreamWaits::default()
-    };
-    w.add(&StreamWaits {
-        target: *o,
-        ..StreamWaits::default()
-    });
-    *to = w.target;
-}
 /// What every lane shares.
 struct Lanes<'a> {
     /// The source, the target venv's path (the same for every target) and,
@@ -355,15 +344,7 @@ impl LaneDone {
     fn merge(&mut self, o: LaneDone) {
         self.raw += o.raw;
         self.sent += o.sent;
-        let mut w = StreamWaits {
-            source: self.source,
-            ..StreamWaits::default()
-        };
-        w.add(&StreamWaits {
-            source: o.source,
-            ..StreamWaits::default()
-        });
-        self.source = w.source;
+        self.source.add(&o.source);
         if self.targets.len() < o.targets.len() {
             self.targets
                 .resize_with(o.targets.len(), TargetTook::default);

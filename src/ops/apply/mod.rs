@@ -66,7 +66,7 @@ pub use lanes::{
 pub use route::{
     ChosenRoute, choose_route, direct_obstacle, local_copy, route_compression, route_note,
 };
-pub use stream::{StreamFailure, pause_hook, show_windows};
+pub use stream::{StreamFailure, connect_source, pause_hook, show_windows};
 use transfer::transfer;
 pub use transfer::{Moved, Transferred, stream_failed};
 

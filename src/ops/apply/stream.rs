@@ -82,7 +82,7 @@ pub(super) fn stream(
 }
 
 /// Start the agent on the stream's source.
-pub(super) fn connect_source(
+pub fn connect_source(
     source: &HostInfo,
     opts: &ConnectOptions,
     obs: &dyn Observer,
