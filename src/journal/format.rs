@@ -462,7 +462,9 @@ mod tests {
     use std::path::Path;
 
     use super::super::State;
-    use super::super::tests_support::{Fx, New, apply, change, history, request, rollback, stage};
+    use super::super::tests_support::{
+        Fx, New, apply, change, history, request, rollback, stage, staged_a_and,
+    };
     use crate::inventory::Counters;
     use crate::model::{Action, Status};
 
@@ -598,21 +600,8 @@ mod tests {
         for (t, tail) in tails.iter().enumerate() {
             for resume in [false, true] {
                 let fx = Fx::new();
-                std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
-                std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
-                let before = fx.tree();
-                let news = [
-                    Some(New::File(b"new a".to_vec())),
-                    Some(New::File(b"b".to_vec())),
-                ];
-                let changes = vec![
-                    change(&fx, "pkg/a.py", Action::Replace, news[0].as_ref()),
-                    change(&fx, "pkg/new/b.py", Action::Add, news[1].as_ref()),
-                ];
-                let state = State::open(&fx.v()).unwrap();
+                let (state, mut g, before) = staged_a_and(&fx, "pkg/new/b.py");
                 let counters = Counters::default();
-                let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
-                stage(&mut g, &news);
                 // Cut after its first step (the move of the old a.py).
                 let asked = std::sync::atomic::AtomicUsize::new(0);
                 let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 1;

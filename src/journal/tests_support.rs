@@ -166,6 +166,29 @@ pub(super) fn stage(g: &mut Generation, news: &[Option<New>]) {
     g.append(Record::Staged).unwrap();
 }
 
+/// A generation that replaces `pkg/a.py` ("old a" to "new a") and adds
+/// `added` ("b"), prepared and staged but not switched: the state, the
+/// generation, and the venv's tree before it.
+pub(super) fn staged_a_and(fx: &Fx, added: &str) -> (State, Generation, BTreeMap<String, String>) {
+    std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
+    std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
+    let before = fx.tree();
+    let news = [
+        Some(New::File(b"new a".to_vec())),
+        Some(New::File(b"b".to_vec())),
+    ];
+    let changes = vec![
+        change(fx, "pkg/a.py", Action::Replace, news[0].as_ref()),
+        change(fx, added, Action::Add, news[1].as_ref()),
+    ];
+    let state = State::open(&fx.v()).unwrap();
+    let mut g = state
+        .prepare(&request(fx, changes), &Counters::default())
+        .unwrap();
+    stage(&mut g, &news);
+    (state, g, before)
+}
+
 /// Prepare, stage, switch, check and commit `changes` (each with what it brings).
 pub(super) fn apply(fx: &Fx, list: &[(&str, Action, Option<New>)]) -> Result<String> {
     let state = State::open(&fx.v())?;

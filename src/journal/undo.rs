@@ -478,7 +478,7 @@ kind = Conflict,
 #[cfg(test)]
 mod tests {
     use super::super::State;
-    use super::super::tests_support::{Fx, New, apply, change, request, stage};
+    use super::super::tests_support::{Fx, New, apply, change, request, stage, staged_a_and};
     use crate::inventory::Counters;
     use crate::model::Action;
 
@@ -532,21 +532,8 @@ mod tests {
     #[test]
     fn a_place_the_link_fallback_left_half_done_is_undone() {
         let fx = Fx::new();
-        std::fs::create_dir_all(fx.site().join("pkg")).unwrap();
-        std::fs::write(fx.site().join("pkg/a.py"), b"old a").unwrap();
-        let before = fx.tree();
-        let news = [
-            Some(New::File(b"new a".to_vec())),
-            Some(New::File(b"b".to_vec())),
-        ];
-        let changes = vec![
-            change(&fx, "pkg/a.py", Action::Replace, news[0].as_ref()),
-            change(&fx, "pkg/b.py", Action::Add, news[1].as_ref()),
-        ];
-        let state = State::open(&fx.v()).unwrap();
+        let (state, mut g, before) = staged_a_and(&fx, "pkg/b.py");
         let counters = Counters::default();
-        let mut g = state.prepare(&request(&fx, changes), &counters).unwrap();
-        stage(&mut g, &news);
         state.switch(&mut g).unwrap();
         // Each place cut between its link and its unlink.
         for (i, p) in ["pkg/a.py", "pkg/b.py"].iter().enumerate() {
